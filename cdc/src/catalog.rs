@@ -1,0 +1,149 @@
+//! Resolving type OIDs into [`ColumnType`]s from the source's catalog.
+//!
+//! Only `pg_type`, `pg_enum` and `pg_range` are read, never product tables. Results are
+//! cached per OID; a `Type` message from pgoutput (sent when a user type is first used
+//! or changed) drops the cached entry so an altered enum is re-read.
+
+use std::collections::HashMap;
+
+use tokio_postgres::Client;
+use wal2delta_model::{BaseType, ColumnType, TypeKind};
+
+use crate::CdcError;
+
+/// Nesting deeper than this (domain of array of domain ...) is treated as text.
+const MAX_DEPTH: usize = 8;
+
+#[derive(Default)]
+pub struct TypeCatalog {
+    cache: HashMap<u32, ColumnType>,
+}
+
+struct TypeRow {
+    typtype: String,
+    category: String,
+    name: String,
+    elem: u32,
+    base: u32,
+    labels: Option<Vec<String>>,
+    range_subtype: Option<u32>,
+}
+
+impl TypeCatalog {
+    pub fn invalidate(&mut self, oid: u32) {
+        self.cache.remove(&oid);
+    }
+
+    /// The column type for an OID and typmod (the typmod is per column, not cached).
+    pub async fn resolve(
+        &mut self,
+        client: &Client,
+        oid: u32,
+        typmod: i32,
+    ) -> Result<ColumnType, CdcError> {
+        let mut ty = match self.cache.get(&oid) {
+            Some(t) => t.clone(),
+            None => {
+                let t = Box::pin(self.lookup(client, oid, 0)).await?;
+                self.cache.insert(oid, t.clone());
+                t
+            }
+        };
+        set_typmod(&mut ty, typmod);
+        Ok(ty)
+    }
+
+    async fn lookup(
+        &mut self,
+        client: &Client,
+        oid: u32,
+        depth: usize,
+    ) -> Result<ColumnType, CdcError> {
+        let row = fetch(client, oid).await?;
+        let Some(row) = row else {
+            return Ok(ColumnType {
+                oid,
+                typmod: -1,
+                name: format!("oid:{oid}"),
+                kind: TypeKind::Other,
+            });
+        };
+        let kind = if depth >= MAX_DEPTH {
+            TypeKind::Other
+        } else if let Some(base) = BaseType::from_oid(oid) {
+            TypeKind::Base(base)
+        } else {
+            match &row.typtype[..] {
+                "e" => TypeKind::Enum {
+                    labels: row.labels.clone().unwrap_or_default(),
+                },
+                "d" => TypeKind::Domain {
+                    base: Box::new(Box::pin(self.lookup(client, row.base, depth + 1)).await?),
+                },
+                "r" => match row.range_subtype {
+                    Some(sub) => TypeKind::Range {
+                        subtype: Box::new(Box::pin(self.lookup(client, sub, depth + 1)).await?),
+                    },
+                    None => TypeKind::Other,
+                },
+                "c" => TypeKind::Composite,
+                "b" if row.category == "A" && row.elem != 0 => TypeKind::Array {
+                    element: Box::new(Box::pin(self.lookup(client, row.elem, depth + 1)).await?),
+                },
+                _ => TypeKind::Other,
+            }
+        };
+        Ok(ColumnType {
+            oid,
+            typmod: -1,
+            name: row.name,
+            kind,
+        })
+    }
+}
+
+/// Names of the primary-key columns of a relation, empty when it has none.
+pub async fn primary_key_columns(client: &Client, rel_id: u32) -> Result<Vec<String>, CdcError> {
+    let rows = client
+        .query(
+            "SELECT a.attname::text FROM pg_index i \
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = $1 AND i.indisprimary ORDER BY array_position(i.indkey, a.attnum)",
+            &[&rel_id],
+        )
+        .await?;
+    Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+fn set_typmod(ty: &mut ColumnType, typmod: i32) {
+    ty.typmod = typmod;
+    match &mut ty.kind {
+        TypeKind::Array { element } => set_typmod(element, typmod),
+        TypeKind::Domain { .. } => {}
+        _ => {}
+    }
+}
+
+async fn fetch(client: &Client, oid: u32) -> Result<Option<TypeRow>, CdcError> {
+    let row = client
+        .query_opt(
+            "SELECT t.typtype::text, t.typcategory::text, \
+                    CASE WHEN n.nspname = 'pg_catalog' THEN format_type(t.oid, NULL) \
+                         ELSE quote_ident(n.nspname) || '.' || quote_ident(t.typname) END, \
+                    t.typelem, t.typbasetype, \
+                    (SELECT array_agg(e.enumlabel::text ORDER BY e.enumsortorder) FROM pg_enum e WHERE e.enumtypid = t.oid), \
+                    (SELECT r.rngsubtype FROM pg_range r WHERE r.rngtypid = t.oid) \
+             FROM pg_type t JOIN pg_namespace n ON n.oid = t.typnamespace WHERE t.oid = $1",
+            &[&oid],
+        )
+        .await?;
+    Ok(row.map(|r| TypeRow {
+        typtype: r.get(0),
+        category: r.get(1),
+        name: r.get(2),
+        elem: r.get(3),
+        base: r.get(4),
+        labels: r.get(5),
+        range_subtype: r.get(6),
+    }))
+}

@@ -1,0 +1,352 @@
+//! Turning pgoutput messages into change events.
+//!
+//! The decoder keeps the relation cache (one [`TableSchema`] per relation OID, replaced on
+//! each Relation message) and the current transaction's position. A row whose value
+//! cannot be decoded does not stop anything: it becomes [`Decoded::Undecodable`] with the
+//! reason and the raw text, for the dead-letter topic.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokio_postgres::Client;
+use wal2delta_model::{
+    Change, ChangeOp, Column, ColumnValue, Lsn, ReplicaIdentity, Row, TableName, TableSchema,
+    TxPosition,
+};
+
+use crate::pgoutput::{PgOutputMessage, RelationColumn, TupleValue};
+use crate::replication::pg_ts_to_unix_us;
+use crate::{catalog::TypeCatalog, value, CdcError};
+
+/// What one pgoutput message amounts to.
+#[derive(Debug)]
+pub enum Decoded {
+    Begin {
+        xid: u32,
+        final_lsn: Lsn,
+    },
+    Change {
+        schema: Arc<TableSchema>,
+        change: Change,
+    },
+    /// Every change of the transaction has been emitted; `end_lsn` may be confirmed once
+    /// all of them are acknowledged by Kafka.
+    Commit {
+        commit_lsn: Lsn,
+        end_lsn: Lsn,
+    },
+    /// A row that could not be decoded: goes to the DLQ, the stream goes on.
+    Undecodable {
+        table: TableName,
+        position: TxPosition,
+        op: ChangeOp,
+        reason: String,
+        raw: String,
+    },
+    /// A new relation description (after DDL) — the schemas must follow.
+    Relation(Arc<TableSchema>),
+    /// A TRUNCATE, one change per table it names.
+    Truncate(TruncateChanges),
+    /// A logical message (`pg_logical_emit_message`), e.g. a heartbeat.
+    Message {
+        prefix: String,
+        transactional: bool,
+    },
+    Nothing,
+}
+
+#[derive(Default)]
+struct TxState {
+    xid: u32,
+    final_lsn: Lsn,
+    commit_ts_us: i64,
+    ordinal: u64,
+}
+
+/// Stateful pgoutput → change decoder.
+pub struct Decoder {
+    relations: HashMap<u32, Arc<TableSchema>>,
+    types: TypeCatalog,
+    tx: TxState,
+}
+
+impl Default for Decoder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Decoder {
+    pub fn new() -> Self {
+        Decoder {
+            relations: HashMap::new(),
+            types: TypeCatalog::default(),
+            tx: TxState::default(),
+        }
+    }
+
+    /// Decodes one message. `lsn` is the XLogData start position it arrived with.
+    /// `catalog` is an ordinary connection used to resolve type OIDs.
+    pub async fn decode(
+        &mut self,
+        catalog: &Client,
+        msg: PgOutputMessage,
+        lsn: Lsn,
+    ) -> Result<Decoded, CdcError> {
+        Ok(match msg {
+            PgOutputMessage::Begin {
+                final_lsn,
+                commit_ts,
+                xid,
+            } => {
+                self.tx = TxState {
+                    xid,
+                    final_lsn,
+                    commit_ts_us: pg_ts_to_unix_us(commit_ts),
+                    ordinal: 0,
+                };
+                Decoded::Begin { xid, final_lsn }
+            }
+            PgOutputMessage::Commit {
+                commit_lsn,
+                end_lsn,
+                ..
+            } => Decoded::Commit {
+                commit_lsn,
+                end_lsn,
+            },
+            PgOutputMessage::Relation {
+                rel_id,
+                namespace,
+                name,
+                replica_identity,
+                columns,
+            } => {
+                let schema = Arc::new(
+                    self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
+                        .await?,
+                );
+                self.relations.insert(rel_id, schema.clone());
+                Decoded::Relation(schema)
+            }
+            PgOutputMessage::Type { type_oid, .. } => {
+                self.types.invalidate(type_oid);
+                Decoded::Nothing
+            }
+            PgOutputMessage::Insert { rel_id, new } => {
+                self.row_change(rel_id, ChangeOp::Insert, None, Some(new), lsn)?
+            }
+            PgOutputMessage::Update { rel_id, old, new } => self.row_change(
+                rel_id,
+                ChangeOp::Update,
+                old.map(|(_, t)| t),
+                Some(new),
+                lsn,
+            )?,
+            PgOutputMessage::Delete { rel_id, old } => {
+                self.row_change(rel_id, ChangeOp::Delete, Some(old.1), None, lsn)?
+            }
+            PgOutputMessage::Truncate { rel_ids, .. } => {
+                return Ok(self.truncate(rel_ids, lsn));
+            }
+            PgOutputMessage::Message {
+                prefix,
+                transactional,
+                ..
+            } => Decoded::Message {
+                prefix,
+                transactional,
+            },
+            PgOutputMessage::Origin { .. } => Decoded::Nothing,
+            PgOutputMessage::StreamStart { .. }
+            | PgOutputMessage::StreamStop
+            | PgOutputMessage::StreamCommit { .. }
+            | PgOutputMessage::StreamAbort { .. } => {
+                return Err(CdcError::Protocol(
+                    "streamed transaction received but streaming was not requested".into(),
+                ))
+            }
+        })
+    }
+
+    async fn relation(
+        &mut self,
+        catalog: &Client,
+        rel_id: u32,
+        namespace: String,
+        name: String,
+        replica_identity: u8,
+        columns: Vec<RelationColumn>,
+    ) -> Result<TableSchema, CdcError> {
+        // The Kafka key is the primary key. pgoutput flags every column as "key" under
+        // REPLICA IDENTITY FULL, so the flags are only used for tables without one.
+        let pk = crate::catalog::primary_key_columns(catalog, rel_id).await?;
+        let mut cols = Vec::with_capacity(columns.len());
+        for c in columns {
+            let ty = self.types.resolve(catalog, c.type_oid, c.typmod).await?;
+            let is_key = if pk.is_empty() {
+                c.is_key
+            } else {
+                pk.contains(&c.name)
+            };
+            cols.push(Column {
+                name: c.name,
+                ty,
+                is_key,
+            });
+        }
+        Ok(TableSchema {
+            relation_oid: rel_id,
+            table: TableName::new(namespace, name),
+            columns: cols,
+            replica_identity: ReplicaIdentity::from_code(replica_identity),
+        })
+    }
+
+    fn position(&mut self, lsn: Lsn) -> TxPosition {
+        self.tx.ordinal += 1;
+        TxPosition {
+            commit_lsn: self.tx.final_lsn,
+            lsn,
+            ordinal: self.tx.ordinal,
+            xid: self.tx.xid,
+            commit_ts_us: self.tx.commit_ts_us,
+        }
+    }
+
+    fn schema(&self, rel_id: u32) -> Result<Arc<TableSchema>, CdcError> {
+        self.relations.get(&rel_id).cloned().ok_or_else(|| {
+            CdcError::Protocol(format!(
+                "row for relation {rel_id} before its Relation message"
+            ))
+        })
+    }
+
+    fn row_change(
+        &mut self,
+        rel_id: u32,
+        op: ChangeOp,
+        old: Option<Vec<TupleValue>>,
+        new: Option<Vec<TupleValue>>,
+        lsn: Lsn,
+    ) -> Result<Decoded, CdcError> {
+        let schema = self.schema(rel_id)?;
+        let position = self.position(lsn);
+        let decode = |tuple: &Vec<TupleValue>| decode_row(&schema, tuple);
+        let before = old.as_ref().map(decode).transpose();
+        let after = new.as_ref().map(decode).transpose();
+        match (before, after) {
+            (Ok(before), Ok(after)) => Ok(Decoded::Change {
+                change: Change {
+                    table: schema.table.clone(),
+                    op,
+                    before,
+                    after,
+                    position,
+                },
+                schema,
+            }),
+            (Err(reason), _) | (_, Err(reason)) => Ok(Decoded::Undecodable {
+                table: schema.table.clone(),
+                position,
+                op,
+                reason,
+                raw: raw_text(&schema, old.as_ref(), new.as_ref()),
+            }),
+        }
+    }
+
+    fn truncate(&mut self, rel_ids: Vec<u32>, lsn: Lsn) -> Decoded {
+        let mut changes = Vec::new();
+        for rel_id in rel_ids {
+            if let Ok(schema) = self.schema(rel_id) {
+                let position = self.position(lsn);
+                changes.push((
+                    schema.clone(),
+                    Change {
+                        table: schema.table.clone(),
+                        op: ChangeOp::Truncate,
+                        before: None,
+                        after: None,
+                        position,
+                    },
+                ));
+            }
+        }
+        Decoded::Truncate(changes)
+    }
+}
+
+/// The result of a TRUNCATE of several tables.
+pub type TruncateChanges = Vec<(Arc<TableSchema>, Change)>;
+
+fn decode_row(schema: &TableSchema, tuple: &[TupleValue]) -> Result<Row, String> {
+    if tuple.len() != schema.columns.len() {
+        return Err(format!(
+            "tuple has {} columns but relation {} has {}",
+            tuple.len(),
+            schema.table,
+            schema.columns.len()
+        ));
+    }
+    let mut values = Vec::with_capacity(tuple.len());
+    for (col, v) in schema.columns.iter().zip(tuple) {
+        values.push(match v {
+            TupleValue::Null => ColumnValue::Null,
+            TupleValue::UnchangedToast => ColumnValue::UnchangedToast,
+            TupleValue::Text(bytes) => {
+                let text = std::str::from_utf8(bytes)
+                    .map_err(|_| format!("column {}: value is not UTF-8", col.name))?;
+                ColumnValue::Value(
+                    value::parse_text(&col.ty, text)
+                        .map_err(|e| format!("column {}: {e}", col.name))?,
+                )
+            }
+            TupleValue::Binary(_) => {
+                return Err(format!(
+                    "column {}: binary values were not requested",
+                    col.name
+                ))
+            }
+        });
+    }
+    Ok(Row { values })
+}
+
+/// The raw row as `column=text` pairs for the dead-letter record.
+fn raw_text(
+    schema: &TableSchema,
+    old: Option<&Vec<TupleValue>>,
+    new: Option<&Vec<TupleValue>>,
+) -> String {
+    let render = |tuple: &Vec<TupleValue>| {
+        let fields: Vec<String> = tuple
+            .iter()
+            .enumerate()
+            .map(|(i, v)| {
+                let name = schema
+                    .columns
+                    .get(i)
+                    .map(|c| c.name.as_str())
+                    .unwrap_or("?");
+                let value = match v {
+                    TupleValue::Null => "NULL".to_owned(),
+                    TupleValue::UnchangedToast => "<unchanged-toast>".to_owned(),
+                    TupleValue::Text(b) | TupleValue::Binary(b) => {
+                        String::from_utf8_lossy(b).into_owned()
+                    }
+                };
+                format!("{}={}", name, value)
+            })
+            .collect();
+        fields.join(" ")
+    };
+    let mut parts = Vec::new();
+    if let Some(o) = old {
+        parts.push(format!("old: {}", render(o)));
+    }
+    if let Some(n) = new {
+        parts.push(format!("new: {}", render(n)));
+    }
+    parts.join("; ")
+}

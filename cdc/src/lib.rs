@@ -1,0 +1,14 @@
+//! PostgreSQL side of wal2delta: setup checks, slot and publication, the replication
+//! protocol, pgoutput and value decoding.
+
+mod catalog;
+pub mod decoder;
+mod error;
+pub mod pgoutput;
+pub mod replication;
+pub mod setup;
+pub mod slot;
+pub mod source;
+pub mod value;
+
+pub use error::CdcError;

@@ -1,0 +1,331 @@
+//! Opening a walsender connection and running replication commands on it.
+
+use std::time::Duration;
+
+use bytes::{BufMut, BytesMut};
+use postgres_protocol::authentication::sasl::{ChannelBinding, ScramSha256, SCRAM_SHA_256};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio_postgres::config::Host;
+
+use super::frame::{server_error, take_frame, Frame};
+use super::stream::ReplicationStream;
+use crate::CdcError;
+
+/// Settings every replication session runs with. The value decoder in [`crate::value`]
+/// relies on them: ISO dates, ISO 8601 intervals, UTC, shortest exact floats, hex bytea.
+pub const SESSION_OPTIONS: &str = "-c DateStyle=ISO,MDY -c IntervalStyle=iso_8601 -c TimeZone=UTC \
+     -c extra_float_digits=3 -c bytea_output=hex -c client_encoding=UTF8";
+
+/// Where and as whom to connect, taken from the `[source] dsn`.
+#[derive(Clone)]
+pub struct ConnectParams {
+    pub host: String,
+    pub port: u16,
+    pub user: String,
+    pub password: Option<Vec<u8>>,
+    pub dbname: String,
+    pub connect_timeout: Duration,
+}
+
+impl std::fmt::Debug for ConnectParams {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // The password is a secret: never print it.
+        f.debug_struct("ConnectParams")
+            .field("host", &self.host)
+            .field("port", &self.port)
+            .field("user", &self.user)
+            .field("dbname", &self.dbname)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ConnectParams {
+    /// Reads the parameters from a libpq-style DSN (URL or key=value form).
+    pub fn from_dsn(dsn: &str) -> Result<Self, CdcError> {
+        let config: tokio_postgres::Config = dsn
+            .parse()
+            .map_err(|e: tokio_postgres::Error| CdcError::Dsn(e.to_string()))?;
+        let host = match config.get_hosts().first() {
+            Some(Host::Tcp(h)) => h.clone(),
+            Some(Host::Unix(_)) => {
+                return Err(CdcError::Dsn(
+                    "unix socket hosts are not supported for replication; use a TCP host".into(),
+                ))
+            }
+            None => "localhost".to_owned(),
+        };
+        let port = config.get_ports().first().copied().unwrap_or(5432);
+        let user = config
+            .get_user()
+            .ok_or_else(|| CdcError::Dsn("the DSN names no user".into()))?
+            .to_owned();
+        let dbname = config.get_dbname().unwrap_or(&user).to_owned();
+        Ok(ConnectParams {
+            host,
+            port,
+            user,
+            password: config.get_password().map(<[u8]>::to_vec),
+            dbname,
+            connect_timeout: config
+                .get_connect_timeout()
+                .copied()
+                .unwrap_or(Duration::from_secs(10)),
+        })
+    }
+
+    pub fn target(&self) -> String {
+        format!("{}:{}/{}", self.host, self.port, self.dbname)
+    }
+}
+
+/// A connection in logical replication mode (`replication=database`), before streaming.
+pub struct ReplicationConnection {
+    socket: TcpStream,
+    buf: BytesMut,
+}
+
+/// The rows of a simple query, every value as text.
+pub type TextRows = Vec<Vec<Option<String>>>;
+
+impl ReplicationConnection {
+    /// Connects and authenticates (trust, cleartext, MD5 or SCRAM-SHA-256).
+    pub async fn connect(params: &ConnectParams) -> Result<Self, CdcError> {
+        let target = params.target();
+        let socket = tokio::time::timeout(
+            params.connect_timeout,
+            TcpStream::connect((&params.host[..], params.port)),
+        )
+        .await
+        .map_err(|_| CdcError::Connect {
+            target: target.clone(),
+            source: std::io::Error::new(std::io::ErrorKind::TimedOut, "connect timed out"),
+        })?
+        .map_err(|source| CdcError::Connect {
+            target: target.clone(),
+            source,
+        })?;
+        socket.set_nodelay(true)?;
+        let mut conn = ReplicationConnection {
+            socket,
+            buf: BytesMut::with_capacity(64 * 1024),
+        };
+        let mut out = BytesMut::new();
+        frontend::startup_message(
+            [
+                ("user", &params.user[..]),
+                ("database", &params.dbname[..]),
+                ("replication", "database"),
+                ("application_name", "wal2delta"),
+                ("options", SESSION_OPTIONS),
+            ],
+            &mut out,
+        )?;
+        conn.socket.write_all(&out).await?;
+        conn.authenticate(params).await?;
+        Ok(conn)
+    }
+
+    async fn authenticate(&mut self, params: &ConnectParams) -> Result<(), CdcError> {
+        let auth_err = |message: &str| CdcError::Auth {
+            user: params.user.clone(),
+            message: message.to_owned(),
+        };
+        let password = || {
+            params
+                .password
+                .clone()
+                .ok_or_else(|| auth_err("the server asks for a password and the DSN has none"))
+        };
+        let mut scram: Option<ScramSha256> = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag {
+                b'R' => {
+                    let kind = be_u32(&frame.body, 0)?;
+                    let mut out = BytesMut::new();
+                    match kind {
+                        0 => {}
+                        3 => {
+                            let mut pw = password()?;
+                            pw.push(0);
+                            frontend::password_message(&pw, &mut out)?;
+                        }
+                        5 => {
+                            let salt: [u8; 4] = frame
+                                .body
+                                .get(4..8)
+                                .and_then(|s| s.try_into().ok())
+                                .ok_or_else(|| auth_err("short MD5 salt"))?;
+                            let hash = postgres_protocol::authentication::md5_hash(
+                                params.user.as_bytes(),
+                                &password()?,
+                                salt,
+                            );
+                            let mut pw = hash.into_bytes();
+                            pw.push(0);
+                            frontend::password_message(&pw, &mut out)?;
+                        }
+                        10 => {
+                            let mechanisms = &frame.body[4..];
+                            if !mechanisms
+                                .split(|b| *b == 0)
+                                .any(|m| m == SCRAM_SHA_256.as_bytes())
+                            {
+                                return Err(auth_err("the server offers no SASL mechanism wal2delta supports (SCRAM-SHA-256)"));
+                            }
+                            let s = ScramSha256::new(&password()?, ChannelBinding::unsupported());
+                            frontend::sasl_initial_response(SCRAM_SHA_256, s.message(), &mut out)?;
+                            scram = Some(s);
+                        }
+                        11 => {
+                            let s = scram
+                                .as_mut()
+                                .ok_or_else(|| auth_err("SASL continue without a SASL exchange"))?;
+                            s.update(&frame.body[4..])
+                                .map_err(|e| auth_err(&e.to_string()))?;
+                            frontend::sasl_response(s.message(), &mut out)?;
+                        }
+                        12 => {
+                            let s = scram
+                                .as_mut()
+                                .ok_or_else(|| auth_err("SASL final without a SASL exchange"))?;
+                            s.finish(&frame.body[4..])
+                                .map_err(|e| auth_err(&e.to_string()))?;
+                        }
+                        other => {
+                            return Err(auth_err(&format!(
+                                "unsupported authentication method {other}"
+                            )))
+                        }
+                    }
+                    if !out.is_empty() {
+                        self.socket.write_all(&out).await?;
+                    }
+                }
+                b'E' => {
+                    let err = server_error(&frame.body);
+                    return Err(match err {
+                        CdcError::Server { code, message, .. } if code.starts_with("28") => {
+                            CdcError::Auth {
+                                user: params.user.clone(),
+                                message,
+                            }
+                        }
+                        other => other,
+                    });
+                }
+                b'Z' => return Ok(()),
+                // ParameterStatus, BackendKeyData, NoticeResponse.
+                b'S' | b'K' | b'N' => {}
+                other => {
+                    return Err(CdcError::Protocol(format!(
+                        "unexpected message {:?} during startup",
+                        other as char
+                    )))
+                }
+            }
+        }
+    }
+
+    pub(super) async fn read_frame(&mut self) -> Result<Frame, CdcError> {
+        loop {
+            if let Some(frame) = take_frame(&mut self.buf)? {
+                return Ok(frame);
+            }
+            if self.socket.read_buf(&mut self.buf).await? == 0 {
+                return Err(CdcError::Io(std::io::Error::new(
+                    std::io::ErrorKind::UnexpectedEof,
+                    "server closed the connection",
+                )));
+            }
+        }
+    }
+
+    /// Runs a replication command (or, on PG15, a plain SELECT) and returns its rows as text.
+    pub async fn simple_query(&mut self, sql: &str) -> Result<TextRows, CdcError> {
+        let mut out = BytesMut::new();
+        frontend::query(sql, &mut out)?;
+        self.socket.write_all(&out).await?;
+        let mut rows = Vec::new();
+        let mut error = None;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag {
+                b'D' => rows.push(data_row(&frame.body)?),
+                b'E' => error = Some(server_error(&frame.body)),
+                b'Z' => return error.map_or(Ok(rows), Err),
+                b'T' | b'C' | b'N' | b'S' | b'I' => {}
+                other => {
+                    return Err(CdcError::Protocol(format!(
+                        "unexpected message {:?} in a query response",
+                        other as char
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Sends `START_REPLICATION` and switches to streaming.
+    pub async fn start_replication(mut self, command: &str) -> Result<ReplicationStream, CdcError> {
+        let mut out = BytesMut::new();
+        frontend::query(command, &mut out)?;
+        self.socket.write_all(&out).await?;
+        loop {
+            let frame = self.read_frame().await?;
+            match frame.tag {
+                b'W' => return Ok(ReplicationStream::new(self.socket, self.buf)),
+                b'E' => {
+                    let err = server_error(&frame.body);
+                    // Drain to ReadyForQuery is unnecessary: the connection is dropped.
+                    return Err(err);
+                }
+                b'N' | b'S' => {}
+                other => {
+                    return Err(CdcError::Protocol(format!(
+                        "unexpected message {:?} after START_REPLICATION",
+                        other as char
+                    )))
+                }
+            }
+        }
+    }
+}
+
+pub(super) fn be_u32(body: &[u8], at: usize) -> Result<u32, CdcError> {
+    body.get(at..at + 4)
+        .and_then(|b| b.try_into().ok())
+        .map(u32::from_be_bytes)
+        .ok_or_else(|| CdcError::Protocol("message too short".into()))
+}
+
+fn data_row(body: &[u8]) -> Result<Vec<Option<String>>, CdcError> {
+    let short = || CdcError::Protocol("truncated DataRow".into());
+    let count = body
+        .get(0..2)
+        .map(|b| u16::from_be_bytes([b[0], b[1]]))
+        .ok_or_else(short)?;
+    let mut at = 2;
+    let mut row = Vec::with_capacity(count as usize);
+    for _ in 0..count {
+        let len = be_u32(body, at)? as i32;
+        at += 4;
+        if len < 0 {
+            row.push(None);
+        } else {
+            let end = at + len as usize;
+            let bytes = body.get(at..end).ok_or_else(short)?;
+            row.push(Some(String::from_utf8_lossy(bytes).into_owned()));
+            at = end;
+        }
+    }
+    Ok(row)
+}
+
+/// Appends a CopyData message carrying `payload` to `out`.
+pub(super) fn copy_data(payload: &[u8], out: &mut BytesMut) {
+    out.put_u8(b'd');
+    out.put_u32(4 + payload.len() as u32);
+    out.put_slice(payload);
+}

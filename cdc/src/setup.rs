@@ -1,0 +1,272 @@
+//! `wal2delta setup`: prerequisite checks and idempotent creation of the publication and
+//! the slot. Every action is reported so the operator knows what changed.
+
+use tokio_postgres::Client;
+use wal2delta_model::table::quote_ident;
+use wal2delta_model::TableName;
+
+use crate::CdcError;
+
+/// What setup found and did.
+#[derive(Debug, Default)]
+pub struct SetupReport {
+    /// Objects created or altered.
+    pub changed: Vec<String>,
+    /// Things that work but should be changed.
+    pub warnings: Vec<String>,
+    /// Settings we recommend.
+    pub recommendations: Vec<String>,
+    /// Tables the publication covers.
+    pub tables: Vec<TableName>,
+}
+
+/// A table matched by the configured patterns.
+#[derive(Debug, Clone)]
+pub struct CapturedTable {
+    pub name: TableName,
+    pub has_primary_key: bool,
+    /// `d` default, `f` full, `i` index, `n` nothing.
+    pub replica_identity: char,
+}
+
+/// Settings `setup` needs.
+pub struct SetupOptions<'a> {
+    pub slot: &'a str,
+    pub publication: &'a str,
+    pub table_patterns: &'a [String],
+}
+
+/// Runs every check, then creates or updates the publication and creates the slot.
+pub async fn run(client: &Client, opts: &SetupOptions<'_>) -> Result<SetupReport, CdcError> {
+    let mut report = SetupReport::default();
+    check_prerequisites(client, &mut report).await?;
+
+    let tables = resolve_tables(client, opts.table_patterns).await?;
+    if tables.is_empty() {
+        report.warnings.push(format!(
+            "no table matches source.tables {:?}; the publication is created empty",
+            opts.table_patterns
+        ));
+    }
+    for t in &tables {
+        if !t.has_primary_key && t.replica_identity != 'f' {
+            report.warnings.push(format!(
+                "table {} has no primary key: UPDATE and DELETE on it will fail while it is published \
+                 (add a primary key, or ALTER TABLE {} REPLICA IDENTITY FULL)",
+                t.name,
+                t.name.quoted()
+            ));
+        }
+    }
+    ensure_publication(client, opts.publication, &tables, &mut report).await?;
+    ensure_slot(client, opts.slot, &mut report).await?;
+    report.tables = tables.into_iter().map(|t| t.name).collect();
+    Ok(report)
+}
+
+async fn check_prerequisites(client: &Client, report: &mut SetupReport) -> Result<(), CdcError> {
+    let wal_level: String = client.query_one("SHOW wal_level", &[]).await?.get(0);
+    if wal_level != "logical" {
+        return Err(CdcError::Check(format!(
+            "wal_level is {wal_level:?}, logical replication needs \"logical\": run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL"
+        )));
+    }
+    let row = client
+        .query_one("SELECT rolreplication OR rolsuper, current_user::text FROM pg_roles WHERE rolname = current_user", &[])
+        .await?;
+    let (can_replicate, user): (bool, String) = (row.get(0), row.get(1));
+    if !can_replicate {
+        return Err(CdcError::Check(format!(
+            "role {user:?} lacks the REPLICATION attribute: run ALTER ROLE {} REPLICATION",
+            quote_ident(&user)
+        )));
+    }
+    let keep: i64 = client
+        .query_one(
+            "SELECT setting::bigint FROM pg_settings WHERE name = 'max_slot_wal_keep_size'",
+            &[],
+        )
+        .await?
+        .get(0);
+    if keep < 0 {
+        report.recommendations.push(
+            "max_slot_wal_keep_size is unlimited (-1): a stalled slot can fill the primary's disk. \
+             Set it to what the disk can spare, e.g. ALTER SYSTEM SET max_slot_wal_keep_size = '50GB'; SELECT pg_reload_conf();"
+                .into(),
+        );
+    }
+    let senders: i64 = client
+        .query_one(
+            "SELECT setting::bigint FROM pg_settings WHERE name = 'max_wal_senders'",
+            &[],
+        )
+        .await?
+        .get(0);
+    let slots: i64 = client
+        .query_one(
+            "SELECT setting::bigint FROM pg_settings WHERE name = 'max_replication_slots'",
+            &[],
+        )
+        .await?
+        .get(0);
+    if senders < 1 || slots < 1 {
+        return Err(CdcError::Check(format!(
+            "max_wal_senders ({senders}) and max_replication_slots ({slots}) must both be at least 1; raise them and restart PostgreSQL"
+        )));
+    }
+    Ok(())
+}
+
+/// Turns `schema.table` patterns with `*` into SQL LIKE patterns.
+fn like_pattern(part: &str) -> String {
+    part.replace('\\', "\\\\")
+        .replace('%', "\\%")
+        .replace('_', "\\_")
+        .replace('*', "%")
+}
+
+/// The ordinary and partitioned tables matching the patterns (partitions themselves are
+/// published through their root).
+pub async fn resolve_tables(
+    client: &Client,
+    patterns: &[String],
+) -> Result<Vec<CapturedTable>, CdcError> {
+    let mut out: Vec<CapturedTable> = Vec::new();
+    for p in patterns {
+        let (schema, table) = p.split_once('.').unwrap_or(("public", p));
+        let rows = client
+            .query(
+                "SELECT n.nspname::text, c.relname::text, \
+                        EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), \
+                        c.relreplident::text \
+                 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
+                   AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%' \
+                   AND n.nspname LIKE $1 AND c.relname LIKE $2 \
+                 ORDER BY 1, 2",
+                &[&like_pattern(schema), &like_pattern(table)],
+            )
+            .await?;
+        for r in rows {
+            let name = TableName::new(r.get::<_, String>(0), r.get::<_, String>(1));
+            if out.iter().any(|t| t.name == name) {
+                continue;
+            }
+            let ident: String = r.get(3);
+            out.push(CapturedTable {
+                name,
+                has_primary_key: r.get(2),
+                replica_identity: ident.chars().next().unwrap_or('d'),
+            });
+        }
+    }
+    Ok(out)
+}
+
+async fn ensure_publication(
+    client: &Client,
+    publication: &str,
+    tables: &[CapturedTable],
+    report: &mut SetupReport,
+) -> Result<(), CdcError> {
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .is_some();
+    let list: Vec<String> = tables.iter().map(|t| t.name.quoted()).collect();
+    let pubname = quote_ident(publication);
+    if !exists {
+        let sql = if list.is_empty() {
+            format!("CREATE PUBLICATION {pubname} WITH (publish_via_partition_root = true)")
+        } else {
+            format!("CREATE PUBLICATION {pubname} FOR TABLE {} WITH (publish_via_partition_root = true)", list.join(", "))
+        };
+        client.batch_execute(&sql).await?;
+        report.changed.push(format!(
+            "created publication {publication} for {} table(s)",
+            list.len()
+        ));
+        return Ok(());
+    }
+    let current: Vec<String> = client
+        .query("SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2", &[&publication])
+        .await?
+        .iter()
+        .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)).quoted())
+        .collect();
+    let mut wanted = list.clone();
+    wanted.sort();
+    let mut have = current.clone();
+    have.sort();
+    if wanted != have && !list.is_empty() {
+        client
+            .batch_execute(&format!(
+                "ALTER PUBLICATION {pubname} SET TABLE {}",
+                list.join(", ")
+            ))
+            .await?;
+        report.changed.push(format!(
+            "updated publication {publication}: now {} table(s), was {}",
+            list.len(),
+            current.len()
+        ));
+    }
+    Ok(())
+}
+
+async fn ensure_slot(
+    client: &Client,
+    slot: &str,
+    report: &mut SetupReport,
+) -> Result<(), CdcError> {
+    let row = client
+        .query_opt(
+            "SELECT plugin::text, wal_status FROM pg_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?;
+    match row {
+        Some(r) => {
+            let plugin: Option<String> = r.get(0);
+            let status: Option<String> = r.get(1);
+            if plugin.as_deref() != Some("pgoutput") {
+                return Err(CdcError::Check(format!(
+                    "slot {slot:?} exists with plugin {plugin:?}, not pgoutput: choose another [source] slot or drop it"
+                )));
+            }
+            if status.as_deref() == Some("lost") {
+                return Err(CdcError::Check(format!(
+                    "slot {slot:?} is invalidated (wal_status = lost): changes were lost on the server; drop it and re-snapshot"
+                )));
+            }
+        }
+        None => {
+            let lsn: String = client
+                .query_one(
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                    &[&slot],
+                )
+                .await?
+                .get(0);
+            report
+                .changed
+                .push(format!("created replication slot {slot} at {lsn}"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::like_pattern;
+
+    #[test]
+    fn patterns_escape_like_metacharacters() {
+        assert_eq!(like_pattern("*"), "%");
+        assert_eq!(like_pattern("my_table"), "my\\_table");
+        assert_eq!(like_pattern("tx_*"), "tx\\_%");
+    }
+}

@@ -1,0 +1,70 @@
+//! Change events as capture produces them.
+
+use crate::{Datum, Lsn, TableName};
+
+/// What happened to a row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ChangeOp {
+    Insert,
+    Update,
+    Delete,
+    Truncate,
+    /// A row read by the initial snapshot.
+    Read,
+}
+
+impl ChangeOp {
+    /// Debezium's one-letter `op` code.
+    pub fn code(self) -> &'static str {
+        match self {
+            ChangeOp::Insert => "c",
+            ChangeOp::Update => "u",
+            ChangeOp::Delete => "d",
+            ChangeOp::Truncate => "t",
+            ChangeOp::Read => "r",
+        }
+    }
+}
+
+/// One column of a row image.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ColumnValue {
+    Null,
+    /// A TOASTed value the update did not change; pgoutput does not send it. Consumers
+    /// must keep the previous value. Never replaced by a placeholder or NULL.
+    UnchangedToast,
+    Value(Datum),
+}
+
+/// A row image, one entry per column of the table's schema at the time of the change.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Row {
+    pub values: Vec<ColumnValue>,
+}
+
+/// Where a change sits in the source's commit order.
+///
+/// `(commit_lsn, ordinal)` is the total order Silver merges by: the commit LSN orders
+/// transactions, the ordinal orders changes inside one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TxPosition {
+    /// LSN of the transaction's commit record (the end LSN a slot may be confirmed to).
+    pub commit_lsn: Lsn,
+    /// The change's own WAL position (0/0 for snapshot reads).
+    pub lsn: Lsn,
+    /// 1-based position of the change within its transaction.
+    pub ordinal: u64,
+    pub xid: u32,
+    /// Commit time, microseconds since the Unix epoch.
+    pub commit_ts_us: i64,
+}
+
+/// One captured change.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Change {
+    pub table: TableName,
+    pub op: ChangeOp,
+    pub before: Option<Row>,
+    pub after: Option<Row>,
+    pub position: TxPosition,
+}

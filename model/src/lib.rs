@@ -1,0 +1,20 @@
+//! Types shared by the wal2delta crates.
+//!
+//! Nothing here talks to an external system: PostgreSQL specifics live in `wal2delta-cdc`,
+//! Kafka and Avro in `wal2delta-stream`, Delta in `wal2delta-lake`.
+
+pub mod change;
+pub mod datum;
+pub mod error_class;
+pub mod lsn;
+pub mod pg_type;
+pub mod schema;
+pub mod table;
+
+pub use change::{Change, ChangeOp, ColumnValue, Row, TxPosition};
+pub use datum::{Datum, Special};
+pub use error_class::ErrorClass;
+pub use lsn::Lsn;
+pub use pg_type::{BaseType, ColumnType, TypeKind};
+pub use schema::{Column, ReplicaIdentity, TableSchema};
+pub use table::TableName;

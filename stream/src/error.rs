@@ -1,0 +1,33 @@
+//! Errors of the Kafka / schema-registry side, each classified.
+
+use wal2delta_model::ErrorClass;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("Cannot build the Avro schema of {table}: {reason}")]
+    Schema { table: String, reason: String },
+    #[error("Cannot encode a change of {table}: {reason}")]
+    Encode { table: String, reason: String },
+    #[error("The schema registry refused the schema of subject {subject}: {reason}")]
+    RegistryRefused { subject: String, reason: String },
+    #[error("The schema registry is unavailable: {reason}")]
+    RegistryUnavailable { reason: String },
+    #[error("Kafka error: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+    #[error("Cannot create topic {topic}: {reason}")]
+    Topic { topic: String, reason: String },
+}
+
+impl StreamError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            StreamError::Schema { .. }
+            | StreamError::Encode { .. }
+            | StreamError::RegistryRefused { .. } => ErrorClass::Record,
+            StreamError::RegistryUnavailable { .. } | StreamError::Kafka(_) => {
+                ErrorClass::Transient
+            }
+            StreamError::Topic { .. } => ErrorClass::Transient,
+        }
+    }
+}

@@ -1,0 +1,187 @@
+//! The Kafka producer with ordered acknowledgements.
+//!
+//! Idempotent (`enable.idempotence=true`, `acks=all`): the broker de-duplicates retries
+//! and keeps per-partition order. Every message carries an [`AckToken`]; librdkafka's
+//! delivery callback reports it, success or failure, on a channel that the capture loop
+//! feeds into its [`crate::ack::AckTracker`]. Nothing is acknowledged to PostgreSQL from here.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use tokio::sync::mpsc;
+
+use crate::ack::AckToken;
+use crate::StreamError;
+
+/// The outcome of one message.
+#[derive(Debug)]
+pub struct Delivery {
+    pub token: AckToken,
+    pub result: Result<(), KafkaError>,
+}
+
+struct AckContext {
+    deliveries: mpsc::UnboundedSender<Delivery>,
+}
+
+impl ClientContext for AckContext {}
+
+impl ProducerContext for AckContext {
+    type DeliveryOpaque = Box<AckToken>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, token: Self::DeliveryOpaque) {
+        let result = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(e.clone()),
+        };
+        // The receiver is gone only when capture is shutting down.
+        let _ = self.deliveries.send(Delivery {
+            token: *token,
+            result,
+        });
+    }
+}
+
+/// Producer settings.
+#[derive(Debug, Clone)]
+pub struct ProducerSettings {
+    pub brokers: String,
+    pub delivery_timeout: Duration,
+    pub topic_partitions: i32,
+    /// Extra librdkafka properties.
+    pub extra: BTreeMap<String, String>,
+}
+
+/// Sends change events and reports each delivery.
+pub struct EventProducer {
+    producer: ThreadedProducer<AckContext>,
+    admin: AdminClient<DefaultClientContext>,
+    settings: ProducerSettings,
+    known_topics: HashSet<String>,
+    partitions: HashMap<String, i32>,
+}
+
+impl EventProducer {
+    /// Creates the producer; deliveries arrive on the returned receiver.
+    pub fn new(
+        settings: ProducerSettings,
+    ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StreamError> {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut config = ClientConfig::new();
+        config
+            .set("bootstrap.servers", &settings.brokers)
+            .set("enable.idempotence", "true")
+            .set("acks", "all")
+            .set(
+                "message.timeout.ms",
+                settings.delivery_timeout.as_millis().to_string(),
+            )
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "200000")
+            .set("client.id", "wal2delta-capture");
+        for (k, v) in &settings.extra {
+            config.set(k, v);
+        }
+        let producer: ThreadedProducer<AckContext> =
+            config.create_with_context(AckContext { deliveries: tx })?;
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", &settings.brokers)
+            .create()?;
+        Ok((
+            EventProducer {
+                producer,
+                admin,
+                settings,
+                known_topics: HashSet::new(),
+                partitions: HashMap::new(),
+            },
+            rx,
+        ))
+    }
+
+    /// Creates the topic if it does not exist yet (once per process and topic).
+    pub async fn ensure_topic(&mut self, topic: &str) -> Result<(), StreamError> {
+        if self.known_topics.contains(topic) {
+            return Ok(());
+        }
+        let new = NewTopic::new(
+            topic,
+            self.settings.topic_partitions,
+            TopicReplication::Fixed(1),
+        );
+        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+        let results = self.admin.create_topics([&new], &opts).await?;
+        for r in results {
+            match r {
+                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+                Err((t, code)) => {
+                    return Err(StreamError::Topic {
+                        topic: t,
+                        reason: code.to_string(),
+                    })
+                }
+            }
+        }
+        self.known_topics.insert(topic.to_owned());
+        Ok(())
+    }
+
+    /// The topic's partition count, from broker metadata (cached).
+    pub fn partition_count(&mut self, topic: &str) -> Result<i32, StreamError> {
+        if let Some(n) = self.partitions.get(topic) {
+            return Ok(*n);
+        }
+        let md = self
+            .producer
+            .client()
+            .fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let n = md
+            .topics()
+            .first()
+            .map(|t| t.partitions().len() as i32)
+            .unwrap_or(0)
+            .max(1);
+        self.partitions.insert(topic.to_owned(), n);
+        Ok(n)
+    }
+
+    /// Queues one message. Waits (without blocking the runtime) while librdkafka's queue
+    /// is full. The delivery is reported later with `token`.
+    pub async fn send(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        payload: &[u8],
+        token: AckToken,
+    ) -> Result<(), StreamError> {
+        let mut record = BaseRecord::with_opaque_to(topic, Box::new(token)).payload(payload);
+        if let Some(k) = key {
+            record = record.key(k);
+        }
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
+        loop {
+            match self.producer.send(record) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
+                    record = back;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(StreamError::Kafka(e)),
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for every queued message to be delivered or failed.
+    pub fn flush(&self, timeout: Duration) {
+        let _ = self.producer.flush(timeout);
+    }
+}

@@ -1,0 +1,115 @@
+//! Schema registration and the Confluent wire format.
+//!
+//! Schemas are registered with `schema_registry_converter`'s `post_schema` (topic-name
+//! strategy). Registered ids are cached per subject and schema text, so a schema is posted
+//! once per process and again only when the table's shape changes.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use apache_avro::types::Value;
+use apache_avro::writer::datum::GenericDatumWriter;
+use apache_avro::Schema;
+use schema_registry_converter::async_impl::schema_registry::{post_schema, SrSettings};
+use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
+
+use crate::StreamError;
+
+/// Registers schemas and frames Avro values as `0x00 | schema id (u32 BE) | Avro datum`.
+pub struct Registry {
+    settings: SrSettings,
+    ids: HashMap<(String, String), u32>,
+}
+
+impl Registry {
+    pub fn new(url: &str) -> Result<Self, StreamError> {
+        let settings = SrSettings::new_builder(url.trim_end_matches('/').to_owned())
+            .set_timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| StreamError::RegistryUnavailable { reason: e.error })?;
+        Ok(Registry {
+            settings,
+            ids: HashMap::new(),
+        })
+    }
+
+    /// The id of `schema_json` under `subject`, registering it if needed.
+    pub async fn id_for(&mut self, subject: &str, schema_json: &str) -> Result<u32, StreamError> {
+        let cache_key = (subject.to_owned(), schema_json.to_owned());
+        if let Some(id) = self.ids.get(&cache_key) {
+            return Ok(*id);
+        }
+        let supplied = SuppliedSchema::new(None, SchemaType::Avro, schema_json.to_owned());
+        match post_schema(&self.settings, subject.to_owned(), supplied).await {
+            Ok(registered) => {
+                self.ids.insert(cache_key, registered.id);
+                Ok(registered.id)
+            }
+            Err(e) => {
+                let reason = match &e.cause {
+                    Some(c) => format!("{}: {c}", e.error),
+                    None => e.error.clone(),
+                };
+                if e.retriable {
+                    Err(StreamError::RegistryUnavailable { reason })
+                } else {
+                    Err(StreamError::RegistryRefused {
+                        subject: subject.to_owned(),
+                        reason,
+                    })
+                }
+            }
+        }
+    }
+}
+
+/// Frames a value in the Confluent wire format.
+pub fn frame(schema_id: u32, schema: &Schema, value: Value) -> Result<Vec<u8>, apache_avro::Error> {
+    let writer = GenericDatumWriter::builder(schema).build()?;
+    frame_with(&writer, schema_id, &value)
+}
+
+/// Frames a value with a prepared writer (avoids resolving the schema for every event).
+pub fn frame_with(
+    writer: &GenericDatumWriter<'_>,
+    schema_id: u32,
+    value: &Value,
+) -> Result<Vec<u8>, apache_avro::Error> {
+    let mut out = Vec::with_capacity(256);
+    out.push(0);
+    out.extend_from_slice(&schema_id.to_be_bytes());
+    writer.write_value_ref(&mut out, value)?;
+    Ok(out)
+}
+
+/// Splits a Confluent-framed payload into schema id and Avro datum.
+pub fn unframe(payload: &[u8]) -> Option<(u32, &[u8])> {
+    if payload.len() < 5 || payload[0] != 0 {
+        return None;
+    }
+    Some((
+        u32::from_be_bytes([payload[1], payload[2], payload[3], payload[4]]),
+        &payload[5..],
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frame_and_unframe() {
+        let schema = Schema::parse_str(r#""long""#).unwrap();
+        let bytes = frame(7, &schema, Value::Long(3)).unwrap();
+        let (id, datum) = unframe(&bytes).unwrap();
+        assert_eq!(id, 7);
+        let v = apache_avro::reader::datum::GenericDatumReader::builder(&schema)
+            .build()
+            .unwrap()
+            .read_value(&mut &datum[..])
+            .unwrap();
+        assert_eq!(v, Value::Long(3));
+        assert!(unframe(&[1, 0, 0, 0, 7]).is_none());
+        assert!(unframe(&[0, 0]).is_none());
+    }
+}

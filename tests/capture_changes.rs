@@ -1,0 +1,236 @@
+//! Capture of every kind of change, end to end: PostgreSQL → wal2delta → tansu, decoded
+//! through the development registry.
+
+use std::time::Duration;
+
+use anyhow::Result;
+use apache_avro::types::Value;
+use wal2delta_tests::daemon::Daemon;
+use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
+use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+
+fn long(v: Option<&Value>) -> Option<i64> {
+    match v.map(unwrap_union) {
+        Some(Value::Long(n)) => Some(*n),
+        Some(Value::Int(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+fn string(v: Option<&Value>) -> Option<String> {
+    match v.map(unwrap_union) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn is_null(v: Option<&Value>) -> bool {
+    matches!(v.map(unwrap_union), Some(Value::Null))
+}
+
+struct Event {
+    op: String,
+    before: Value,
+    after: Value,
+    toast: Vec<String>,
+    commit_lsn: i64,
+    ordinal: i64,
+}
+
+fn events(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<Event>> {
+    let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
+    let mut dec = AvroDecoder::new(&stack.registry);
+    recs.iter()
+        .map(|r| {
+            let v = dec.decode(&r.payload)?;
+            let toast = match field(&v, "unchanged_toast_columns") {
+                Some(Value::Array(a)) => a.iter().filter_map(|x| string(Some(x))).collect(),
+                _ => vec![],
+            };
+            let source = field(&v, "source").cloned().unwrap_or(Value::Null);
+            Ok(Event {
+                op: string(field(&v, "op")).unwrap_or_default(),
+                before: field(&v, "before").cloned().unwrap_or(Value::Null),
+                after: field(&v, "after").cloned().unwrap_or(Value::Null),
+                toast,
+                commit_lsn: long(field(&source, "commit_lsn")).unwrap_or(-1),
+                ordinal: long(field(&v, "ordinal")).unwrap_or(-1),
+            })
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("chg");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name};
+         CREATE TABLE {name}.dflt (id int PRIMARY KEY, v text, doc text);
+         CREATE TABLE {name}.full (id int PRIMARY KEY, v text);
+         ALTER TABLE {name}.full REPLICA IDENTITY FULL;
+         ALTER TABLE {name}.dflt ALTER COLUMN doc SET STORAGE EXTERNAL;"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    let setup = d.setup()?;
+    assert!(setup.contains("created replication slot"), "{setup}");
+    assert!(setup.contains("created publication"), "{setup}");
+    // Idempotent: a second run changes nothing.
+    assert!(d.setup()?.contains("nothing to change"));
+    d.start()?;
+
+    let big: String = (0..20_000)
+        .map(|i| char::from(b'a' + (i % 26) as u8))
+        .collect();
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.dflt VALUES (1, 'one', '{big}'), (2, 'two', 'small');
+         UPDATE {name}.dflt SET v = 'uno' WHERE id = 1;
+         UPDATE {name}.dflt SET id = 10 WHERE id = 2;
+         DELETE FROM {name}.dflt WHERE id = 10;
+         INSERT INTO {name}.full VALUES (1, 'a');
+         UPDATE {name}.full SET v = 'b' WHERE id = 1;
+         DELETE FROM {name}.full WHERE id = 1;
+         BEGIN; INSERT INTO {name}.dflt VALUES (3, 'x', 'y'); TRUNCATE {name}.dflt; COMMIT;"
+    ))
+    .await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+
+    let dflt = events(&stack, &format!("{name}.{name}.dflt"), 7)?;
+    let ops: Vec<&str> = dflt.iter().map(|e| e.op.as_str()).collect();
+    assert_eq!(ops, ["c", "c", "u", "u", "d", "c", "t"]);
+    // Insert carries the whole TOASTed value.
+    assert_eq!(
+        string(field(&dflt[0].after, "doc")).map(|s| s.len()),
+        Some(20_000)
+    );
+    // Update that leaves the TOASTed column alone: marked unchanged, never filled.
+    assert_eq!(dflt[2].toast, vec!["doc".to_string()]);
+    assert!(is_null(field(&dflt[2].after, "doc")));
+    assert_eq!(string(field(&dflt[2].after, "v")).as_deref(), Some("uno"));
+    // Key change: the old key is in `before` (DEFAULT identity logs the old key).
+    assert_eq!(long(field(&dflt[3].before, "id")), Some(2));
+    assert_eq!(long(field(&dflt[3].after, "id")), Some(10));
+    // Delete under DEFAULT identity: key only.
+    assert_eq!(long(field(&dflt[4].before, "id")), Some(10));
+    assert!(is_null(field(&dflt[4].before, "v")));
+    // Insert and truncate in one transaction: same commit LSN, ordered by ordinal.
+    assert_eq!(dflt[5].commit_lsn, dflt[6].commit_lsn);
+    assert!(dflt[5].ordinal < dflt[6].ordinal);
+
+    let full = events(&stack, &format!("{name}.{name}.full"), 3)?;
+    assert_eq!(
+        full.iter().map(|e| e.op.as_str()).collect::<Vec<_>>(),
+        ["c", "u", "d"]
+    );
+    // FULL identity: the whole old row is there for updates and deletes.
+    assert_eq!(string(field(&full[1].before, "v")).as_deref(), Some("a"));
+    assert_eq!(string(field(&full[2].before, "v")).as_deref(), Some("b"));
+
+    assert!(
+        d.stop()?.success(),
+        "clean exit on SIGTERM: {}",
+        d.last_log()
+    );
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn add_column_mid_stream_registers_a_new_version_without_restart() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("ddl");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    d.setup()?;
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t VALUES (1, 'a');
+         ALTER TABLE {name}.t ADD COLUMN extra int DEFAULT 7;
+         INSERT INTO {name}.t VALUES (2, 'b', 8);"
+    ))
+    .await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    d.assert_running()?;
+    let evs = events(&stack, &format!("{name}.{name}.t"), 2)?;
+    assert_eq!(evs.len(), 2);
+    assert!(
+        field(&evs[0].after, "extra").is_none(),
+        "first event has the old schema"
+    );
+    assert_eq!(long(field(&evs[1].after, "extra")), Some(8));
+    let versions: Vec<i64> = reqwest::get(format!(
+        "{}/subjects/{name}.{name}.t-value/versions",
+        stack.registry
+    ))
+    .await?
+    .json()
+    .await?;
+    assert_eq!(versions, vec![1, 2]);
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("dlq");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, a int[]);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    d.setup()?;
+    d.start()?;
+    // A two-dimensional array has no exact mapping to the column's Avro array type.
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t VALUES (1, '{{1,2}}'); INSERT INTO {name}.t VALUES (2, '{{{{1,2}},{{3,4}}}}'); INSERT INTO {name}.t VALUES (3, '{{3}}');"
+    ))
+    .await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    d.assert_running()?;
+    let good = events(&stack, &format!("{name}.{name}.t"), 2)?;
+    assert_eq!(
+        good.iter()
+            .filter_map(|e| long(field(&e.after, "id")))
+            .collect::<Vec<_>>(),
+        vec![1, 3]
+    );
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    assert_eq!(dlq.len(), 1);
+    let letter: serde_json::Value = serde_json::from_slice(&dlq[0].payload)?;
+    assert_eq!(letter["reason_kind"], "undecodable_value");
+    assert_eq!(letter["table"], format!("{name}.t"));
+    assert!(
+        letter["raw"]
+            .as_str()
+            .unwrap_or("")
+            .contains("{{1,2},{3,4}}"),
+        "{letter}"
+    );
+    assert!(letter["lsn"].as_str().unwrap_or("").contains('/'));
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

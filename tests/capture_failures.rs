@@ -1,0 +1,196 @@
+//! Failures around capture: the broker going away mid-stream, bad configuration and an
+//! unreachable database.
+
+use std::collections::HashSet;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Result};
+use apache_avro::types::Value;
+use wal2delta_tests::daemon::{binary, Daemon};
+use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
+use wal2delta_tests::{cleanup, current_wal_lsn, slot_confirmed, unique, wait_confirmed, Stack};
+
+fn stack_script(action: &str) -> Result<()> {
+    let script = format!("{}/../ops/stack", env!("CARGO_MANIFEST_DIR"));
+    let status = Command::new(script).arg(action).status()?;
+    ensure!(status.success(), "ops/stack {action} failed");
+    Ok(())
+}
+
+fn ids_in_topic(stack: &Stack, topic: &str, expect: usize) -> Result<HashSet<i64>> {
+    let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
+    let mut dec = AvroDecoder::new(&stack.registry);
+    let mut ids = HashSet::new();
+    for r in &recs {
+        let v = dec.decode(&r.payload)?;
+        let after = field(&v, "after").cloned().unwrap_or(Value::Null);
+        if let Some(Value::Int(id)) = field(&after, "id").map(unwrap_union) {
+            ids.insert(i64::from(*id));
+        }
+    }
+    Ok(ids)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn broker_down_mid_stream_waits_without_acknowledging_then_catches_up() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("down");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    d.setup()?;
+    d.start()?;
+    pg.execute(
+        &format!("INSERT INTO {name}.t SELECT g, 'before' FROM generate_series(1, 5000) g"),
+        &[],
+    )
+    .await?;
+    let first = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, first, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+
+    stack_script("stop-broker")?;
+    let result = async {
+        for chunk in 0..5 {
+            let lo = 5001 + chunk * 1000;
+            pg.execute(&format!("INSERT INTO {name}.t SELECT g, 'during' FROM generate_series($1::int, $2::int) g"), &[&lo, &(lo + 999)]).await?;
+        }
+        let during = current_wal_lsn(&pg).await?;
+        // Longer than the delivery timeout (10 s): capture must give up its session and
+        // retry, never confirming what Kafka does not hold.
+        let until = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < until {
+            let c = slot_confirmed(&pg, &d.slot).await?.unwrap_or_default();
+            ensure!(c < during, "slot confirmed {c} while the broker was down (changes up to {during} unacknowledged)");
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        d.assert_running()?;
+        anyhow::Ok(during)
+    }
+    .await;
+    stack_script("start-broker")?;
+    let during = result?;
+    wait_confirmed(&pg, &d.slot, during, Duration::from_secs(120))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    let ids = ids_in_topic(&stack, &format!("{name}.{name}.t"), 10_000)?;
+    let missing: Vec<i64> = (1..=10_000).filter(|i| !ids.contains(i)).collect();
+    ensure!(
+        missing.is_empty(),
+        "{} rows missing after the broker came back, e.g. {:?}",
+        missing.len(),
+        &missing[..missing.len().min(5)]
+    );
+    ensure!(
+        d.last_log()
+            .contains("restarting from the slot's confirmed position"),
+        "capture should have restarted its session: {}",
+        d.last_log()
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+fn run_with_config(text: &str, args: &[&str]) -> Result<(bool, String, Duration)> {
+    let dir = std::env::temp_dir().join(unique("cfg"));
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("c.toml");
+    std::fs::write(&path, text)?;
+    let start = Instant::now();
+    let mut cmd = Command::new(binary());
+    cmd.arg("--config").arg(&path).args(args);
+    for (k, _) in std::env::vars() {
+        if k.starts_with("WAL2DELTA__") {
+            cmd.env_remove(k);
+        }
+    }
+    let out = cmd.output()?;
+    Ok((
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        start.elapsed(),
+    ))
+}
+
+const GOOD: &str = r#"
+[source]
+dsn = "postgres://replicator:replicator@127.0.0.1:1/app"
+[kafka]
+brokers = "127.0.0.1:1"
+[schema_registry]
+url = "http://127.0.0.1:1"
+[lake]
+uri = "file:///tmp/wal2delta-lake"
+[metrics]
+listen = "127.0.0.1:0"
+"#;
+
+#[test]
+fn bad_configuration_gives_one_clear_line() -> Result<()> {
+    for (text, needle) in [
+        (format!("{GOOD}\n[source2]\nx = 1\n"), "source2"),
+        (GOOD.replace("[lake]", "[lake]\nbogus = 1"), "bogus"),
+        (
+            GOOD.replace("file:///tmp/wal2delta-lake", "/tmp/x"),
+            "lake.uri",
+        ),
+        (
+            GOOD.replace("[kafka]\nbrokers = \"127.0.0.1:1\"", "[kafka]"),
+            "brokers",
+        ),
+        ("this is not toml".to_owned(), "Invalid config file"),
+    ] {
+        let (ok, stderr, _) = run_with_config(&text, &["setup"])?;
+        ensure!(!ok, "a bad config must fail");
+        ensure!(
+            stderr.trim().lines().count() == 1,
+            "expected one line, got: {stderr}"
+        );
+        ensure!(
+            stderr.contains(needle),
+            "the error should name {needle:?}: {stderr}"
+        );
+        ensure!(!stderr.contains("panicked"), "{stderr}");
+    }
+    Ok(())
+}
+
+#[test]
+fn unreachable_database_gives_one_clear_line() -> Result<()> {
+    for args in [
+        &["setup"][..],
+        &["run", "--stage", "capture"][..],
+        &["status"][..],
+    ] {
+        let (ok, stderr, took) = run_with_config(GOOD, args)?;
+        ensure!(!ok, "must fail");
+        ensure!(
+            stderr.trim().lines().count() == 1,
+            "{args:?}: expected one line, got: {stderr}"
+        );
+        ensure!(
+            stderr.contains("127.0.0.1:1"),
+            "{args:?}: should name the address: {stderr}"
+        );
+        ensure!(
+            took < Duration::from_secs(20),
+            "{args:?}: took {took:?}, no endless retries"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn stages_not_built_yet_say_so() -> Result<()> {
+    let (ok, stderr, _) = run_with_config(GOOD, &["reconcile"])?;
+    ensure!(!ok && stderr.contains("not available"), "{stderr}");
+    let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "bronze"])?;
+    ensure!(!ok && stderr.contains("bronze"), "{stderr}");
+    Ok(())
+}

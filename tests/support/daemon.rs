@@ -1,0 +1,175 @@
+//! Running the real `wal2delta` binary as a child process.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+
+use crate::Stack;
+
+/// One test's configuration and its daemon process.
+pub struct Daemon {
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub slot: String,
+    pub publication: String,
+    pub prefix: String,
+    pub schema: String,
+    child: Option<Child>,
+    runs: u32,
+}
+
+/// The binary under test (built by `ops/test`).
+pub fn binary() -> PathBuf {
+    if let Ok(p) = std::env::var("WAL2DELTA_BIN") {
+        return PathBuf::from(p);
+    }
+    let target = std::env::var("CARGO_TARGET_DIR")
+        .unwrap_or_else(|_| format!("{}/../target", env!("CARGO_MANIFEST_DIR")));
+    PathBuf::from(target).join("debug/wal2delta")
+}
+
+impl Daemon {
+    /// A config capturing `{schema}.*` into topics `{name}.{schema}.*`, with its own slot.
+    pub fn new(stack: &Stack, name: &str, extra_toml: &str) -> Result<Daemon> {
+        let dir = PathBuf::from(&stack.stack_dir).join("tests").join(name);
+        std::fs::create_dir_all(&dir)?;
+        let config = dir.join("wal2delta.toml");
+        let text = format!(
+            r#"[source]
+dsn = "{dsn}"
+slot = "{name}"
+publication = "{name}"
+tables = ["{name}.*"]
+[kafka]
+brokers = "{brokers}"
+topic_prefix = "{name}"
+delivery_timeout_ms = 10000
+[schema_registry]
+url = "{registry}"
+[lake]
+uri = "file://{lake}"
+[metrics]
+listen = "127.0.0.1:0"
+{extra_toml}
+"#,
+            dsn = stack.dsn,
+            brokers = stack.brokers,
+            registry = stack.registry,
+            lake = dir.join("lake").display(),
+        );
+        std::fs::write(&config, text)?;
+        Ok(Daemon {
+            dir,
+            config,
+            slot: name.to_owned(),
+            publication: name.to_owned(),
+            prefix: name.to_owned(),
+            schema: name.to_owned(),
+            child: None,
+            runs: 0,
+        })
+    }
+
+    /// Runs a one-shot command (e.g. `setup`) with the test config and no WAL2DELTA__
+    /// overrides from the environment.
+    pub fn command(&self, args: &[&str]) -> Result<Output> {
+        let mut cmd = Command::new(binary());
+        cmd.arg("--config").arg(&self.config).args(args);
+        clear_overrides(&mut cmd);
+        cmd.output().context("running wal2delta")
+    }
+
+    /// `wal2delta setup`, which must succeed.
+    pub fn setup(&self) -> Result<String> {
+        let out = self.command(&["setup"])?;
+        if !out.status.success() {
+            bail!(
+                "setup failed: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Starts `wal2delta run --stage capture` in the background.
+    pub fn start(&mut self) -> Result<()> {
+        self.runs += 1;
+        let log = std::fs::File::create(self.dir.join(format!("capture-{}.log", self.runs)))?;
+        let mut cmd = Command::new(binary());
+        cmd.arg("--config")
+            .arg(&self.config)
+            .args(["run", "--stage", "capture"]);
+        clear_overrides(&mut cmd);
+        cmd.env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log);
+        self.child = Some(cmd.spawn().context("starting wal2delta")?);
+        Ok(())
+    }
+
+    /// SIGKILL: no chance to flush or confirm anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
+        let Some(mut c) = self.child.take() else {
+            bail!("not running")
+        };
+        unsafe_sigterm(c.id());
+        let start = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = c.kill();
+                bail!("wal2delta did not exit within 60 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Fails if the daemon exited (with its log) — used while waiting for progress.
+    pub fn assert_running(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(status) = c.try_wait()? {
+                bail!("wal2delta exited with {status}: {}", self.last_log());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn last_log(&self) -> String {
+        std::fs::read_to_string(self.dir.join(format!("capture-{}.log", self.runs)))
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn clear_overrides(cmd: &mut Command) {
+    for (k, _) in std::env::vars() {
+        if k.starts_with("WAL2DELTA__") {
+            cmd.env_remove(k);
+        }
+    }
+}
+
+fn unsafe_sigterm(pid: u32) {
+    let _ = Command::new("kill")
+        .arg("-TERM")
+        .arg(pid.to_string())
+        .status();
+}

@@ -1,0 +1,167 @@
+//! Reading a topic back from the broker and decoding its Avro events through the registry.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{anyhow, bail, Context, Result};
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
+use apache_avro::Schema;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+
+static READS: AtomicUsize = AtomicUsize::new(0);
+
+/// One message as read back.
+#[derive(Debug, Clone)]
+pub struct Record {
+    pub partition: i32,
+    pub offset: i64,
+    pub key: Option<Vec<u8>>,
+    pub payload: Vec<u8>,
+}
+
+/// Reads every message of `topic` from the beginning, until `expect` messages were read
+/// or nothing new arrived for `idle`.
+pub fn read_topic(
+    brokers: &str,
+    topic: &str,
+    expect: Option<usize>,
+    idle: Duration,
+) -> Result<Vec<Record>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "group.id",
+            format!(
+                "wal2delta-test-{}-{}",
+                std::process::id(),
+                READS.fetch_add(1, Ordering::Relaxed)
+            ),
+        )
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "false")
+        .create()?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .first()
+        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
+        .unwrap_or_default();
+    if partitions.is_empty() {
+        return Ok(Vec::new());
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in &partitions {
+        tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
+    }
+    consumer.assign(&tpl)?;
+    let mut out = Vec::new();
+    let mut last = Instant::now();
+    loop {
+        if let Some(n) = expect {
+            if out.len() >= n {
+                break;
+            }
+        }
+        if last.elapsed() > idle {
+            break;
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => {
+                out.push(Record {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                });
+                last = Instant::now();
+            }
+            Some(Err(e)) => return Err(anyhow!("consuming {topic}: {e}")),
+            None => {}
+        }
+    }
+    out.sort_by_key(|r| (r.partition, r.offset));
+    Ok(out)
+}
+
+/// Decodes Confluent-framed Avro with schemas fetched from the registry by id.
+pub struct AvroDecoder {
+    registry: String,
+    schemas: HashMap<u32, Schema>,
+}
+
+impl AvroDecoder {
+    pub fn new(registry: &str) -> Self {
+        AvroDecoder {
+            registry: registry.trim_end_matches('/').to_owned(),
+            schemas: HashMap::new(),
+        }
+    }
+
+    pub fn decode(&mut self, payload: &[u8]) -> Result<Value> {
+        let (id, datum) = wal2delta_stream::registry::unframe(payload)
+            .ok_or_else(|| anyhow!("not Confluent-framed"))?;
+        if !self.schemas.contains_key(&id) {
+            let url = format!("{}/schemas/ids/{id}", self.registry);
+            let body: serde_json::Value = reqwest::blocking_get_json(&url)?;
+            let text = body["schema"]
+                .as_str()
+                .ok_or_else(|| anyhow!("registry returned no schema for id {id}"))?;
+            self.schemas.insert(
+                id,
+                Schema::parse_str(text).context("parsing registry schema")?,
+            );
+        }
+        let schema = &self.schemas[&id];
+        let mut reader = datum;
+        let v = GenericDatumReader::builder(schema)
+            .build()?
+            .read_value(&mut reader)?;
+        if !reader.is_empty() {
+            bail!("{} trailing bytes after the Avro datum", reader.len());
+        }
+        Ok(v)
+    }
+}
+
+/// Field of a record value by name (unwrapping unions).
+pub fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
+    match unwrap_union(v) {
+        Value::Record(fields) => fields
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| unwrap_union(v)),
+        _ => None,
+    }
+}
+
+pub fn unwrap_union(v: &Value) -> &Value {
+    match v {
+        Value::Union(_, inner) => unwrap_union(inner),
+        other => other,
+    }
+}
+
+mod reqwest {
+    /// A tiny blocking GET for the registry (the tests are sync around the consumer).
+    pub fn blocking_get_json(url: &str) -> anyhow::Result<serde_json::Value> {
+        let url = url.to_owned();
+        let handle = std::thread::spawn(move || -> anyhow::Result<serde_json::Value> {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            rt.block_on(async {
+                Ok(::reqwest::get(&url)
+                    .await?
+                    .error_for_status()?
+                    .json()
+                    .await?)
+            })
+        });
+        handle
+            .join()
+            .map_err(|_| anyhow::anyhow!("registry request thread panicked"))?
+    }
+}

@@ -1,0 +1,369 @@
+//! The capture stage: PostgreSQL slot → Avro events on Kafka.
+//!
+//! One session reads the slot from its confirmed position, publishes every change, and
+//! confirms to PostgreSQL only what [`AckTracker`] releases: the end LSN of transactions
+//! whose every event (dead letters included) Kafka acknowledged. Any transient failure
+//! (broker or registry down, connection lost, a delivery that timed out) ends the session
+//! without confirming anything more; the next session starts again from the slot's
+//! confirmed position, so a change is published at least once and never skipped.
+
+mod publisher;
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::anyhow;
+use tokio::sync::watch;
+use wal2delta_cdc::decoder::{Decoded, Decoder};
+use wal2delta_cdc::replication::{
+    ConnectParams, ReplicationConnection, ReplicationMessage, ReplicationStream,
+};
+use wal2delta_cdc::{pgoutput, slot, source, CdcError};
+use wal2delta_model::table::quote_ident;
+use wal2delta_model::{ErrorClass, Lsn};
+use wal2delta_stream::ack::{AckToken, AckTracker};
+use wal2delta_stream::avro::envelope::SourceInfo;
+use wal2delta_stream::producer::{EventProducer, ProducerSettings};
+use wal2delta_stream::registry::Registry;
+use wal2delta_stream::StreamError;
+
+use crate::config::Config;
+use crate::metrics as m;
+use publisher::Publisher;
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Cdc(#[from] CdcError),
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    #[error("Kafka did not acknowledge an event: {0}")]
+    Delivery(String),
+    #[error("{0}")]
+    Operator(String),
+}
+
+impl SessionError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SessionError::Cdc(e) => e.class(),
+            SessionError::Stream(e) => e.class(),
+            SessionError::Delivery(_) => ErrorClass::Transient,
+            SessionError::Operator(_) => ErrorClass::Operator,
+        }
+    }
+}
+
+/// Runs capture until `shutdown` turns true. Transient failures restart the session with
+/// backoff; operator errors end it with the reason.
+pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let mut backoff = Duration::from_millis(500);
+    let mut ever_connected = false;
+    loop {
+        let mut connected = false;
+        match session(config, &mut shutdown, &mut connected).await {
+            Ok(()) => return Ok(()),
+            Err(e) => {
+                ever_connected |= connected;
+                let hint = match &e {
+                    SessionError::Cdc(c) => c
+                        .hint()
+                        .map(|h| format!(" (hint: {h})"))
+                        .unwrap_or_default(),
+                    _ => String::new(),
+                };
+                // At startup an unreachable database is a configuration problem: say so once
+                // instead of retrying forever.
+                if e.class() != ErrorClass::Transient
+                    || (!ever_connected && matches!(e, SessionError::Cdc(CdcError::Connect { .. })))
+                {
+                    return Err(anyhow!("{e}{hint}"));
+                }
+                metrics::counter!(m::CAPTURE_RESTARTS).increment(1);
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "capture session ended; restarting from the slot's confirmed position");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => return Ok(()),
+                }
+                backoff = if connected {
+                    Duration::from_millis(500)
+                } else {
+                    (backoff * 2).min(Duration::from_secs(30))
+                };
+            }
+        }
+    }
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+async fn session(
+    config: &Config,
+    shutdown: &mut watch::Receiver<bool>,
+    connected: &mut bool,
+) -> Result<(), SessionError> {
+    let dsn = config
+        .source
+        .effective_dsn()
+        .map_err(|e| SessionError::Operator(e.to_string()))?;
+    let params = ConnectParams::from_dsn(&dsn)?;
+    let catalog = source::connect(&dsn).await?;
+    let slot_name = &config.source.slot;
+    let info = slot::slot_info(&catalog, slot_name).await?.ok_or_else(|| {
+        SessionError::Operator(format!(
+            "replication slot {slot_name:?} does not exist: run `wal2delta setup` first"
+        ))
+    })?;
+    if info.wal_status.as_deref() == Some("lost") {
+        return Err(SessionError::Operator(format!(
+            "replication slot {slot_name:?} is invalidated (wal_status = lost): WAL it needed was removed. Drop it and re-snapshot; refusing to continue"
+        )));
+    }
+    let start = info.confirmed_flush.unwrap_or_default();
+    let sender_timeout_ms = slot::wal_sender_timeout_ms(&catalog).await?;
+    // Status updates at least three times per wal_sender_timeout, so the server never
+    // drops us for silence.
+    let mut status_every = Duration::from_millis(config.capture.status_interval_ms);
+    if sender_timeout_ms > 0 {
+        status_every = status_every
+            .min(Duration::from_millis(sender_timeout_ms / 3).max(Duration::from_millis(100)));
+    }
+
+    let (producer, mut deliveries) = EventProducer::new(ProducerSettings {
+        brokers: config.kafka.brokers.clone(),
+        delivery_timeout: Duration::from_millis(config.kafka.delivery_timeout_ms),
+        topic_partitions: config.kafka.topic_partitions,
+        extra: config.kafka.producer.clone(),
+    })?;
+    let registry = Registry::new(&config.schema_registry.url)?;
+    let mut publisher = Publisher::new(
+        producer,
+        registry,
+        config.kafka.topic_prefix.clone(),
+        config.kafka.dlq_topic(),
+        SourceInfo {
+            name: config.kafka.topic_prefix.clone(),
+            db: params.dbname.clone(),
+        },
+    );
+    publisher.ensure_dlq_topic().await?;
+
+    let repl = ReplicationConnection::connect(&params).await?;
+    let command = format!(
+        "START_REPLICATION SLOT {} LOGICAL {} (\"proto_version\" '1', \"publication_names\" {}, \"messages\" 'true')",
+        quote_ident(slot_name),
+        start,
+        quote_literal(&quote_ident(&config.source.publication)),
+    );
+    let mut stream = repl.start_replication(&command).await?;
+    *connected = true;
+    tracing::info!(slot = %slot_name, start_lsn = %start, status_interval_ms = status_every.as_millis() as u64, "capture streaming");
+
+    let mut state = State {
+        tracker: AckTracker::new(start),
+        decoder: Decoder::new(),
+        token: None,
+        received: start,
+        sent_flush: start,
+        last_status: Instant::now(),
+        events: 0,
+    };
+    let mut ticker = tokio::time::interval(status_every);
+    let mut health = tokio::time::interval(Duration::from_secs(10));
+    let mut progress_at = (Instant::now(), 0u64);
+    let max_in_flight = config.capture.max_in_flight;
+
+    loop {
+        let can_read = state.tracker.in_flight() < max_in_flight;
+        tokio::select! {
+            biased;
+            _ = shutdown.changed() => {
+                return drain(&mut state, &mut stream, &mut deliveries, &publisher).await;
+            }
+            d = deliveries.recv() => {
+                let d = d.ok_or_else(|| SessionError::Delivery("delivery channel closed".into()))?;
+                if let Err(e) = d.result {
+                    return Err(SessionError::Delivery(e.to_string()));
+                }
+                state.ack(d.token);
+            }
+            _ = ticker.tick() => {
+                state.status(&mut stream, false, status_every).await?;
+            }
+            _ = health.tick() => {
+                report_slot_health(&catalog, slot_name).await;
+                let (at, n) = progress_at;
+                let rate = (state.events - n) as f64 / at.elapsed().as_secs_f64().max(0.001);
+                tracing::info!(confirmed_lsn = %state.tracker.confirmed(), in_flight = state.tracker.in_flight(), events = state.events, events_per_s = rate as u64, "capture progress");
+                progress_at = (Instant::now(), state.events);
+            }
+            msg = stream.next(), if can_read => {
+                match msg? {
+                    None => return Err(SessionError::Cdc(CdcError::Protocol("server ended the replication stream".into()))),
+                    Some(ReplicationMessage::Keepalive { wal_end, reply_requested }) => {
+                        if state.token.is_none() {
+                            state.tracker.idle_advance(wal_end);
+                        }
+                        state.received = state.received.max(wal_end);
+                        if reply_requested {
+                            state.status(&mut stream, true, status_every).await?;
+                        }
+                    }
+                    Some(ReplicationMessage::XLogData { wal_start, wal_end, data }) => {
+                        state.received = state.received.max(wal_end);
+                        let parsed = pgoutput::parse(&data, false).map_err(|e| CdcError::Protocol(e.to_string()))?;
+                        let decoded = state.decoder.decode(&catalog, parsed, wal_start).await?;
+                        state.handle(decoded, &mut publisher).await?;
+                    }
+                }
+            }
+        }
+        metrics::gauge!(m::CAPTURE_IN_FLIGHT).set(state.tracker.in_flight() as f64);
+    }
+}
+
+struct State {
+    tracker: AckTracker,
+    decoder: Decoder,
+    /// The open transaction's token, between Begin and Commit.
+    token: Option<AckToken>,
+    received: Lsn,
+    sent_flush: Lsn,
+    last_status: Instant,
+    events: u64,
+}
+
+impl State {
+    fn ack(&mut self, token: AckToken) {
+        let before = self.tracker.open_transactions();
+        if let Some(lsn) = self.tracker.acked(token) {
+            metrics::gauge!(m::CAPTURE_CONFIRMED_LSN).set(lsn.0 as f64);
+        }
+        let released = before - self.tracker.open_transactions();
+        if released > 0 {
+            metrics::counter!(m::CAPTURE_TRANSACTIONS).increment(released as u64);
+        }
+    }
+
+    async fn handle(
+        &mut self,
+        decoded: Decoded,
+        publisher: &mut Publisher,
+    ) -> Result<(), SessionError> {
+        match decoded {
+            Decoded::Begin { .. } => self.token = Some(self.tracker.begin()),
+            Decoded::Commit { end_lsn, .. } => {
+                let token = self.open_token()?;
+                let before = self.tracker.open_transactions();
+                self.tracker.seal(token, end_lsn);
+                let released = before - self.tracker.open_transactions();
+                if released > 0 {
+                    metrics::counter!(m::CAPTURE_TRANSACTIONS).increment(released as u64);
+                }
+                self.token = None;
+            }
+            Decoded::Relation(schema) => publisher.relation(&schema).await?,
+            Decoded::Change { schema, change } => {
+                let token = self.open_token()?;
+                publisher
+                    .change(&mut self.tracker, token, &schema, &change, now_ms())
+                    .await?;
+                self.events += 1;
+            }
+            Decoded::Truncate(changes) => {
+                let token = self.open_token()?;
+                for (schema, change) in changes {
+                    publisher
+                        .change(&mut self.tracker, token, &schema, &change, now_ms())
+                        .await?;
+                    self.events += 1;
+                }
+            }
+            ref d @ Decoded::Undecodable { .. } => {
+                let token = self.open_token()?;
+                publisher.undecodable(&mut self.tracker, token, d).await?;
+            }
+            Decoded::Message { .. } | Decoded::Nothing => {}
+        }
+        Ok(())
+    }
+
+    fn open_token(&self) -> Result<AckToken, SessionError> {
+        self.token.ok_or_else(|| {
+            SessionError::Cdc(CdcError::Protocol("change outside a transaction".into()))
+        })
+    }
+
+    /// Sends a standby status update: at once when the server asked, otherwise at most
+    /// once per interval. The flush position comes only from the tracker and never moves
+    /// backwards.
+    async fn status(
+        &mut self,
+        stream: &mut ReplicationStream,
+        force: bool,
+        every: Duration,
+    ) -> Result<(), SessionError> {
+        let flush = self.tracker.confirmed().max(self.sent_flush);
+        if !force && flush == self.sent_flush && self.last_status.elapsed() < every {
+            return Ok(());
+        }
+        stream
+            .send_status(self.received.max(flush), flush, false)
+            .await?;
+        self.sent_flush = flush;
+        self.last_status = Instant::now();
+        Ok(())
+    }
+}
+
+/// Graceful stop: read nothing more, wait for outstanding deliveries, confirm what is
+/// acknowledged, and return.
+async fn drain(
+    state: &mut State,
+    stream: &mut ReplicationStream,
+    deliveries: &mut tokio::sync::mpsc::UnboundedReceiver<wal2delta_stream::producer::Delivery>,
+    publisher: &Publisher,
+) -> Result<(), SessionError> {
+    tracing::info!(in_flight = state.tracker.in_flight(), "draining capture");
+    publisher.producer.flush(Duration::from_secs(30));
+    while let Ok(d) = deliveries.try_recv() {
+        if d.result.is_ok() {
+            state.ack(d.token);
+        }
+    }
+    state.status(stream, true, Duration::ZERO).await?;
+    tracing::info!(confirmed_lsn = %state.tracker.confirmed(), "capture stopped");
+    Ok(())
+}
+
+async fn report_slot_health(catalog: &tokio_postgres::Client, slot_name: &str) {
+    match slot::slot_info(catalog, slot_name).await {
+        Ok(Some(info)) => {
+            if let Some(lag) = info.lag_bytes() {
+                metrics::gauge!(m::SLOT_LAG_BYTES).set(lag as f64);
+            }
+            if let Some(r) = info.retained_bytes() {
+                metrics::gauge!(m::SLOT_RETAINED_BYTES).set(r as f64);
+            }
+            if let Some(s) = info.safe_wal_size {
+                metrics::gauge!(m::SLOT_SAFE_WAL_SIZE_BYTES).set(s as f64);
+            }
+            metrics::gauge!(m::SLOT_LOST).set(if info.wal_status.as_deref() == Some("lost") {
+                1.0
+            } else {
+                0.0
+            });
+        }
+        Ok(None) => tracing::error!(slot = %slot_name, "replication slot disappeared"),
+        Err(error) => tracing::warn!(error = %error, "cannot read slot health"),
+    }
+}
+
+fn quote_literal(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "''"))
+}

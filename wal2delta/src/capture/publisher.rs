@@ -1,0 +1,281 @@
+//! Publishing decoded changes: schemas registered per table version, events encoded in
+//! the Confluent wire format, dead letters for what cannot be published.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use wal2delta_cdc::decoder::Decoded;
+use wal2delta_model::{Change, ChangeOp, ErrorClass, TableName, TableSchema, TxPosition};
+use wal2delta_stream::ack::{AckToken, AckTracker};
+use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
+use wal2delta_stream::dlq::DeadLetter;
+use wal2delta_stream::producer::EventProducer;
+use wal2delta_stream::registry::{frame, Registry};
+use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
+use wal2delta_stream::StreamError;
+
+use crate::metrics as m;
+
+/// A table version ready to publish, or the reason it cannot be.
+struct Published {
+    schema: Arc<TableSchema>,
+    topic: String,
+    state: Result<Registered, String>,
+}
+
+struct Registered {
+    avro: TableSchemas,
+    key_id: u32,
+    value_id: u32,
+}
+
+pub struct Publisher {
+    pub producer: EventProducer,
+    registry: Registry,
+    prefix: String,
+    dlq_topic: String,
+    source: SourceInfo,
+    tables: HashMap<u32, Published>,
+}
+
+impl Publisher {
+    pub fn new(
+        producer: EventProducer,
+        registry: Registry,
+        prefix: String,
+        dlq_topic: String,
+        source: SourceInfo,
+    ) -> Self {
+        Publisher {
+            producer,
+            registry,
+            prefix,
+            dlq_topic,
+            source,
+            tables: HashMap::new(),
+        }
+    }
+
+    pub async fn ensure_dlq_topic(&mut self) -> Result<(), StreamError> {
+        let t = self.dlq_topic.clone();
+        self.producer.ensure_topic(&t).await
+    }
+
+    /// Prepares a table version: topic, Avro schemas, registration. A registry refusal is
+    /// remembered (the table's events then go to the DLQ with the reason); a registry
+    /// outage is returned as a transient error.
+    async fn prepare(&mut self, schema: &Arc<TableSchema>) -> Result<(), StreamError> {
+        if let Some(p) = self.tables.get(&schema.relation_oid) {
+            if Arc::ptr_eq(&p.schema, schema) || *p.schema == **schema {
+                return Ok(());
+            }
+        }
+        let topic = table_topic(&self.prefix, &schema.table);
+        self.producer.ensure_topic(&topic).await?;
+        let state = match table_schemas(&self.prefix, schema) {
+            Err(e) => Err(e.to_string()),
+            Ok(avro) => {
+                let ids = match self
+                    .registry
+                    .id_for(&key_subject(&topic), &avro.key_json)
+                    .await
+                {
+                    Ok(key_id) => self
+                        .registry
+                        .id_for(&value_subject(&topic), &avro.value_json)
+                        .await
+                        .map(|v| (key_id, v)),
+                    Err(e) => Err(e),
+                };
+                match ids {
+                    Ok((key_id, value_id)) => Ok(Registered {
+                        avro,
+                        key_id,
+                        value_id,
+                    }),
+                    Err(e) if e.class() == ErrorClass::Transient => return Err(e),
+                    Err(e) => {
+                        metrics::counter!(m::CAPTURE_SCHEMA_REFUSED, "table" => schema.table.to_string()).increment(1);
+                        tracing::error!(table = %schema.table, error = %e, "schema refused by the registry; events of this table version go to the DLQ");
+                        Err(e.to_string())
+                    }
+                }
+            }
+        };
+        if let Ok(r) = &state {
+            tracing::info!(table = %schema.table, topic = %topic, key_schema_id = r.key_id, value_schema_id = r.value_id, columns = schema.columns.len(), "table schema ready");
+        }
+        self.tables.insert(
+            schema.relation_oid,
+            Published {
+                schema: schema.clone(),
+                topic,
+                state,
+            },
+        );
+        Ok(())
+    }
+
+    /// Handles a Relation message (new table or DDL).
+    pub async fn relation(&mut self, schema: &Arc<TableSchema>) -> Result<(), StreamError> {
+        self.prepare(schema).await
+    }
+
+    /// Publishes one change under `token`. Record-level failures become dead letters.
+    pub async fn change(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        schema: &Arc<TableSchema>,
+        change: &Change,
+        now_ms: i64,
+    ) -> Result<(), StreamError> {
+        self.prepare(schema).await?;
+        let Some(p) = self.tables.get(&schema.relation_oid) else {
+            return Ok(());
+        };
+        let reg = match &p.state {
+            Ok(r) => r,
+            Err(reason) => {
+                let reason = reason.clone();
+                return self
+                    .dead_letter(
+                        tracker,
+                        token,
+                        &change.table,
+                        change.op,
+                        &change.position,
+                        "schema_refused",
+                        &reason,
+                        String::new(),
+                    )
+                    .await;
+            }
+        };
+        let encoded =
+            encode_change(schema, &reg.avro, &self.source, change, now_ms).and_then(|e| {
+                let key = match e.key {
+                    Some(k) => Some(
+                        frame(reg.key_id, &reg.avro.key, k)
+                            .map_err(|err| encode_err(&change.table, err))?,
+                    ),
+                    None => None,
+                };
+                let value = frame(reg.value_id, &reg.avro.value, e.value)
+                    .map_err(|err| encode_err(&change.table, err))?;
+                Ok((key, value))
+            });
+        let (key, value) = match encoded {
+            Ok(kv) => kv,
+            Err(e) => {
+                return self
+                    .dead_letter(
+                        tracker,
+                        token,
+                        &change.table,
+                        change.op,
+                        &change.position,
+                        "encode_failed",
+                        &e.to_string(),
+                        String::new(),
+                    )
+                    .await;
+            }
+        };
+        let topic = p.topic.clone();
+        if change.op == ChangeOp::Truncate {
+            // A TRUNCATE goes to every partition so it is ordered against the rows of each.
+            let n = self.producer.partition_count(&topic)?;
+            for part in 0..n {
+                self.producer
+                    .send(&topic, Some(part), None, &value, token)
+                    .await?;
+                tracker.sent(token);
+            }
+        } else {
+            self.producer
+                .send(&topic, None, key.as_deref(), &value, token)
+                .await?;
+            tracker.sent(token);
+        }
+        metrics::counter!(m::CAPTURE_EVENTS, "table" => change.table.to_string(), "op" => change.op.code()).increment(1);
+        Ok(())
+    }
+
+    /// Publishes an undecodable row to the DLQ.
+    pub async fn undecodable(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        d: &Decoded,
+    ) -> Result<(), StreamError> {
+        if let Decoded::Undecodable {
+            table,
+            position,
+            op,
+            reason,
+            raw,
+        } = d
+        {
+            tracing::warn!(table = %table, lsn = %position.lsn, reason = %reason, "undecodable row sent to the DLQ");
+            self.dead_letter(
+                tracker,
+                token,
+                table,
+                *op,
+                position,
+                "undecodable_value",
+                reason,
+                raw.clone(),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn dead_letter(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        table: &TableName,
+        op: ChangeOp,
+        position: &TxPosition,
+        kind: &str,
+        reason: &str,
+        raw: String,
+    ) -> Result<(), StreamError> {
+        let letter = DeadLetter {
+            reason_kind: kind.to_owned(),
+            reason: reason.to_owned(),
+            table: table.to_string(),
+            op: op.code().to_owned(),
+            lsn: position.lsn.to_string(),
+            commit_lsn: position.commit_lsn.to_string(),
+            ordinal: position.ordinal,
+            xid: position.xid,
+            commit_ts_us: position.commit_ts_us,
+            raw,
+        };
+        let topic = self.dlq_topic.clone();
+        self.producer
+            .send(
+                &topic,
+                None,
+                Some(table.to_string().as_bytes()),
+                &letter.to_json(),
+                token,
+            )
+            .await?;
+        tracker.sent(token);
+        metrics::counter!(m::CAPTURE_DLQ_EVENTS, "table" => table.to_string(), "reason" => kind.to_owned()).increment(1);
+        Ok(())
+    }
+}
+
+fn encode_err(table: &TableName, e: apache_avro::Error) -> StreamError {
+    StreamError::Encode {
+        table: table.to_string(),
+        reason: e.to_string(),
+    }
+}

@@ -1,0 +1,99 @@
+//! Command-line interface (DESIGN §3).
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "wal2delta",
+    version,
+    about = "PostgreSQL WAL → Kafka (Avro) → Delta Lake, with rule tagging"
+)]
+pub struct Cli {
+    /// Configuration file (TOML). Every key can be overridden as WAL2DELTA__SECTION__KEY.
+    #[arg(
+        long,
+        global = true,
+        default_value = "wal2delta.toml",
+        env = "WAL2DELTA_CONFIG"
+    )]
+    pub config: PathBuf,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Check prerequisites and create the publication and slot (idempotent).
+    Setup,
+    /// Run the daemon: all stages, or those named with --stage.
+    Run {
+        /// Comma-separated stages: capture, bronze, silver, gold, rules.
+        #[arg(
+            long,
+            value_delimiter = ',',
+            default_value = "capture,bronze,silver,gold,rules"
+        )]
+        stage: Vec<Stage>,
+    },
+    /// Slot lag, confirmed LSN, stage positions and quarantine counts.
+    Status {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Compare row counts and checksums between the source and Silver.
+    Reconcile {
+        #[arg(long)]
+        table: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Rebuild Silver or Gold from Bronze without touching the source.
+    Replay {
+        #[arg(long)]
+        layer: Layer,
+        #[arg(long)]
+        table: Option<String>,
+    },
+    /// Inspect and re-drive quarantined records.
+    Quarantine {
+        #[command(subcommand)]
+        action: QuarantineAction,
+    },
+    /// Inspect and change the active rule set.
+    Rules {
+        #[command(subcommand)]
+        action: RulesAction,
+    },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Stage {
+    Capture,
+    Bronze,
+    Silver,
+    Gold,
+    Rules,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Layer {
+    Silver,
+    Gold,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineAction {
+    List,
+    Show { id: String },
+    Replay { id: Option<String> },
+    Resolve { id: String },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RulesAction {
+    List,
+    Validate { file: Option<PathBuf> },
+    Apply { file: Option<PathBuf> },
+}

@@ -1,0 +1,184 @@
+//! The commands of DESIGN §3.
+
+use std::process::ExitCode;
+
+use anyhow::{anyhow, bail};
+use tokio::sync::watch;
+use wal2delta_cdc::{setup, slot, source};
+
+use crate::cli::{Cli, Command, Stage};
+use crate::config::Config;
+use crate::{capture, metrics, telemetry};
+
+pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&cli.config)?;
+    telemetry::init(&config.log);
+    match cli.command {
+        Command::Setup => run_setup(&config).await,
+        Command::Run { stage } => run_daemon(&config, &stage).await,
+        Command::Status { json } => status(&config, json).await,
+        Command::Reconcile { .. } => not_built("reconcile", "it compares the source with Silver, and the Silver stage is not built yet"),
+        Command::Replay { .. } => not_built("replay", "it rebuilds Silver/Gold from Bronze, and those stages are not built yet"),
+        Command::Quarantine { .. } => not_built(
+            "quarantine",
+            "the quarantine table is not built yet; capture's dead letters are on the Kafka DLQ topic ([kafka] dlq_topic)",
+        ),
+        Command::Rules { .. } => not_built("rules", "the rules stage is not built yet"),
+    }
+}
+
+fn not_built(command: &str, why: &str) -> anyhow::Result<ExitCode> {
+    eprintln!("wal2delta: `{command}` is not available in this version: {why}.");
+    Ok(ExitCode::from(2))
+}
+
+async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
+    let dsn = config.source.effective_dsn()?;
+    let client = source::connect(&dsn).await.map_err(with_hint)?;
+    let report = setup::run(
+        &client,
+        &setup::SetupOptions {
+            slot: &config.source.slot,
+            publication: &config.source.publication,
+            table_patterns: &config.source.tables,
+        },
+    )
+    .await
+    .map_err(with_hint)?;
+    if report.changed.is_empty() {
+        println!(
+            "nothing to change: publication {:?} and slot {:?} are in place",
+            config.source.publication, config.source.slot
+        );
+    }
+    for c in &report.changed {
+        println!("changed: {c}");
+    }
+    println!(
+        "captured tables ({}): {}",
+        report.tables.len(),
+        report
+            .tables
+            .iter()
+            .map(|t| t.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    for w in &report.warnings {
+        println!("warning: {w}");
+    }
+    for r in &report.recommendations {
+        println!("recommend: {r}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn with_hint(e: wal2delta_cdc::CdcError) -> anyhow::Error {
+    match e.hint() {
+        Some(h) => anyhow!("{e} (hint: {h})"),
+        None => anyhow!(e),
+    }
+}
+
+async fn run_daemon(config: &Config, stages: &[Stage]) -> anyhow::Result<ExitCode> {
+    let unbuilt: Vec<String> = stages
+        .iter()
+        .filter(|s| **s != Stage::Capture)
+        .map(|s| format!("{s:?}").to_lowercase())
+        .collect();
+    if !unbuilt.is_empty() {
+        bail!(
+            "stage(s) {} are not built in this version; run with --stage capture",
+            unbuilt.join(", ")
+        );
+    }
+    metrics::install(&config.metrics.listen)?;
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutdown requested; draining");
+        let _ = tx.send(true);
+    });
+    capture::run(config, rx).await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
+    let dsn = config.source.effective_dsn()?;
+    let client = source::connect(&dsn).await.map_err(with_hint)?;
+    let info = slot::slot_info(&client, &config.source.slot).await?;
+    let Some(info) = info else {
+        bail!(
+            "replication slot {:?} does not exist: run `wal2delta setup`",
+            config.source.slot
+        );
+    };
+    if json {
+        let v = serde_json::json!({
+            "slot": {
+                "name": info.name,
+                "active": info.active,
+                "active_pid": info.active_pid,
+                "confirmed_flush_lsn": info.confirmed_flush.map(|l| l.to_string()),
+                "restart_lsn": info.restart_lsn.map(|l| l.to_string()),
+                "current_wal_lsn": info.current_wal.to_string(),
+                "lag_bytes": info.lag_bytes(),
+                "retained_bytes": info.retained_bytes(),
+                "wal_status": info.wal_status,
+                "safe_wal_size": info.safe_wal_size,
+            },
+            "stages": { "capture": { "confirmed_lsn": info.confirmed_flush.map(|l| l.to_string()) } },
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+    } else {
+        println!(
+            "slot {}: {}",
+            info.name,
+            if info.active { "active" } else { "inactive" }
+        );
+        println!(
+            "  confirmed flush lsn  {}",
+            info.confirmed_flush
+                .map(|l| l.to_string())
+                .unwrap_or_else(|| "-".into())
+        );
+        println!("  current wal lsn      {}", info.current_wal);
+        println!(
+            "  lag                  {} bytes",
+            info.lag_bytes().unwrap_or(0)
+        );
+        println!(
+            "  retained WAL         {} bytes",
+            info.retained_bytes().unwrap_or(0)
+        );
+        println!(
+            "  wal_status           {}",
+            info.wal_status.as_deref().unwrap_or("-")
+        );
+        println!(
+            "  safe_wal_size        {}",
+            info.safe_wal_size
+                .map(|s| format!("{s} bytes"))
+                .unwrap_or_else(|| "unlimited".into())
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,584 @@
+//! The configuration file, its environment overrides and its validation.
+//!
+//! Loaded once at startup: TOML from `--config`, then every `WAL2DELTA__SECTION__KEY`
+//! environment variable overrides `[section] key`, then [`Config::validate`] checks each
+//! field. Unknown keys, in the file or the environment, are errors that name the key.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+const ENV_PREFIX: &str = "WAL2DELTA__";
+
+/// A configuration problem, always naming the file, variable or field at fault.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("Cannot read config file {path}: {source} (pass --config PATH or create wal2delta.toml; ops/wal2delta.example.toml is a complete example)")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("Invalid config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("Invalid environment override {var}: {message}")]
+    Env { var: String, message: String },
+    #[error("Invalid config: `{field}` {constraint}")]
+    Invalid { field: String, constraint: String },
+}
+
+fn invalid(field: &str, constraint: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        field: field.to_owned(),
+        constraint: constraint.into(),
+    }
+}
+
+/// The whole configuration.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    pub source: SourceConfig,
+    pub kafka: KafkaConfig,
+    pub schema_registry: SchemaRegistryConfig,
+    pub lake: LakeConfig,
+    #[serde(default)]
+    pub metrics: MetricsConfig,
+    #[serde(default)]
+    pub capture: CaptureConfig,
+    #[serde(default)]
+    pub log: LogConfig,
+}
+
+/// `[source]`: the PostgreSQL database to capture.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// libpq-style DSN of a role with the REPLICATION attribute. May carry the password;
+    /// it is never logged.
+    pub dsn: String,
+    /// A file whose first line is the password, used when the DSN has none.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "SourceConfig::default_slot")]
+    pub slot: String,
+    #[serde(default = "SourceConfig::default_publication")]
+    pub publication: String,
+    /// `schema.table` patterns; `*` matches any run of characters.
+    #[serde(default = "SourceConfig::default_tables")]
+    pub tables: Vec<String>,
+}
+
+impl std::fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("dsn", &"<redacted>")
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceConfig {
+    fn default_slot() -> String {
+        "wal2delta".into()
+    }
+    fn default_publication() -> String {
+        "wal2delta".into()
+    }
+    fn default_tables() -> Vec<String> {
+        vec!["public.*".into()]
+    }
+
+    /// The DSN with the password from `password_file` added when the DSN has none.
+    pub fn effective_dsn(&self) -> Result<String, ConfigError> {
+        let Some(path) = &self.password_file else {
+            return Ok(self.dsn.clone());
+        };
+        let text = std::fs::read_to_string(path).map_err(|e| {
+            invalid(
+                "source.password_file",
+                format!("cannot be read ({}): {e}", path.display()),
+            )
+        })?;
+        let password = text.lines().next().unwrap_or("").to_owned();
+        let mut config: tokio_postgres::Config = self
+            .dsn
+            .parse()
+            .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
+        if config.get_password().is_none() {
+            config.password(password);
+        }
+        Ok(dsn_from_config(&config))
+    }
+}
+
+fn dsn_from_config(c: &tokio_postgres::Config) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
+    let mut parts = Vec::new();
+    if let Some(tokio_postgres::config::Host::Tcp(h)) = c.get_hosts().first() {
+        parts.push(format!("host={}", quote(h)));
+    }
+    if let Some(p) = c.get_ports().first() {
+        parts.push(format!("port={p}"));
+    }
+    if let Some(u) = c.get_user() {
+        parts.push(format!("user={}", quote(u)));
+    }
+    if let Some(d) = c.get_dbname() {
+        parts.push(format!("dbname={}", quote(d)));
+    }
+    if let Some(pw) = c.get_password() {
+        parts.push(format!("password={}", quote(&String::from_utf8_lossy(pw))));
+    }
+    parts.join(" ")
+}
+
+/// `[kafka]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct KafkaConfig {
+    pub brokers: String,
+    #[serde(default = "KafkaConfig::default_topic_prefix")]
+    pub topic_prefix: String,
+    /// Partitions of topics wal2delta creates. Keys (primary keys) keep per-row order.
+    #[serde(default = "KafkaConfig::default_partitions")]
+    pub topic_partitions: i32,
+    /// Dead-letter topic for events capture cannot encode; default `{topic_prefix}.dlq`.
+    #[serde(default)]
+    pub dlq_topic: Option<String>,
+    /// How long one produce may wait for the broker before capture restarts from the
+    /// slot's confirmed position (nothing is acknowledged meanwhile).
+    #[serde(default = "KafkaConfig::default_delivery_timeout_ms")]
+    pub delivery_timeout_ms: u64,
+    /// Extra librdkafka producer properties (`linger.ms`, `compression.type`, ...).
+    /// `acks`, `enable.idempotence` and `bootstrap.servers` are fixed and refused here.
+    #[serde(default)]
+    pub producer: BTreeMap<String, String>,
+}
+
+impl KafkaConfig {
+    fn default_topic_prefix() -> String {
+        "cdc".into()
+    }
+    fn default_partitions() -> i32 {
+        1
+    }
+    fn default_delivery_timeout_ms() -> u64 {
+        30_000
+    }
+    pub fn dlq_topic(&self) -> String {
+        self.dlq_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.dlq", self.topic_prefix))
+    }
+}
+
+/// `[schema_registry]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SchemaRegistryConfig {
+    pub url: String,
+}
+
+/// `[lake]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LakeConfig {
+    pub uri: String,
+}
+
+/// `[metrics]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MetricsConfig {
+    #[serde(default = "MetricsConfig::default_listen")]
+    pub listen: String,
+}
+
+impl MetricsConfig {
+    fn default_listen() -> String {
+        "127.0.0.1:9187".into()
+    }
+}
+
+impl Default for MetricsConfig {
+    fn default() -> Self {
+        MetricsConfig {
+            listen: Self::default_listen(),
+        }
+    }
+}
+
+/// `[capture]`: tuning of the capture stage. The defaults suit most databases.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CaptureConfig {
+    /// Minimum time between standby status updates sent to PostgreSQL, in milliseconds.
+    /// Keepalives that ask for a reply are always answered at once.
+    #[serde(default = "CaptureConfig::default_status_interval_ms")]
+    pub status_interval_ms: u64,
+    /// At most this many events may wait for Kafka acknowledgement; reading the slot
+    /// pauses beyond it, which bounds memory.
+    #[serde(default = "CaptureConfig::default_max_in_flight")]
+    pub max_in_flight: usize,
+}
+
+impl CaptureConfig {
+    fn default_status_interval_ms() -> u64 {
+        1_000
+    }
+    fn default_max_in_flight() -> usize {
+        50_000
+    }
+}
+
+impl Default for CaptureConfig {
+    fn default() -> Self {
+        CaptureConfig {
+            status_interval_ms: Self::default_status_interval_ms(),
+            max_in_flight: Self::default_max_in_flight(),
+        }
+    }
+}
+
+/// `[log]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogConfig {
+    /// `text` or `json`.
+    #[serde(default = "LogConfig::default_format")]
+    pub format: String,
+    /// A tracing filter such as `info` or `wal2delta=debug,info`; `RUST_LOG` wins if set.
+    #[serde(default = "LogConfig::default_level")]
+    pub level: String,
+}
+
+impl LogConfig {
+    fn default_format() -> String {
+        "text".into()
+    }
+    fn default_level() -> String {
+        "info".into()
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig {
+            format: Self::default_format(),
+            level: Self::default_level(),
+        }
+    }
+}
+
+impl Config {
+    /// Reads the file, applies the environment and validates.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_sources(path, &text, std::env::vars())
+    }
+
+    /// Builds a config from file text and environment variables (testable without I/O).
+    pub fn from_sources(
+        path: &Path,
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let parse_err = |message: String| ConfigError::Parse {
+            path: path.to_owned(),
+            message,
+        };
+        let mut root: toml::Table = toml::from_str(text)
+            .map_err(|e| parse_err(e.message().to_owned() + &location(text, e.span())))?;
+        let mut overridden = Vec::new();
+        for (var, value) in env {
+            let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
+                continue;
+            };
+            let (section, key) = rest
+                .split_once("__")
+                .filter(|(s, k)| !s.is_empty() && !k.is_empty() && !k.contains("__"))
+                .ok_or_else(|| ConfigError::Env {
+                    var: var.clone(),
+                    message: "expected WAL2DELTA__SECTION__KEY".into(),
+                })?;
+            let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
+            let table = root
+                .entry(section.clone())
+                .or_insert_with(|| toml::Value::Table(Default::default()))
+                .as_table_mut()
+                .ok_or_else(|| ConfigError::Env {
+                    var: var.clone(),
+                    message: format!("[{section}] is not a table"),
+                })?;
+            table.insert(key.clone(), env_value(&value));
+            overridden.push((key, var.clone()));
+        }
+        let config: Config =
+            toml::Value::Table(root)
+                .try_into()
+                .map_err(|e: toml::de::Error| {
+                    let message = e.message().to_owned();
+                    // An unknown key that came from the environment is reported under its variable.
+                    let from_env = overridden
+                        .iter()
+                        .find(|(key, _)| message.contains(&format!("unknown field `{key}`")));
+                    match from_env {
+                        Some((_, var)) => ConfigError::Env {
+                            var: var.clone(),
+                            message,
+                        },
+                        None => parse_err(message),
+                    }
+                })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Checks every field once, so that a bad value fails at startup with its name.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let s = &self.source;
+        if s.dsn.trim().is_empty() {
+            return Err(invalid(
+                "source.dsn",
+                "must not be empty (e.g. postgres://replicator@127.0.0.1:5432/app)",
+            ));
+        }
+        let pg: tokio_postgres::Config = s
+            .dsn
+            .parse()
+            .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
+        if pg.get_user().is_none() {
+            return Err(invalid("source.dsn", "must name a user"));
+        }
+        for (field, name) in [
+            ("source.slot", &s.slot),
+            ("source.publication", &s.publication),
+        ] {
+            if name.is_empty()
+                || name.len() > 63
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                return Err(invalid(
+                    field,
+                    "must be 1 to 63 characters of a-z, 0-9 and _",
+                ));
+            }
+        }
+        if s.tables.is_empty() {
+            return Err(invalid(
+                "source.tables",
+                "must list at least one schema.table pattern",
+            ));
+        }
+        for t in &s.tables {
+            match t.split_once('.') {
+                Some((a, b)) if !a.is_empty() && !b.is_empty() => {}
+                _ => {
+                    return Err(invalid(
+                        "source.tables",
+                        format!("entry {t:?} must look like schema.table (patterns may use *)"),
+                    ))
+                }
+            }
+        }
+        let k = &self.kafka;
+        if k.brokers.trim().is_empty() {
+            return Err(invalid(
+                "kafka.brokers",
+                "must not be empty (host:port[,host:port])",
+            ));
+        }
+        if k.topic_prefix.is_empty()
+            || !k
+                .topic_prefix
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(invalid(
+                "kafka.topic_prefix",
+                "must be non-empty and use only a-z, A-Z, 0-9, '.', '_' and '-'",
+            ));
+        }
+        if !(1..=10_000).contains(&k.topic_partitions) {
+            return Err(invalid(
+                "kafka.topic_partitions",
+                "must be between 1 and 10000",
+            ));
+        }
+        if k.delivery_timeout_ms < 1_000 {
+            return Err(invalid(
+                "kafka.delivery_timeout_ms",
+                "must be at least 1000",
+            ));
+        }
+        for fixed in [
+            "acks",
+            "enable.idempotence",
+            "bootstrap.servers",
+            "max.in.flight.requests.per.connection",
+        ] {
+            if k.producer.contains_key(fixed) {
+                return Err(invalid(
+                    &format!("kafka.producer.\"{fixed}\""),
+                    "is fixed by wal2delta (acks=all, idempotent) and cannot be set",
+                ));
+            }
+        }
+        let url = &self.schema_registry.url;
+        if !(url.starts_with("http://") || url.starts_with("https://")) || url.len() < 10 {
+            return Err(invalid(
+                "schema_registry.url",
+                "must be an http:// or https:// URL",
+            ));
+        }
+        let lake = &self.lake.uri;
+        if !(lake.starts_with("file://") || lake.starts_with("s3://")) {
+            return Err(invalid("lake.uri", "must start with file:// or s3://"));
+        }
+        self.metrics
+            .listen
+            .parse::<SocketAddr>()
+            .map_err(|_| invalid("metrics.listen", "must be an address like 127.0.0.1:9187"))?;
+        if self.capture.status_interval_ms == 0 || self.capture.status_interval_ms > 60_000 {
+            return Err(invalid(
+                "capture.status_interval_ms",
+                "must be between 1 and 60000",
+            ));
+        }
+        if self.capture.max_in_flight == 0 {
+            return Err(invalid("capture.max_in_flight", "must be greater than 0"));
+        }
+        if !matches!(&self.log.format[..], "text" | "json") {
+            return Err(invalid("log.format", "must be \"text\" or \"json\""));
+        }
+        Ok(())
+    }
+}
+
+/// An environment value is read as a TOML value when it is one (numbers, booleans,
+/// arrays such as `["public.*"]`), and as a plain string otherwise.
+fn env_value(raw: &str) -> toml::Value {
+    let doc = format!("v = {raw}");
+    match toml::from_str::<toml::Table>(&doc) {
+        Ok(mut t) => t
+            .remove("v")
+            .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
+        Err(_) => toml::Value::String(raw.to_owned()),
+    }
+}
+
+fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    match span {
+        Some(r) => {
+            let line = text[..r.start.min(text.len())].matches('\n').count() + 1;
+            format!(" (line {line})")
+        }
+        None => String::new(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+[source]
+dsn = "postgres://replicator@127.0.0.1:5432/app"
+[kafka]
+brokers = "127.0.0.1:9092"
+[schema_registry]
+url = "http://127.0.0.1:8081"
+[lake]
+uri = "file:///tmp/lake"
+"#;
+
+    fn load(text: &str, env: &[(&str, &str)]) -> Result<Config, ConfigError> {
+        Config::from_sources(
+            Path::new("t.toml"),
+            text,
+            env.iter().map(|(a, b)| (a.to_string(), b.to_string())),
+        )
+    }
+
+    #[test]
+    fn defaults_fill_the_rest() {
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(c.source.slot, "wal2delta");
+        assert_eq!(c.source.tables, vec!["public.*"]);
+        assert_eq!(c.kafka.topic_prefix, "cdc");
+        assert_eq!(c.kafka.dlq_topic(), "cdc.dlq");
+        assert_eq!(c.metrics.listen, "127.0.0.1:9187");
+    }
+
+    #[test]
+    fn environment_overrides_keys() {
+        let c = load(
+            MINIMAL,
+            &[
+                ("WAL2DELTA__KAFKA__BROKERS", "10.0.0.1:9092"),
+                ("WAL2DELTA__SOURCE__TABLES", r#"["app.*", "public.t"]"#),
+                ("WAL2DELTA__CAPTURE__MAX_IN_FLIGHT", "10"),
+                ("UNRELATED", "x"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.brokers, "10.0.0.1:9092");
+        assert_eq!(c.source.tables, vec!["app.*", "public.t"]);
+        assert_eq!(c.capture.max_in_flight, 10);
+    }
+
+    #[test]
+    fn unknown_key_is_named() {
+        let err = load(
+            &format!("{MINIMAL}\n[metrics]\nlisten = \"127.0.0.1:1\"\nbogus = 1\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
+        let err = load(MINIMAL, &[("WAL2DELTA__KAFKA__BROKERZ", "x")]).unwrap_err();
+        assert!(err.to_string().contains("brokerz"), "{err}");
+        let err = load(MINIMAL, &[("WAL2DELTA__NOSECTION", "x")]).unwrap_err();
+        assert!(err.to_string().contains("WAL2DELTA__NOSECTION"), "{err}");
+    }
+
+    #[test]
+    fn invalid_values_name_the_field() {
+        let err = load(&MINIMAL.replace("file:///tmp/lake", "/tmp/lake"), &[]).unwrap_err();
+        assert!(err.to_string().contains("lake.uri"), "{err}");
+        let err = load(MINIMAL, &[("WAL2DELTA__SOURCE__SLOT", "Bad-Slot")]).unwrap_err();
+        assert!(err.to_string().contains("source.slot"), "{err}");
+        let err = load(
+            MINIMAL,
+            &[("WAL2DELTA__SOURCE__DSN", "postgres://h:notaport/x")],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("source.dsn"), "{err}");
+        let err = load(
+            &MINIMAL.replace("[lake]", "[kafka.producer]\nacks = \"1\"\n[lake]"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("acks"), "{err}");
+    }
+
+    #[test]
+    fn missing_section_is_named() {
+        let err = load("[source]\ndsn = \"postgres://u@h/d\"\n", &[]).unwrap_err();
+        assert!(err.to_string().contains("kafka"), "{err}");
+    }
+
+    #[test]
+    fn dsn_is_not_in_debug_output() {
+        let c = load(&MINIMAL.replace("replicator@", "replicator:s3cret@"), &[]).unwrap();
+        assert!(!format!("{c:?}").contains("s3cret"));
+    }
+}

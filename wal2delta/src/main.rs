@@ -1,0 +1,34 @@
+//! The `wal2delta` binary: loads the config, sets up tracing and metrics, runs a command.
+
+mod capture;
+mod cli;
+mod commands;
+mod config;
+mod metrics;
+mod telemetry;
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("wal2delta: error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::dispatch(cli)) {
+        Ok(code) => code,
+        Err(e) => {
+            // One line: the error and its causes, joined.
+            eprintln!("wal2delta: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
