@@ -1,7 +1,7 @@
 //! PostgreSQL side of wal2delta: setup checks, slot and publication, the replication
 //! protocol, pgoutput and value decoding.
 
-mod catalog;
+pub mod catalog;
 pub mod decoder;
 mod error;
 pub mod pgoutput;
