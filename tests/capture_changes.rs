@@ -234,3 +234,47 @@ async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("refuse");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v int);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    d.setup()?;
+    d.start()?;
+    // int → text is not BACKWARD compatible: the registry refuses the new value schema.
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t VALUES (1, 1);
+         ALTER TABLE {name}.t ALTER COLUMN v TYPE text USING v::text;
+         INSERT INTO {name}.t VALUES (2, 'two');"
+    ))
+    .await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    d.assert_running()?;
+    let good = events(&stack, &format!("{name}.{name}.t"), 1)?;
+    assert_eq!(good.len(), 1);
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    assert_eq!(dlq.len(), 1);
+    let letter: serde_json::Value = serde_json::from_slice(&dlq[0].payload)?;
+    assert_eq!(letter["reason_kind"], "schema_refused");
+    assert!(
+        letter["reason"].as_str().unwrap_or("").contains("409"),
+        "{letter}"
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

@@ -43,15 +43,24 @@ pub fn read_topic(
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
         .create()?;
-    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .first()
-        .map(|t| t.partitions().iter().map(|p| p.id()).collect())
-        .unwrap_or_default();
-    if partitions.is_empty() {
-        return Ok(Vec::new());
-    }
+    // A just-created topic may not be in the broker's metadata yet: ask again until it is.
+    let started = Instant::now();
+    let partitions: Vec<i32> = loop {
+        let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+        let found: Vec<i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if !found.is_empty() {
+            break found;
+        }
+        if started.elapsed() > idle {
+            return Ok(Vec::new());
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    };
     let mut tpl = TopicPartitionList::new();
     for p in &partitions {
         tpl.add_partition_offset(topic, *p, Offset::Beginning)?;
