@@ -10,7 +10,8 @@ use wal2delta_stream::ack::{AckToken, AckTracker};
 use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
 use wal2delta_stream::dlq::DeadLetter;
 use wal2delta_stream::producer::EventProducer;
-use wal2delta_stream::registry::{frame, Registry};
+use apache_avro::writer::datum::GenericDatumWriter;
+use wal2delta_stream::registry::{frame_with, Registry};
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
 use wal2delta_stream::StreamError;
 
@@ -21,12 +22,34 @@ struct Published {
     schema: Arc<TableSchema>,
     topic: String,
     state: Result<Registered, String>,
+    /// `wal2delta_capture_events_total` handles per op code, so the hot path does not
+    /// build label sets for every event.
+    counters: HashMap<&'static str, metrics::Counter>,
 }
 
+/// A registered table version with writers prepared once (resolving an Avro schema for
+/// every event would dominate the cost of encoding).
+///
+/// The schemas are leaked to give the writers a `'static` borrow: one small allocation per
+/// table schema version (per DDL statement), bounded for the life of the process.
 struct Registered {
-    avro: TableSchemas,
+    avro: &'static TableSchemas,
+    key_writer: GenericDatumWriter<'static>,
+    value_writer: GenericDatumWriter<'static>,
     key_id: u32,
     value_id: u32,
+}
+
+impl Registered {
+    fn new(avro: TableSchemas, key_id: u32, value_id: u32) -> Result<Self, StreamError> {
+        let avro: &'static TableSchemas = Box::leak(Box::new(avro));
+        let writer = |schema: &'static apache_avro::Schema| {
+            GenericDatumWriter::builder(schema)
+                .build()
+                .map_err(|e| StreamError::Schema { table: String::new(), reason: e.to_string() })
+        };
+        Ok(Registered { avro, key_writer: writer(&avro.key)?, value_writer: writer(&avro.value)?, key_id, value_id })
+    }
 }
 
 pub struct Publisher {
@@ -88,11 +111,7 @@ impl Publisher {
                     Err(e) => Err(e),
                 };
                 match ids {
-                    Ok((key_id, value_id)) => Ok(Registered {
-                        avro,
-                        key_id,
-                        value_id,
-                    }),
+                    Ok((key_id, value_id)) => Registered::new(avro, key_id, value_id).map_err(|e| e.to_string()),
                     Err(e) if e.class() == ErrorClass::Transient => return Err(e),
                     Err(e) => {
                         metrics::counter!(m::CAPTURE_SCHEMA_REFUSED, "table" => schema.table.to_string()).increment(1);
@@ -108,6 +127,10 @@ impl Publisher {
         self.tables.insert(
             schema.relation_oid,
             Published {
+                counters: ["c", "u", "d", "t", "r"]
+                    .into_iter()
+                    .map(|op| (op, metrics::counter!(m::CAPTURE_EVENTS, "table" => schema.table.to_string(), "op" => op)))
+                    .collect(),
                 schema: schema.clone(),
                 topic,
                 state,
@@ -153,15 +176,15 @@ impl Publisher {
             }
         };
         let encoded =
-            encode_change(schema, &reg.avro, &self.source, change, now_ms).and_then(|e| {
+            encode_change(schema, reg.avro, &self.source, change, now_ms).and_then(|e| {
                 let key = match e.key {
                     Some(k) => Some(
-                        frame(reg.key_id, &reg.avro.key, k)
+                        frame_with(&reg.key_writer, reg.key_id, &k)
                             .map_err(|err| encode_err(&change.table, err))?,
                     ),
                     None => None,
                 };
-                let value = frame(reg.value_id, &reg.avro.value, e.value)
+                let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
                     .map_err(|err| encode_err(&change.table, err))?;
                 Ok((key, value))
             });
@@ -198,7 +221,9 @@ impl Publisher {
                 .await?;
             tracker.sent(token);
         }
-        metrics::counter!(m::CAPTURE_EVENTS, "table" => change.table.to_string(), "op" => change.op.code()).increment(1);
+        if let Some(c) = p.counters.get(change.op.code()) {
+            c.increment(1);
+        }
         Ok(())
     }
 
