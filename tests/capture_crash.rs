@@ -30,7 +30,14 @@ fn long(v: Option<&Value>) -> Option<i64> {
 }
 
 /// (id, v) of every event's after image, and the number of events.
-fn kafka_changes(stack: &Stack, topic: &str) -> Result<(HashSet<(i64, i64)>, usize)> {
+/// What a topic holds: (id, v) of every after image, the event count, the partitions used.
+struct InKafka {
+    changes: HashSet<(i64, i64)>,
+    events: usize,
+    partitions: usize,
+}
+
+fn kafka_changes(stack: &Stack, topic: &str) -> Result<InKafka> {
     let recs = read_topic(&stack.brokers, topic, None, Duration::from_secs(5))?;
     let mut dec = AvroDecoder::new(&stack.registry);
     let mut set = HashSet::new();
@@ -41,7 +48,16 @@ fn kafka_changes(stack: &Stack, topic: &str) -> Result<(HashSet<(i64, i64)>, usi
             set.insert((id, val));
         }
     }
-    Ok((set, recs.len()))
+    let partitions = recs
+        .iter()
+        .map(|r| r.partition)
+        .collect::<HashSet<_>>()
+        .len();
+    Ok(InKafka {
+        changes: set,
+        events: recs.len(),
+        partitions,
+    })
 }
 
 /// A committed transaction of the workload.
@@ -58,6 +74,9 @@ async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
     let pg = stack.connect().await?;
     pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id bigint PRIMARY KEY, v bigint NOT NULL, pad text);")).await?;
     let mut d = Daemon::new(&stack, &name, "[capture]\nmax_in_flight = 20000\n")?;
+    // Three partitions: acknowledgements of one transaction arrive out of order.
+    d.env
+        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
     d.setup()?;
     d.start()?;
 
@@ -138,7 +157,11 @@ async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
         // The slot is inactive now. Every transaction that certainly ended before its
         // confirmed position must be in Kafka in full.
         let confirmed = slot_confirmed(&pg, &d.slot).await?.unwrap_or_default();
-        let (in_kafka, n) = kafka_changes(&stack, &topic)?;
+        let InKafka {
+            changes: in_kafka,
+            events: n,
+            ..
+        } = kafka_changes(&stack, &topic)?;
         let covered: Vec<(i64, i64)> = committed
             .lock()
             .unwrap()
@@ -173,7 +196,15 @@ async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
         .await
         .map_err(|e| e.context(d.last_log()))?;
     d.assert_running()?;
-    let (in_kafka, n) = kafka_changes(&stack, &topic)?;
+    let InKafka {
+        changes: in_kafka,
+        events: n,
+        partitions,
+    } = kafka_changes(&stack, &topic)?;
+    ensure!(
+        partitions == 3,
+        "events should spread over the topic's 3 partitions, saw {partitions}"
+    );
     let missing: Vec<&(i64, i64)> = expected.iter().filter(|c| !in_kafka.contains(c)).collect();
     eprintln!(
         "{} committed changes, {} events in Kafka ({} duplicates from restarts), {} missing",

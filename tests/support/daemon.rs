@@ -16,6 +16,8 @@ pub struct Daemon {
     pub publication: String,
     pub prefix: String,
     pub schema: String,
+    /// Extra environment for the daemon (e.g. `WAL2DELTA__KAFKA__TOPIC_PARTITIONS`).
+    pub env: Vec<(String, String)>,
     child: Option<Child>,
     runs: u32,
 }
@@ -67,6 +69,7 @@ listen = "127.0.0.1:0"
             publication: name.to_owned(),
             prefix: name.to_owned(),
             schema: name.to_owned(),
+            env: Vec::new(),
             child: None,
             runs: 0,
         })
@@ -78,6 +81,7 @@ listen = "127.0.0.1:0"
         let mut cmd = Command::new(binary());
         cmd.arg("--config").arg(&self.config).args(args);
         clear_overrides(&mut cmd);
+        cmd.envs(self.env.iter().cloned());
         cmd.output().context("running wal2delta")
     }
 
@@ -103,6 +107,7 @@ listen = "127.0.0.1:0"
             .arg(&self.config)
             .args(["run", "--stage", "capture"]);
         clear_overrides(&mut cmd);
+        cmd.envs(self.env.iter().cloned());
         cmd.env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log);

@@ -4,13 +4,13 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use apache_avro::writer::datum::GenericDatumWriter;
 use wal2delta_cdc::decoder::Decoded;
 use wal2delta_model::{Change, ChangeOp, ErrorClass, TableName, TableSchema, TxPosition};
 use wal2delta_stream::ack::{AckToken, AckTracker};
 use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
 use wal2delta_stream::dlq::DeadLetter;
 use wal2delta_stream::producer::EventProducer;
-use apache_avro::writer::datum::GenericDatumWriter;
 use wal2delta_stream::registry::{frame_with, Registry};
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
 use wal2delta_stream::StreamError;
@@ -46,9 +46,18 @@ impl Registered {
         let writer = |schema: &'static apache_avro::Schema| {
             GenericDatumWriter::builder(schema)
                 .build()
-                .map_err(|e| StreamError::Schema { table: String::new(), reason: e.to_string() })
+                .map_err(|e| StreamError::Schema {
+                    table: String::new(),
+                    reason: e.to_string(),
+                })
         };
-        Ok(Registered { avro, key_writer: writer(&avro.key)?, value_writer: writer(&avro.value)?, key_id, value_id })
+        Ok(Registered {
+            avro,
+            key_writer: writer(&avro.key)?,
+            value_writer: writer(&avro.value)?,
+            key_id,
+            value_id,
+        })
     }
 }
 
@@ -111,7 +120,9 @@ impl Publisher {
                     Err(e) => Err(e),
                 };
                 match ids {
-                    Ok((key_id, value_id)) => Registered::new(avro, key_id, value_id).map_err(|e| e.to_string()),
+                    Ok((key_id, value_id)) => {
+                        Registered::new(avro, key_id, value_id).map_err(|e| e.to_string())
+                    }
                     Err(e) if e.class() == ErrorClass::Transient => return Err(e),
                     Err(e) => {
                         metrics::counter!(m::CAPTURE_SCHEMA_REFUSED, "table" => schema.table.to_string()).increment(1);
@@ -175,19 +186,18 @@ impl Publisher {
                     .await;
             }
         };
-        let encoded =
-            encode_change(schema, reg.avro, &self.source, change, now_ms).and_then(|e| {
-                let key = match e.key {
-                    Some(k) => Some(
-                        frame_with(&reg.key_writer, reg.key_id, &k)
-                            .map_err(|err| encode_err(&change.table, err))?,
-                    ),
-                    None => None,
-                };
-                let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
-                    .map_err(|err| encode_err(&change.table, err))?;
-                Ok((key, value))
-            });
+        let encoded = encode_change(schema, reg.avro, &self.source, change, now_ms).and_then(|e| {
+            let key = match e.key {
+                Some(k) => Some(
+                    frame_with(&reg.key_writer, reg.key_id, &k)
+                        .map_err(|err| encode_err(&change.table, err))?,
+                ),
+                None => None,
+            };
+            let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
+                .map_err(|err| encode_err(&change.table, err))?;
+            Ok((key, value))
+        });
         let (key, value) = match encoded {
             Ok(kv) => kv,
             Err(e) => {
