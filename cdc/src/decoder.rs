@@ -41,7 +41,7 @@ pub enum Decoded {
         position: TxPosition,
         op: ChangeOp,
         reason: String,
-        raw: String,
+        raw: RawRow,
     },
     /// A new relation description (after DDL) — the schemas must follow.
     Relation(Arc<TableSchema>),
@@ -251,7 +251,7 @@ impl Decoder {
                 position,
                 op,
                 reason,
-                raw: raw_text(&schema, old.as_ref(), new.as_ref()),
+                raw: RawRow::from_tuples(&schema, old.as_ref(), new.as_ref()),
             }),
         }
     }
@@ -313,40 +313,68 @@ fn decode_row(schema: &TableSchema, tuple: &[TupleValue]) -> Result<Row, String>
     Ok(Row { values })
 }
 
-/// The raw row as `column=text` pairs for the dead-letter record.
-fn raw_text(
-    schema: &TableSchema,
-    old: Option<&Vec<TupleValue>>,
-    new: Option<&Vec<TupleValue>>,
-) -> String {
-    let render = |tuple: &Vec<TupleValue>| {
-        let fields: Vec<String> = tuple
-            .iter()
-            .enumerate()
-            .map(|(i, v)| {
-                let name = schema
-                    .columns
-                    .get(i)
-                    .map(|c| c.name.as_str())
-                    .unwrap_or("?");
-                let value = match v {
-                    TupleValue::Null => "NULL".to_owned(),
-                    TupleValue::UnchangedToast => "<unchanged-toast>".to_owned(),
-                    TupleValue::Text(b) | TupleValue::Binary(b) => {
-                        String::from_utf8_lossy(b).into_owned()
-                    }
-                };
-                format!("{}={}", name, value)
-            })
-            .collect();
-        fields.join(" ")
-    };
-    let mut parts = Vec::new();
-    if let Some(o) = old {
-        parts.push(format!("old: {}", render(o)));
+/// A row exactly as pgoutput sent it, kept for the dead-letter record of a row that
+/// could not be decoded. Rendered by [`RawRow::render`], which lets the caller replace
+/// sensitive columns' text (tokenization) before it leaves the process.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RawRow {
+    pub old: Option<Vec<(String, Option<String>)>>,
+    pub new: Option<Vec<(String, Option<String>)>>,
+}
+
+impl RawRow {
+    fn from_tuples(
+        schema: &TableSchema,
+        old: Option<&Vec<TupleValue>>,
+        new: Option<&Vec<TupleValue>>,
+    ) -> RawRow {
+        let image = |tuple: &Vec<TupleValue>| {
+            tuple
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    let name = schema
+                        .columns
+                        .get(i)
+                        .map(|c| c.name.clone())
+                        .unwrap_or_else(|| format!("#{i}"));
+                    let text = match v {
+                        TupleValue::Null => None,
+                        TupleValue::UnchangedToast => Some("<unchanged-toast>".to_owned()),
+                        TupleValue::Text(b) | TupleValue::Binary(b) => {
+                            Some(String::from_utf8_lossy(b).into_owned())
+                        }
+                    };
+                    (name, text)
+                })
+                .collect()
+        };
+        RawRow {
+            old: old.map(image),
+            new: new.map(image),
+        }
     }
-    if let Some(n) = new {
-        parts.push(format!("new: {}", render(n)));
+
+    /// `old: col=text ...; new: col=text ...`, passing each non-NULL value through
+    /// `value(column, text)`.
+    pub fn render(&self, value: impl Fn(&str, &str) -> String) -> String {
+        let render = |image: &Vec<(String, Option<String>)>| {
+            image
+                .iter()
+                .map(|(name, text)| match text {
+                    None => format!("{name}=NULL"),
+                    Some(t) => format!("{name}={}", value(name, t)),
+                })
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut parts = Vec::new();
+        if let Some(o) = &self.old {
+            parts.push(format!("old: {}", render(o)));
+        }
+        if let Some(n) = &self.new {
+            parts.push(format!("new: {}", render(n)));
+        }
+        parts.join("; ")
     }
-    parts.join("; ")
 }

@@ -49,6 +49,105 @@ pub struct Config {
     pub capture: CaptureConfig,
     #[serde(default)]
     pub log: LogConfig,
+    #[serde(default)]
+    pub tokenize: TokenizeConfig,
+}
+
+/// `[tokenize]`: sensitive columns replaced by keyed deterministic tokens before any
+/// event leaves capture. The key is read from `key_env` or `key_file`, never from here.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokenizeConfig {
+    /// `schema.table.column`, with `:last4` to keep the last four characters.
+    #[serde(default)]
+    pub columns: Vec<String>,
+    /// Environment variable holding the key (at least 16 bytes).
+    #[serde(default)]
+    pub key_env: Option<String>,
+    /// File holding the key (at least 16 bytes; one trailing newline is ignored).
+    #[serde(default)]
+    pub key_file: Option<PathBuf>,
+    /// Identifier of the key, written in every tokenized event; change it when the key
+    /// rotates.
+    #[serde(default = "TokenizeConfig::default_key_id")]
+    pub key_id: String,
+}
+
+impl TokenizeConfig {
+    const MIN_KEY_BYTES: usize = 16;
+
+    fn default_key_id() -> String {
+        "k1".into()
+    }
+
+    /// Reads the key from the environment or the file.
+    pub fn load_key(&self) -> Result<Vec<u8>, ConfigError> {
+        let (field, key) = match (&self.key_env, &self.key_file) {
+            (Some(var), None) => (
+                "tokenize.key_env",
+                std::env::var(var)
+                    .map_err(|_| {
+                        invalid(
+                            "tokenize.key_env",
+                            format!("names {var:?}, which is not set"),
+                        )
+                    })?
+                    .into_bytes(),
+            ),
+            (None, Some(path)) => {
+                let mut bytes = std::fs::read(path).map_err(|e| {
+                    invalid(
+                        "tokenize.key_file",
+                        format!("cannot be read ({}): {e}", path.display()),
+                    )
+                })?;
+                if bytes.last() == Some(&b'\n') {
+                    bytes.pop();
+                }
+                ("tokenize.key_file", bytes)
+            }
+            _ => {
+                return Err(invalid(
+                    "tokenize",
+                    "needs exactly one of key_env or key_file when columns are listed",
+                ))
+            }
+        };
+        if key.len() < Self::MIN_KEY_BYTES {
+            return Err(invalid(
+                field,
+                format!("key must be at least {} bytes", Self::MIN_KEY_BYTES),
+            ));
+        }
+        Ok(key)
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.columns.is_empty() {
+            return Ok(());
+        }
+        for c in &self.columns {
+            let path = c.strip_suffix(":last4").unwrap_or(c);
+            if path.split('.').count() != 3 || path.split('.').any(str::is_empty) {
+                return Err(invalid(
+                    "tokenize.columns",
+                    format!("entry {c:?} must look like schema.table.column[:last4]"),
+                ));
+            }
+        }
+        if self.key_id.is_empty()
+            || !self
+                .key_id
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+        {
+            return Err(invalid(
+                "tokenize.key_id",
+                "must be non-empty and use only letters, digits, '.', '_' and '-'",
+            ));
+        }
+        self.load_key().map(|_| ())
+    }
 }
 
 /// `[source]`: the PostgreSQL database to capture.
@@ -457,6 +556,7 @@ impl Config {
         if self.capture.max_in_flight == 0 {
             return Err(invalid("capture.max_in_flight", "must be greater than 0"));
         }
+        self.tokenize.validate()?;
         if !matches!(&self.log.format[..], "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
@@ -568,6 +668,34 @@ uri = "file:///tmp/lake"
         )
         .unwrap_err();
         assert!(err.to_string().contains("acks"), "{err}");
+    }
+
+    #[test]
+    fn tokenize_needs_a_key_from_outside_the_file() {
+        let with =
+            |extra: &str| format!("{MINIMAL}\n[tokenize]\ncolumns = [\"public.t.card\"]\n{extra}");
+        let err = load(&with(""), &[]).unwrap_err();
+        assert!(err.to_string().contains("key_env or key_file"), "{err}");
+        let err = load(&with("key_env = \"W2D_TEST_UNSET_KEY\""), &[]).unwrap_err();
+        assert!(err.to_string().contains("W2D_TEST_UNSET_KEY"), "{err}");
+        let err = load(&with("key = \"inline\""), &[]).unwrap_err();
+        assert!(err.to_string().contains("key"), "{err}");
+        let dir = std::env::temp_dir().join(format!("w2d-key-{}", std::process::id()));
+        std::fs::write(&dir, "short\n").unwrap();
+        let err = load(
+            &with(&format!("key_file = {:?}", dir.display().to_string())),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("at least 16 bytes"), "{err}");
+        std::fs::write(&dir, "0123456789abcdef0123\n").unwrap();
+        let c = load(
+            &with(&format!("key_file = {:?}", dir.display().to_string())),
+            &[],
+        )
+        .unwrap();
+        assert_eq!(c.tokenize.load_key().unwrap(), b"0123456789abcdef0123");
+        let _ = std::fs::remove_file(dir);
     }
 
     #[test]

@@ -3,7 +3,8 @@
 //! The value is shaped like Debezium's envelope (`before`, `after`, `source`, `op`,
 //! `ts_ms`) so that consumers of Debezium's Avro can read it, plus what Debezium lacks:
 //! `ordinal` (position in the transaction; Silver orders by `(source.lsn, ordinal)`) and
-//! `unchanged_toast_columns` (columns whose TOASTed value the update did not change: their
+//! `token_key_id` (the key that tokenized this table's sensitive columns, so keys can
+//! rotate) and `unchanged_toast_columns` (columns whose TOASTed value the update did not change: their
 //! `after` field is null and consumers must keep the previous value).
 
 use apache_avro::types::Value;
@@ -92,7 +93,8 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
             {"name": "op", "type": "string"},
             {"name": "ts_ms", "type": ["null", "long"], "default": null},
             {"name": "ordinal", "type": "long", "default": 0},
-            {"name": "unchanged_toast_columns", "type": {"type": "array", "items": "string"}, "default": []}
+            {"name": "unchanged_toast_columns", "type": {"type": "array", "items": "string"}, "default": []},
+            {"name": "token_key_id", "type": ["null", "string"], "default": null}
         ]
     });
     let parse = |j: &Json| {
@@ -178,6 +180,7 @@ pub fn encode_change(
     source: &SourceInfo,
     change: &Change,
     now_ms: i64,
+    token_key_id: Option<&str>,
 ) -> Result<EncodedChange, StreamError> {
     let names = &schemas.field_names;
     let mut toast = Vec::new();
@@ -274,6 +277,13 @@ pub fn encode_change(
         (
             "unchanged_toast_columns".into(),
             Value::Array(toast.into_iter().map(Value::String).collect()),
+        ),
+        (
+            "token_key_id".into(),
+            match token_key_id {
+                Some(k) => Value::Union(1, Box::new(Value::String(k.to_owned()))),
+                None => Value::Union(0, Box::new(Value::Null)),
+            },
         ),
     ]);
     Ok(EncodedChange {

@@ -8,6 +8,7 @@
 //! confirmed position, so a change is published at least once and never skipped.
 
 mod publisher;
+mod tokenize;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -29,6 +30,7 @@ use wal2delta_stream::StreamError;
 use crate::config::Config;
 use crate::metrics as m;
 use publisher::Publisher;
+use tokenize::Tokenizer;
 
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
@@ -111,6 +113,8 @@ async fn session(
         .source
         .effective_dsn()
         .map_err(|e| SessionError::Operator(e.to_string()))?;
+    let tokenizer = Tokenizer::from_config(&config.tokenize)
+        .map_err(|e| SessionError::Operator(e.to_string()))?;
     let params = ConnectParams::from_dsn(&dsn)?;
     let catalog = source::connect(&dsn).await?;
     let slot_name = &config.source.slot;
@@ -167,6 +171,7 @@ async fn session(
     let mut state = State {
         tracker: AckTracker::new(start),
         decoder: Decoder::new(),
+        tokenizer,
         token: None,
         received: start,
         sent_flush: start,
@@ -230,6 +235,8 @@ async fn session(
 struct State {
     tracker: AckTracker,
     decoder: Decoder,
+    /// Replaces sensitive values before anything is encoded (promise 5).
+    tokenizer: Option<Tokenizer>,
     /// The open transaction's token, between Begin and Commit.
     token: Option<AckToken>,
     received: Lsn,
@@ -267,30 +274,65 @@ impl State {
                 }
                 self.token = None;
             }
-            Decoded::Relation(schema) => publisher.relation(&schema).await?,
-            Decoded::Change { schema, change } => {
+            Decoded::Relation(schema) => {
+                let view = self.published_schema(&schema);
+                publisher.relation(&view).await?
+            }
+            Decoded::Change { schema, mut change } => {
                 let token = self.open_token()?;
+                let view = self.published_schema(&schema);
+                let key_id = match &self.tokenizer {
+                    Some(t) => {
+                        t.change(&schema, &mut change);
+                        t.key_id_for(&schema.table)
+                    }
+                    None => None,
+                };
                 publisher
-                    .change(&mut self.tracker, token, &schema, &change, now_ms())
+                    .change(&mut self.tracker, token, &view, &change, now_ms(), key_id)
                     .await?;
                 self.events += 1;
             }
             Decoded::Truncate(changes) => {
                 let token = self.open_token()?;
                 for (schema, change) in changes {
+                    let view = self.published_schema(&schema);
+                    let key_id = self
+                        .tokenizer
+                        .as_ref()
+                        .and_then(|t| t.key_id_for(&schema.table));
                     publisher
-                        .change(&mut self.tracker, token, &schema, &change, now_ms())
+                        .change(&mut self.tracker, token, &view, &change, now_ms(), key_id)
                         .await?;
                     self.events += 1;
                 }
             }
-            ref d @ Decoded::Undecodable { .. } => {
+            ref d @ Decoded::Undecodable {
+                ref table, ref raw, ..
+            } => {
                 let token = self.open_token()?;
-                publisher.undecodable(&mut self.tracker, token, d).await?;
+                let raw_text = match &self.tokenizer {
+                    Some(t) => t.raw(table, raw),
+                    None => raw.render(|_, text| text.to_owned()),
+                };
+                publisher
+                    .undecodable(&mut self.tracker, token, d, raw_text)
+                    .await?;
             }
             Decoded::Message { .. } | Decoded::Nothing => {}
         }
         Ok(())
+    }
+
+    /// The schema events of this table are published with (tokenized columns as text).
+    fn published_schema(
+        &mut self,
+        schema: &std::sync::Arc<wal2delta_model::TableSchema>,
+    ) -> std::sync::Arc<wal2delta_model::TableSchema> {
+        match &mut self.tokenizer {
+            Some(t) => t.schema(schema),
+            None => schema.clone(),
+        }
     }
 
     fn open_token(&self) -> Result<AckToken, SessionError> {

@@ -163,6 +163,7 @@ impl Publisher {
         schema: &Arc<TableSchema>,
         change: &Change,
         now_ms: i64,
+        token_key_id: Option<&str>,
     ) -> Result<(), StreamError> {
         self.prepare(schema).await?;
         let Some(p) = self.tables.get(&schema.relation_oid) else {
@@ -186,18 +187,19 @@ impl Publisher {
                     .await;
             }
         };
-        let encoded = encode_change(schema, reg.avro, &self.source, change, now_ms).and_then(|e| {
-            let key = match e.key {
-                Some(k) => Some(
-                    frame_with(&reg.key_writer, reg.key_id, &k)
-                        .map_err(|err| encode_err(&change.table, err))?,
-                ),
-                None => None,
-            };
-            let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
-                .map_err(|err| encode_err(&change.table, err))?;
-            Ok((key, value))
-        });
+        let encoded = encode_change(schema, reg.avro, &self.source, change, now_ms, token_key_id)
+            .and_then(|e| {
+                let key = match e.key {
+                    Some(k) => Some(
+                        frame_with(&reg.key_writer, reg.key_id, &k)
+                            .map_err(|err| encode_err(&change.table, err))?,
+                    ),
+                    None => None,
+                };
+                let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
+                    .map_err(|err| encode_err(&change.table, err))?;
+                Ok((key, value))
+            });
         let (key, value) = match encoded {
             Ok(kv) => kv,
             Err(e) => {
@@ -243,13 +245,14 @@ impl Publisher {
         tracker: &mut AckTracker,
         token: AckToken,
         d: &Decoded,
+        raw_text: String,
     ) -> Result<(), StreamError> {
         if let Decoded::Undecodable {
             table,
             position,
             op,
             reason,
-            raw,
+            ..
         } = d
         {
             tracing::warn!(table = %table, lsn = %position.lsn, reason = %reason, "undecodable row sent to the DLQ");
@@ -261,7 +264,7 @@ impl Publisher {
                 position,
                 "undecodable_value",
                 reason,
-                raw.clone(),
+                raw_text,
             )
             .await?;
         }

@@ -1,0 +1,154 @@
+//! Promise 5: sensitive columns are tokenized before events leave capture; no raw value of
+//! a sensitive column appears anywhere in Kafka (any topic, key or value, dead letters
+//! included), while equal values still get equal tokens.
+
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use apache_avro::types::Value;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::ClientConfig;
+use wal2delta_tests::daemon::Daemon;
+use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
+use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+
+fn string(v: Option<&Value>) -> Option<String> {
+    match v.map(unwrap_union) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn contains(haystack: &[u8], needle: &str) -> bool {
+    haystack
+        .windows(needle.len())
+        .any(|w| w == needle.as_bytes())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("tok");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name};
+         CREATE TABLE {name}.tx (id int PRIMARY KEY, card_number text, email text, amount numeric(10,2), tags int[]);"
+    ))
+    .await?;
+    let extra = format!(
+        "[tokenize]\ncolumns = [\"{name}.tx.card_number:last4\", \"{name}.tx.email\"]\nkey_env = \"W2D_TEST_TOKEN_KEY\"\nkey_id = \"test-1\"\n"
+    );
+    let mut d = Daemon::new(&stack, &name, &extra)?;
+    d.env.push((
+        "W2D_TEST_TOKEN_KEY".into(),
+        "a secret key for the test, 32b!".into(),
+    ));
+    d.setup()?;
+    d.start()?;
+
+    let cards = ["4111111111119871", "5500000000006543", "4111111111119871"];
+    let emails = ["alice@example.com", "bob@example.org", "carol@example.net"];
+    for (i, (c, e)) in cards.iter().zip(emails).enumerate() {
+        pg.execute(
+            &format!("INSERT INTO {name}.tx VALUES ($1, $2, $3, 12.50, '{{1}}')"),
+            &[&(i as i32 + 1), c, &e],
+        )
+        .await?;
+    }
+    pg.execute(
+        &format!("UPDATE {name}.tx SET email = 'dave@example.com' WHERE id = 2"),
+        &[],
+    )
+    .await?;
+    // An undecodable row (two-dimensional array) of the same table: its dead letter
+    // carries the raw row, which must be tokenized too.
+    pg.execute(&format!("INSERT INTO {name}.tx VALUES (9, '3714496353984312', 'erin@example.com', 1, '{{{{1}},{{2}}}}')"), &[]).await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    d.assert_running()?;
+
+    // Events: tokens, deterministic, with the last four digits of the card and the key id.
+    let recs = read_topic(
+        &stack.brokers,
+        &format!("{name}.{name}.tx"),
+        Some(4),
+        Duration::from_secs(20),
+    )?;
+    ensure!(recs.len() == 4, "expected 4 events, got {}", recs.len());
+    let mut dec = AvroDecoder::new(&stack.registry);
+    let mut tokens = Vec::new();
+    for r in &recs {
+        let v = dec.decode(&r.payload)?;
+        let after = field(&v, "after").cloned().unwrap_or(Value::Null);
+        tokens.push(string(field(&after, "card_number")).unwrap_or_default());
+        ensure!(
+            string(field(&v, "token_key_id")).as_deref() == Some("test-1"),
+            "token_key_id missing"
+        );
+        ensure!(string(field(&after, "email"))
+            .unwrap_or_default()
+            .starts_with("tok1:test-1:"));
+    }
+    ensure!(
+        tokens[0].starts_with("tok1:test-1:") && tokens[0].ends_with(":9871"),
+        "{}",
+        tokens[0]
+    );
+    ensure!(tokens[0] == tokens[2], "equal cards must give equal tokens");
+    ensure!(tokens[0] != tokens[1]);
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    ensure!(
+        dlq.len() == 1,
+        "the undecodable row should be a dead letter"
+    );
+    ensure!(
+        contains(&dlq[0].payload, ":4312"),
+        "dead letter keeps the tokenized last four"
+    );
+
+    // Nothing raw anywhere: every message of every topic of the broker.
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &stack.brokers)
+        .set("group.id", "w2d-scan")
+        .create()?;
+    let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    let secrets = [
+        "4111111111119871",
+        "5500000000006543",
+        "3714496353984312",
+        "alice@example.com",
+        "bob@example.org",
+        "carol@example.net",
+        "dave@example.com",
+        "erin@example.com",
+    ];
+    let mut scanned = 0;
+    for t in md.topics() {
+        for r in read_topic(&stack.brokers, t.name(), None, Duration::from_secs(2))? {
+            for s in secrets {
+                ensure!(
+                    !contains(&r.payload, s),
+                    "raw value {s} found in topic {}",
+                    t.name()
+                );
+                ensure!(
+                    !r.key.as_deref().is_some_and(|k| contains(k, s)),
+                    "raw value {s} found in a key of {}",
+                    t.name()
+                );
+            }
+            scanned += 1;
+        }
+    }
+    ensure!(scanned >= 5, "scanned only {scanned} messages");
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
