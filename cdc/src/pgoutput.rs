@@ -183,6 +183,21 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The transaction id a data message carries inside a stream block (protocol version 2):
+/// the u32 right after the tag of Relation, Type, Insert, Update, Delete, Truncate and
+/// Message. It is the xid of the (sub)transaction that made the change, which differs from
+/// the StreamStart xid for changes made in a subtransaction. `None` for other tags or when
+/// the message is too short.
+pub fn stream_xid(data: &Bytes) -> Option<u32> {
+    match data.first()? {
+        b'R' | b'Y' | b'I' | b'U' | b'D' | b'T' | b'M' => {
+            let b = data.get(1..5)?;
+            Some(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+        }
+        _ => None,
+    }
+}
+
 /// Parses one pgoutput message. `in_stream` is true between StreamStart and StreamStop,
 /// where data messages carry the transaction id first (protocol version 2).
 pub fn parse(data: &Bytes, in_stream: bool) -> Result<PgOutputMessage, PgOutputError> {

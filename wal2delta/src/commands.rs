@@ -8,7 +8,7 @@ use wal2delta_cdc::{setup, slot, source};
 
 use crate::cli::{Cli, Command, Stage};
 use crate::config::Config;
-use crate::{capture, metrics, telemetry};
+use crate::{capture, health, metrics, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = Config::load(&cli.config)?;
@@ -124,61 +124,33 @@ async fn wait_for_signal() {
 async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let dsn = config.source.effective_dsn()?;
     let client = source::connect(&dsn).await.map_err(with_hint)?;
-    let info = slot::slot_info(&client, &config.source.slot).await?;
-    let Some(info) = info else {
+    // Two samples a second apart give the current WAL rate for the time-to-invalidation.
+    let mut rate = slot::WalRate::default();
+    let first = slot::slot_info(&client, &config.source.slot).await?;
+    let Some(first) = first else {
         bail!(
             "replication slot {:?} does not exist: run `wal2delta setup`",
             config.source.slot
         );
     };
+    rate.sample(std::time::Instant::now(), first.current_wal);
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+    let info = slot::slot_info(&client, &config.source.slot)
+        .await?
+        .ok_or_else(|| anyhow!("replication slot {:?} disappeared", config.source.slot))?;
+    let wal_rate = rate.sample(std::time::Instant::now(), info.current_wal);
     if json {
-        let v = serde_json::json!({
-            "slot": {
-                "name": info.name,
-                "active": info.active,
-                "active_pid": info.active_pid,
-                "confirmed_flush_lsn": info.confirmed_flush.map(|l| l.to_string()),
-                "restart_lsn": info.restart_lsn.map(|l| l.to_string()),
-                "current_wal_lsn": info.current_wal.to_string(),
-                "lag_bytes": info.lag_bytes(),
-                "retained_bytes": info.retained_bytes(),
-                "wal_status": info.wal_status,
-                "safe_wal_size": info.safe_wal_size,
-            },
-            "stages": { "capture": { "confirmed_lsn": info.confirmed_flush.map(|l| l.to_string()) } },
-        });
-        println!("{}", serde_json::to_string_pretty(&v)?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&health::to_json(&info, wal_rate))?
+        );
     } else {
-        println!(
-            "slot {}: {}",
-            info.name,
-            if info.active { "active" } else { "inactive" }
-        );
-        println!(
-            "  confirmed flush lsn  {}",
-            info.confirmed_flush
-                .map(|l| l.to_string())
-                .unwrap_or_else(|| "-".into())
-        );
-        println!("  current wal lsn      {}", info.current_wal);
-        println!(
-            "  lag                  {} bytes",
-            info.lag_bytes().unwrap_or(0)
-        );
-        println!(
-            "  retained WAL         {} bytes",
-            info.retained_bytes().unwrap_or(0)
-        );
-        println!(
-            "  wal_status           {}",
-            info.wal_status.as_deref().unwrap_or("-")
-        );
-        println!(
-            "  safe_wal_size        {}",
-            info.safe_wal_size
-                .map(|s| format!("{s} bytes"))
-                .unwrap_or_else(|| "unlimited".into())
-        );
+        print!("{}", health::to_text(&info, wal_rate));
     }
-    Ok(ExitCode::SUCCESS)
+    // A lost slot is an emergency: say so in the exit code too.
+    Ok(if info.is_lost() {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    })
 }

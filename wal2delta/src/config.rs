@@ -323,6 +323,10 @@ pub struct CaptureConfig {
     /// pauses beyond it, which bounds memory.
     #[serde(default = "CaptureConfig::default_max_in_flight")]
     pub max_in_flight: usize,
+    /// Interval of heartbeat messages (`pg_logical_emit_message`) written to the source so
+    /// the slot keeps moving on an idle database; 0 disables them.
+    #[serde(default = "CaptureConfig::default_heartbeat_interval_ms")]
+    pub heartbeat_interval_ms: u64,
 }
 
 impl CaptureConfig {
@@ -332,6 +336,9 @@ impl CaptureConfig {
     fn default_max_in_flight() -> usize {
         50_000
     }
+    fn default_heartbeat_interval_ms() -> u64 {
+        10_000
+    }
 }
 
 impl Default for CaptureConfig {
@@ -339,6 +346,7 @@ impl Default for CaptureConfig {
         CaptureConfig {
             status_interval_ms: Self::default_status_interval_ms(),
             max_in_flight: Self::default_max_in_flight(),
+            heartbeat_interval_ms: Self::default_heartbeat_interval_ms(),
         }
     }
 }

@@ -4,6 +4,7 @@ mod capture;
 mod cli;
 mod commands;
 mod config;
+mod health;
 mod metrics;
 mod telemetry;
 

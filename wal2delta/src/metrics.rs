@@ -27,6 +27,23 @@ pub const SLOT_RETAINED_BYTES: &str = "wal2delta_slot_retained_bytes";
 pub const SLOT_SAFE_WAL_SIZE_BYTES: &str = "wal2delta_slot_safe_wal_size_bytes";
 /// 1 when the slot's wal_status is `lost`.
 pub const SLOT_LOST: &str = "wal2delta_slot_lost";
+/// 1 for the slot's current `wal_status` (label `status`: reserved, extended, unreserved, lost).
+pub const SLOT_WAL_STATUS: &str = "wal2delta_slot_wal_status";
+/// 1 when a walsender serves the slot.
+pub const SLOT_ACTIVE: &str = "wal2delta_slot_active";
+/// The server's effective `max_slot_wal_keep_size` in bytes (absent when unlimited).
+pub const SLOT_MAX_WAL_KEEP_SIZE_BYTES: &str = "wal2delta_slot_max_wal_keep_size_bytes";
+/// WAL written per second on the server, observed between health samples.
+pub const SLOT_WAL_RATE_BYTES_PER_SECOND: &str = "wal2delta_slot_wal_rate_bytes_per_second";
+/// Estimated seconds until the slot is invalidated: safe_wal_size ÷ WAL rate.
+pub const SLOT_SECONDS_TO_INVALIDATION: &str = "wal2delta_slot_seconds_to_invalidation";
+/// Logical decoding spill to disk on the server (`pg_stat_replication_slots`).
+pub const SLOT_SPILL_BYTES: &str = "wal2delta_slot_spill_bytes";
+pub const SLOT_SPILL_TRANSACTIONS: &str = "wal2delta_slot_spill_transactions";
+/// Bytes of in-progress transactions streamed by the server (`pg_stat_replication_slots`).
+pub const SLOT_STREAM_BYTES: &str = "wal2delta_slot_stream_bytes";
+/// Heartbeat messages written to the source's WAL.
+pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 
 /// Starts the Prometheus text endpoint.
 pub fn install(listen: &str) -> anyhow::Result<()> {

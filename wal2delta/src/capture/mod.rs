@@ -180,6 +180,12 @@ async fn session(
     };
     let mut ticker = tokio::time::interval(status_every);
     let mut health = tokio::time::interval(Duration::from_secs(10));
+    let mut wal_rate = slot::WalRate::default();
+    // Heartbeats: a non-transactional logical message in the captured database, so the
+    // slot has something to confirm even when the database is idle and others are busy.
+    let heartbeat_every = Duration::from_millis(config.capture.heartbeat_interval_ms.max(1));
+    let mut heartbeat = tokio::time::interval(heartbeat_every);
+    heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut progress_at = (Instant::now(), 0u64);
     let max_in_flight = config.capture.max_in_flight;
 
@@ -201,11 +207,17 @@ async fn session(
                 state.status(&mut stream, false, status_every).await?;
             }
             _ = health.tick() => {
-                report_slot_health(&catalog, slot_name).await;
+                report_slot_health(&catalog, slot_name, &mut wal_rate).await;
                 let (at, n) = progress_at;
                 let rate = (state.events - n) as f64 / at.elapsed().as_secs_f64().max(0.001);
                 tracing::info!(confirmed_lsn = %state.tracker.confirmed(), in_flight = state.tracker.in_flight(), events = state.events, events_per_s = rate as u64, "capture progress");
                 progress_at = (Instant::now(), state.events);
+            }
+            _ = heartbeat.tick(), if config.capture.heartbeat_interval_ms > 0 => {
+                match catalog.execute("SELECT pg_logical_emit_message(false, 'wal2delta.heartbeat', now()::text)", &[]).await {
+                    Ok(_) => metrics::counter!(m::CAPTURE_HEARTBEATS).increment(1),
+                    Err(error) => tracing::warn!(error = %error, "cannot write heartbeat"),
+                }
             }
             msg = stream.next(), if can_read => {
                 match msg? {
@@ -223,6 +235,11 @@ async fn session(
                         state.received = state.received.max(wal_end);
                         let parsed = pgoutput::parse(&data, false).map_err(|e| CdcError::Protocol(e.to_string()))?;
                         let decoded = state.decoder.decode(&catalog, parsed, wal_start).await?;
+                        // A non-transactional message (a heartbeat) outside any transaction:
+                        // everything up to it has been handled, so the slot may move there.
+                        if matches!(decoded, Decoded::Message { transactional: false, .. }) && state.token.is_none() {
+                            state.tracker.idle_advance(wal_end);
+                        }
                         state.handle(decoded, &mut publisher).await?;
                     }
                 }
@@ -383,23 +400,18 @@ async fn drain(
     Ok(())
 }
 
-async fn report_slot_health(catalog: &tokio_postgres::Client, slot_name: &str) {
+async fn report_slot_health(
+    catalog: &tokio_postgres::Client,
+    slot_name: &str,
+    rate: &mut slot::WalRate,
+) {
     match slot::slot_info(catalog, slot_name).await {
         Ok(Some(info)) => {
-            if let Some(lag) = info.lag_bytes() {
-                metrics::gauge!(m::SLOT_LAG_BYTES).set(lag as f64);
+            let wal_rate = rate.sample(Instant::now(), info.current_wal);
+            crate::health::export(&info, wal_rate);
+            if info.is_lost() {
+                tracing::error!(slot = %slot_name, "replication slot invalidated (wal_status = lost)");
             }
-            if let Some(r) = info.retained_bytes() {
-                metrics::gauge!(m::SLOT_RETAINED_BYTES).set(r as f64);
-            }
-            if let Some(s) = info.safe_wal_size {
-                metrics::gauge!(m::SLOT_SAFE_WAL_SIZE_BYTES).set(s as f64);
-            }
-            metrics::gauge!(m::SLOT_LOST).set(if info.wal_status.as_deref() == Some("lost") {
-                1.0
-            } else {
-                0.0
-            });
         }
         Ok(None) => tracing::error!(slot = %slot_name, "replication slot disappeared"),
         Err(error) => tracing::warn!(error = %error, "cannot read slot health"),
