@@ -1,0 +1,223 @@
+//! Schema evolution mid-stream, partitioned tables and TRUNCATE ordering.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::{ensure, Result};
+use apache_avro::types::Value;
+use wal2delta_tests::daemon::Daemon;
+use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder, Record};
+use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+
+fn decoded(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<(Record, Value)>> {
+    let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
+    let mut dec = AvroDecoder::new(&stack.registry);
+    recs.into_iter()
+        .map(|r| dec.decode(&r.payload).map(|v| (r, v)))
+        .collect()
+}
+
+fn as_i64(v: Option<&Value>) -> Option<i64> {
+    match v.map(unwrap_union) {
+        Some(Value::Long(n)) => Some(*n),
+        Some(Value::Int(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+fn op(v: &Value) -> String {
+    match field(v, "op") {
+        Some(Value::String(s)) => s.clone(),
+        _ => String::new(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("evo");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, a int, b text, c int);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    d.setup()?;
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t VALUES (1, 1, 'b', 1);
+         ALTER TABLE {name}.t DROP COLUMN b;
+         INSERT INTO {name}.t VALUES (2, 2, 2);
+         ALTER TABLE {name}.t ALTER COLUMN a TYPE bigint;
+         INSERT INTO {name}.t VALUES (3, 3000000000, 3);
+         ALTER TABLE {name}.t RENAME COLUMN c TO renamed;
+         INSERT INTO {name}.t VALUES (4, 4, 4);
+         ALTER TABLE {name}.t ADD COLUMN e text NOT NULL DEFAULT 'x';
+         INSERT INTO {name}.t VALUES (5, 5, 5, 'y');"
+    ))
+    .await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    d.assert_running()?;
+    let events = decoded(&stack, &format!("{name}.{name}.t"), 5)?;
+    ensure!(
+        events.len() == 5,
+        "every change is published under a compatible schema, got {}",
+        events.len()
+    );
+    let after: Vec<Value> = events
+        .iter()
+        .map(|(_, v)| field(v, "after").cloned().unwrap_or(Value::Null))
+        .collect();
+    ensure!(
+        field(&after[0], "b").is_some() && field(&after[1], "b").is_none(),
+        "dropped column gone from the schema"
+    );
+    ensure!(
+        matches!(field(&after[2], "a"), Some(Value::Long(3_000_000_000))),
+        "widened to long: {:?}",
+        field(&after[2], "a")
+    );
+    ensure!(
+        as_i64(field(&after[3], "renamed")) == Some(4) && field(&after[3], "c").is_none(),
+        "renamed column"
+    );
+    ensure!(
+        matches!(field(&after[4], "e"), Some(Value::String(s)) if s == "y"),
+        "added column"
+    );
+    let versions: Vec<i64> = reqwest::get(format!(
+        "{}/subjects/{name}.{name}.t-value/versions",
+        stack.registry
+    ))
+    .await?
+    .json()
+    .await?;
+    ensure!(
+        versions == vec![1, 2, 3, 4, 5],
+        "one schema version per shape: {versions:?}"
+    );
+    ensure!(
+        read_topic(
+            &stack.brokers,
+            &format!("{name}.dlq"),
+            None,
+            Duration::from_secs(2)
+        )?
+        .is_empty(),
+        "nothing went to the DLQ"
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn partitions_are_published_under_the_root_including_new_ones() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("part");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name};
+         CREATE TABLE {name}.orders (id int, region text, amount int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE {name}.orders_eu PARTITION OF {name}.orders FOR VALUES IN ('eu');"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    let setup = d.setup()?;
+    ensure!(
+        setup.contains(&format!("{name}.orders")) && !setup.contains("orders_eu"),
+        "only the root is listed: {setup}"
+    );
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.orders VALUES (1, 'eu', 10);
+         CREATE TABLE {name}.orders_us PARTITION OF {name}.orders FOR VALUES IN ('us');
+         INSERT INTO {name}.orders VALUES (2, 'us', 20);
+         UPDATE {name}.orders SET amount = 21 WHERE id = 2;"
+    ))
+    .await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    let events = decoded(&stack, &format!("{name}.{name}.orders"), 3)?;
+    let ops: Vec<String> = events.iter().map(|(_, v)| op(v)).collect();
+    ensure!(ops == ["c", "c", "u"], "{ops:?}");
+    let ids: Vec<Option<i64>> = events
+        .iter()
+        .map(|(_, v)| {
+            as_i64(field(
+                &field(v, "after").cloned().unwrap_or(Value::Null),
+                "id",
+            ))
+        })
+        .collect();
+    ensure!(ids == [Some(1), Some(2), Some(2)], "{ids:?}");
+    for p in ["orders_eu", "orders_us"] {
+        ensure!(
+            read_topic(
+                &stack.brokers,
+                &format!("{name}.{name}.{p}"),
+                None,
+                Duration::from_secs(1)
+            )?
+            .is_empty(),
+            "no topic per partition"
+        );
+    }
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn truncate_is_ordered_after_the_rows_in_every_partition() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("trunc");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    d.env
+        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
+    d.setup()?;
+    d.start()?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 60); TRUNCATE {name}.t; INSERT INTO {name}.t VALUES (1000);")).await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    let events = decoded(&stack, &format!("{name}.{name}.t"), 64)?;
+    ensure!(
+        events.len() == 64,
+        "60 inserts, 3 truncates (one per partition), 1 insert: got {}",
+        events.len()
+    );
+    let mut per_partition: HashMap<i32, Vec<String>> = HashMap::new();
+    for (r, v) in &events {
+        per_partition.entry(r.partition).or_default().push(op(v));
+    }
+    ensure!(per_partition.len() == 3, "rows spread over 3 partitions");
+    for (p, ops) in &per_partition {
+        let t = ops
+            .iter()
+            .position(|o| o == "t")
+            .ok_or_else(|| anyhow::anyhow!("no truncate in partition {p}"))?;
+        ensure!(
+            ops.iter().filter(|o| *o == "t").count() == 1,
+            "one truncate in partition {p}"
+        );
+        ensure!(
+            ops[..t].iter().all(|o| o == "c"),
+            "rows before the truncate in partition {p}"
+        );
+    }
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
