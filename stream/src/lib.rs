@@ -5,6 +5,7 @@ pub mod ack;
 pub mod avro;
 pub mod dlq;
 mod error;
+pub mod positions;
 pub mod producer;
 pub mod registry;
 pub mod topic;

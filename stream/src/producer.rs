@@ -107,14 +107,28 @@ impl EventProducer {
 
     /// Creates the topic if it does not exist yet (once per process and topic).
     pub async fn ensure_topic(&mut self, topic: &str) -> Result<(), StreamError> {
+        let partitions = self.settings.topic_partitions;
+        self.create_topic(topic, partitions, false).await
+    }
+
+    /// Creates a single-partition compacted topic if missing (the position log).
+    pub async fn ensure_compacted_topic(&mut self, topic: &str) -> Result<(), StreamError> {
+        self.create_topic(topic, 1, true).await
+    }
+
+    async fn create_topic(
+        &mut self,
+        topic: &str,
+        partitions: i32,
+        compacted: bool,
+    ) -> Result<(), StreamError> {
         if self.known_topics.contains(topic) {
             return Ok(());
         }
-        let new = NewTopic::new(
-            topic,
-            self.settings.topic_partitions,
-            TopicReplication::Fixed(1),
-        );
+        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+        if compacted {
+            new = new.set("cleanup.policy", "compact");
+        }
         let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
         let results = self.admin.create_topics([&new], &opts).await?;
         for r in results {

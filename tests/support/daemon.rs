@@ -100,12 +100,18 @@ listen = "127.0.0.1:0"
 
     /// Starts `wal2delta run --stage capture` in the background.
     pub fn start(&mut self) -> Result<()> {
+        self.start_with(&[])
+    }
+
+    /// Like [`Daemon::start`] with extra `run` arguments.
+    pub fn start_with(&mut self, extra: &[&str]) -> Result<()> {
         self.runs += 1;
         let log = std::fs::File::create(self.dir.join(format!("capture-{}.log", self.runs)))?;
         let mut cmd = Command::new(binary());
         cmd.arg("--config")
             .arg(&self.config)
-            .args(["run", "--stage", "capture"]);
+            .args(["run", "--stage", "capture"])
+            .args(extra);
         clear_overrides(&mut cmd);
         cmd.envs(self.env.iter().cloned());
         cmd.env("RUST_LOG", "info")
@@ -140,6 +146,22 @@ listen = "127.0.0.1:0"
             }
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Waits up to `timeout` for the daemon to exit on its own; its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let Some(c) = self.child.as_mut() else {
+            bail!("not running")
+        };
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = c.try_wait()? {
+                self.child = None;
+                return Ok(Some(status));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(None)
     }
 
     /// Fails if the daemon exited (with its log) — used while waiting for progress.

@@ -73,9 +73,11 @@ pub fn unique(prefix: &str) -> String {
     format!("{prefix}_{}_{}", std::process::id(), nanos % 100_000)
 }
 
+/// The WAL insert position: at or after the end of everything committed so far (the
+/// stack runs with synchronous_commit = off, so the *write* position may lag behind).
 pub async fn current_wal_lsn(client: &Client) -> Result<Lsn> {
     let s: String = client
-        .query_one("SELECT pg_current_wal_lsn()::text", &[])
+        .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
         .await?
         .get(0);
     Ok(s.parse()?)

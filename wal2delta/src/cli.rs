@@ -36,6 +36,10 @@ pub enum Command {
             default_value = "capture,bronze,silver,gold,rules"
         )]
         stage: Vec<Stage>,
+        /// Start even when the slot is ahead of the last position recorded in Kafka
+        /// (accepting that changes in between may be missing from Kafka).
+        #[arg(long)]
+        allow_slot_ahead: bool,
     },
     /// Slot lag, confirmed LSN, stage positions and quarantine counts.
     Status {

@@ -15,7 +15,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     telemetry::init(&config.log);
     match cli.command {
         Command::Setup => run_setup(&config).await,
-        Command::Run { stage } => run_daemon(&config, &stage).await,
+        Command::Run { stage, allow_slot_ahead } => run_daemon(&config, &stage, allow_slot_ahead).await,
         Command::Status { json } => status(&config, json).await,
         Command::Reconcile { .. } => not_built("reconcile", "it compares the source with Silver, and the Silver stage is not built yet"),
         Command::Replay { .. } => not_built("replay", "it rebuilds Silver/Gold from Bronze, and those stages are not built yet"),
@@ -80,7 +80,11 @@ fn with_hint(e: wal2delta_cdc::CdcError) -> anyhow::Error {
     }
 }
 
-async fn run_daemon(config: &Config, stages: &[Stage]) -> anyhow::Result<ExitCode> {
+async fn run_daemon(
+    config: &Config,
+    stages: &[Stage],
+    allow_slot_ahead: bool,
+) -> anyhow::Result<ExitCode> {
     let unbuilt: Vec<String> = stages
         .iter()
         .filter(|s| **s != Stage::Capture)
@@ -99,7 +103,7 @@ async fn run_daemon(config: &Config, stages: &[Stage]) -> anyhow::Result<ExitCod
         tracing::info!("shutdown requested; draining");
         let _ = tx.send(true);
     });
-    capture::run(config, rx).await?;
+    capture::run(config, rx, allow_slot_ahead).await?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -248,6 +248,10 @@ pub struct KafkaConfig {
     /// Dead-letter topic for events capture cannot encode; default `{topic_prefix}.dlq`.
     #[serde(default)]
     pub dlq_topic: Option<String>,
+    /// Compacted topic recording the slot position capture confirmed (checked at start);
+    /// default `{topic_prefix}.positions`.
+    #[serde(default)]
+    pub positions_topic: Option<String>,
     /// How long one produce may wait for the broker before capture restarts from the
     /// slot's confirmed position (nothing is acknowledged meanwhile).
     #[serde(default = "KafkaConfig::default_delivery_timeout_ms")]
@@ -268,6 +272,13 @@ impl KafkaConfig {
     fn default_delivery_timeout_ms() -> u64 {
         30_000
     }
+    /// The compacted topic holding the last slot position capture confirmed.
+    pub fn positions_topic(&self) -> String {
+        self.positions_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.positions", self.topic_prefix))
+    }
+
     pub fn dlq_topic(&self) -> String {
         self.dlq_topic
             .clone()

@@ -29,7 +29,7 @@ use wal2delta_stream::StreamError;
 
 use crate::config::Config;
 use crate::metrics as m;
-use publisher::Publisher;
+use publisher::{Publisher, POSITION_TOKEN};
 use tokenize::Tokenizer;
 
 /// Why a session ended.
@@ -58,12 +58,16 @@ impl SessionError {
 
 /// Runs capture until `shutdown` turns true. Transient failures restart the session with
 /// backoff; operator errors end it with the reason.
-pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+pub async fn run(
+    config: &Config,
+    mut shutdown: watch::Receiver<bool>,
+    allow_slot_ahead: bool,
+) -> anyhow::Result<()> {
     let mut backoff = Duration::from_millis(500);
     let mut ever_connected = false;
     loop {
         let mut connected = false;
-        match session(config, &mut shutdown, &mut connected).await {
+        match session(config, &mut shutdown, &mut connected, allow_slot_ahead).await {
             Ok(()) => return Ok(()),
             Err(e) => {
                 ever_connected |= connected;
@@ -108,6 +112,7 @@ async fn session(
     config: &Config,
     shutdown: &mut watch::Receiver<bool>,
     connected: &mut bool,
+    allow_slot_ahead: bool,
 ) -> Result<(), SessionError> {
     let dsn = config
         .source
@@ -156,6 +161,12 @@ async fn session(
         },
     );
     publisher.ensure_dlq_topic().await?;
+    let positions_topic = config.kafka.positions_topic();
+    publisher
+        .producer
+        .ensure_compacted_topic(&positions_topic)
+        .await?;
+    check_slot_position(config, &positions_topic, start, allow_slot_ahead).await?;
 
     let repl = ReplicationConnection::connect(&params).await?;
     let command = format!(
@@ -172,6 +183,10 @@ async fn session(
         tracker: AckTracker::new(start),
         decoder: Decoder::new(),
         tokenizer,
+        slot: slot_name.clone(),
+        positions_topic,
+        position_acked: start,
+        position_in_flight: None,
         token: None,
         received: start,
         sent_flush: start,
@@ -201,9 +216,15 @@ async fn session(
                 if let Err(e) = d.result {
                     return Err(SessionError::Delivery(e.to_string()));
                 }
-                state.ack(d.token);
+                if d.token == POSITION_TOKEN {
+                    state.position_delivered();
+                    state.status(&mut stream, false, status_every).await?;
+                } else {
+                    state.ack(d.token);
+                }
             }
             _ = ticker.tick() => {
+                state.record_position(&publisher).await?;
                 state.status(&mut stream, false, status_every).await?;
             }
             _ = health.tick() => {
@@ -254,6 +275,13 @@ struct State {
     decoder: Decoder,
     /// Replaces sensitive values before anything is encoded (promise 5).
     tokenizer: Option<Tokenizer>,
+    slot: String,
+    positions_topic: String,
+    /// The highest LSN the position log holds (acknowledged by Kafka); PostgreSQL is
+    /// never told more than this.
+    position_acked: Lsn,
+    /// A position record sent and not yet acknowledged.
+    position_in_flight: Option<Lsn>,
     /// The open transaction's token, between Begin and Commit.
     token: Option<AckToken>,
     received: Lsn,
@@ -341,6 +369,25 @@ impl State {
         Ok(())
     }
 
+    /// Writes the tracker's confirmable LSN to the position log when it moved and no record
+    /// is on its way.
+    async fn record_position(&mut self, publisher: &Publisher) -> Result<(), SessionError> {
+        let target = self.tracker.confirmed();
+        if target > self.position_acked && self.position_in_flight.is_none() {
+            publisher
+                .record_position(&self.positions_topic, &self.slot, target, now_ms())
+                .await?;
+            self.position_in_flight = Some(target);
+        }
+        Ok(())
+    }
+
+    fn position_delivered(&mut self) {
+        if let Some(lsn) = self.position_in_flight.take() {
+            self.position_acked = self.position_acked.max(lsn);
+        }
+    }
+
     /// The schema events of this table are published with (tokenized columns as text).
     fn published_schema(
         &mut self,
@@ -367,7 +414,12 @@ impl State {
         force: bool,
         every: Duration,
     ) -> Result<(), SessionError> {
-        let flush = self.tracker.confirmed().max(self.sent_flush);
+        // Only what the position log already holds may be confirmed to PostgreSQL.
+        let flush = self
+            .tracker
+            .confirmed()
+            .min(self.position_acked)
+            .max(self.sent_flush);
         if !force && flush == self.sent_flush && self.last_status.elapsed() < every {
             return Ok(());
         }
@@ -390,11 +442,20 @@ async fn drain(
 ) -> Result<(), SessionError> {
     tracing::info!(in_flight = state.tracker.in_flight(), "draining capture");
     publisher.producer.flush(Duration::from_secs(30));
-    while let Ok(d) = deliveries.try_recv() {
-        if d.result.is_ok() {
-            state.ack(d.token);
+    let mut take = |state: &mut State| {
+        while let Ok(d) = deliveries.try_recv() {
+            match (d.token == POSITION_TOKEN, d.result.is_ok()) {
+                (true, true) => state.position_delivered(),
+                (false, true) => state.ack(d.token),
+                _ => {}
+            }
         }
-    }
+    };
+    take(state);
+    // Record the final position, wait for it, then confirm it.
+    state.record_position(publisher).await?;
+    publisher.producer.flush(Duration::from_secs(10));
+    take(state);
     state.status(stream, true, Duration::ZERO).await?;
     tracing::info!(confirmed_lsn = %state.tracker.confirmed(), "capture stopped");
     Ok(())
@@ -416,6 +477,47 @@ async fn report_slot_health(
         Ok(None) => tracing::error!(slot = %slot_name, "replication slot disappeared"),
         Err(error) => tracing::warn!(error = %error, "cannot read slot health"),
     }
+}
+
+/// Refuses to start when the slot is ahead of the last position capture recorded in Kafka
+/// (see `wal2delta_stream::positions`), unless `allow` (`run --allow-slot-ahead`).
+async fn check_slot_position(
+    config: &Config,
+    topic: &str,
+    slot_confirmed: Lsn,
+    allow: bool,
+) -> Result<(), SessionError> {
+    let (brokers, t, slot) = (
+        config.kafka.brokers.clone(),
+        topic.to_owned(),
+        config.source.slot.clone(),
+    );
+    let last = tokio::task::spawn_blocking(move || {
+        wal2delta_stream::positions::last_position(&brokers, &t, &slot)
+    })
+    .await
+    .map_err(|e| SessionError::Operator(format!("position check failed: {e}")))??;
+    match last {
+        None => {
+            tracing::info!(topic = %topic, "no position recorded yet for this slot; first start")
+        }
+        Some(recorded) if slot_confirmed > recorded => {
+            let msg = format!(
+                "slot {:?} is confirmed at {slot_confirmed}, ahead of the last position wal2delta recorded in Kafka ({recorded}, topic {topic}): \
+                 changes in between may never have reached Kafka (another consumer used the slot, the slot was advanced by hand, or Kafka lost data). \
+                 Check, then start once with `wal2delta run --allow-slot-ahead` to accept the gap",
+                config.source.slot
+            );
+            if !allow {
+                return Err(SessionError::Operator(msg));
+            }
+            tracing::warn!(slot_confirmed = %slot_confirmed, recorded = %recorded, "slot ahead of the position log; continuing because --allow-slot-ahead was given");
+        }
+        Some(recorded) => {
+            tracing::info!(slot_confirmed = %slot_confirmed, recorded = %recorded, "slot position matches the position log")
+        }
+    }
+    Ok(())
 }
 
 fn quote_literal(s: &str) -> String {

@@ -17,6 +17,9 @@ use wal2delta_stream::StreamError;
 
 use crate::metrics as m;
 
+/// The delivery token of position-log records (event tokens count up from 0).
+pub const POSITION_TOKEN: AckToken = AckToken::MAX;
+
 /// A table version ready to publish, or the reason it cannot be.
 struct Published {
     schema: Arc<TableSchema>,
@@ -86,6 +89,26 @@ impl Publisher {
             source,
             tables: HashMap::new(),
         }
+    }
+
+    /// Writes `lsn` to the position log; its delivery comes back with [`POSITION_TOKEN`].
+    pub async fn record_position(
+        &self,
+        topic: &str,
+        slot: &str,
+        lsn: wal2delta_model::Lsn,
+        now_ms: i64,
+    ) -> Result<(), StreamError> {
+        let record = wal2delta_stream::positions::PositionRecord::new(slot, lsn, now_ms);
+        self.producer
+            .send(
+                topic,
+                Some(0),
+                Some(slot.as_bytes()),
+                &record.to_json(),
+                POSITION_TOKEN,
+            )
+            .await
     }
 
     pub async fn ensure_dlq_topic(&mut self) -> Result<(), StreamError> {

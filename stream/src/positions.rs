@@ -1,0 +1,93 @@
+//! The position log: the last slot position wal2delta confirmed, kept in Kafka.
+//!
+//! Before capture tells PostgreSQL it may release WAL up to an LSN, it writes that LSN to
+//! a compacted topic (`{prefix}.positions`, key = slot name) and waits for Kafka's
+//! acknowledgement. So the log is always at or ahead of the slot. On start, a slot whose
+//! confirmed position is *ahead* of the log means something other than this capture moved
+//! it (another consumer, `pg_replication_slot_advance`, a Kafka cluster restored from an
+//! older backup): changes in between may never have reached Kafka, and capture refuses to
+//! start unless told otherwise.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+use wal2delta_model::Lsn;
+
+use crate::StreamError;
+
+/// One record of the position log.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct PositionRecord {
+    pub slot: String,
+    /// The LSN capture was about to confirm, in PostgreSQL's `X/Y` form.
+    pub lsn: String,
+    /// Unix milliseconds when it was written.
+    pub ts_ms: i64,
+}
+
+impl PositionRecord {
+    pub fn new(slot: &str, lsn: Lsn, ts_ms: i64) -> Self {
+        PositionRecord {
+            slot: slot.to_owned(),
+            lsn: lsn.to_string(),
+            ts_ms,
+        }
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// How many records from the end of the log are searched for the slot's last position.
+const TAIL: i64 = 10_000;
+
+/// The last position recorded for `slot`, or `None` when the log has none (first start).
+pub fn last_position(brokers: &str, topic: &str, slot: &str) -> Result<Option<Lsn>, StreamError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", format!("wal2delta-positions-{slot}"))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let (low, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10))?;
+    if high <= low {
+        return Ok(None);
+    }
+    let start = (high - TAIL).max(low);
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(start))?;
+    consumer.assign(&tpl)?;
+    let mut last = None;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                if m.key() == Some(slot.as_bytes()) {
+                    if let Some(rec) = m
+                        .payload()
+                        .and_then(|p| serde_json::from_slice::<PositionRecord>(p).ok())
+                    {
+                        if let Ok(lsn) = rec.lsn.parse::<Lsn>() {
+                            last = Some(lsn);
+                        }
+                    }
+                }
+                if m.offset() + 1 >= high {
+                    return Ok(last);
+                }
+            }
+            Some(Err(e)) => return Err(StreamError::Kafka(e)),
+            None if Instant::now() > deadline => {
+                return Err(StreamError::Topic {
+                    topic: topic.to_owned(),
+                    reason: format!(
+                        "could not read the position log up to offset {high} within 30 s"
+                    ),
+                })
+            }
+            None => {}
+        }
+    }
+}
