@@ -9,7 +9,7 @@ use apache_avro::types::Value;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
+use wal2delta_tests::kafka::{field, read_topic, read_topic_to_end, unwrap_union, AvroDecoder};
 use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
 
 fn string(v: Option<&Value>) -> Option<String> {
@@ -131,7 +131,7 @@ async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
     ];
     let mut scanned = 0;
     for t in md.topics() {
-        for r in read_topic(&stack.brokers, t.name(), None, Duration::from_secs(2))? {
+        for r in read_topic_to_end(&stack.brokers, t.name())? {
             for s in secrets {
                 ensure!(
                     !contains(&r.payload, s),

@@ -9,6 +9,7 @@ pub mod replication;
 pub mod setup;
 pub mod slot;
 pub mod source;
+pub mod stream_buffer;
 pub mod value;
 
 pub use error::CdcError;

@@ -95,6 +95,60 @@ pub fn read_topic(
     Ok(out)
 }
 
+/// Reads every message currently in `topic` (up to each partition's high watermark at
+/// the time of the call), without waiting for more.
+pub fn read_topic_to_end(brokers: &str, topic: &str) -> Result<Vec<Record>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set(
+            "group.id",
+            format!(
+                "wal2delta-test-{}-{}",
+                std::process::id(),
+                READS.fetch_add(1, Ordering::Relaxed)
+            ),
+        )
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let mut expected = 0usize;
+    let mut tpl = TopicPartitionList::new();
+    for t in md.topics().iter().filter(|t| t.name() == topic) {
+        for p in t.partitions() {
+            let (low, high) = consumer.fetch_watermarks(topic, p.id(), Duration::from_secs(10))?;
+            if high > low {
+                expected += (high - low) as usize;
+                tpl.add_partition_offset(topic, p.id(), Offset::Offset(low))?;
+            }
+        }
+    }
+    if expected == 0 {
+        return Ok(Vec::new());
+    }
+    consumer.assign(&tpl)?;
+    let mut out = Vec::with_capacity(expected);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while out.len() < expected {
+        if Instant::now() > deadline {
+            return Err(anyhow!(
+                "read {} of {expected} messages of {topic} within 60 s",
+                out.len()
+            ));
+        }
+        match consumer.poll(Duration::from_millis(200)) {
+            Some(Ok(m)) => out.push(Record {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            }),
+            Some(Err(e)) => return Err(anyhow!("consuming {topic}: {e}")),
+            None => {}
+        }
+    }
+    Ok(out)
+}
+
 /// Decodes Confluent-framed Avro with schemas fetched from the registry by id.
 pub struct AvroDecoder {
     registry: String,
