@@ -85,6 +85,17 @@ impl Decoder {
         }
     }
 
+    /// Starts a transaction that arrives as a whole at its commit (a streamed transaction
+    /// replayed from the stream buffer): its changes get this xid, commit LSN and time.
+    pub fn begin_transaction(&mut self, xid: u32, commit_lsn: Lsn, commit_ts: i64) {
+        self.tx = TxState {
+            xid,
+            final_lsn: commit_lsn,
+            commit_ts_us: pg_ts_to_unix_us(commit_ts),
+            ordinal: 0,
+        };
+    }
+
     /// Decodes one message. `lsn` is the XLogData start position it arrived with.
     /// `catalog` is an ordinary connection used to resolve type OIDs.
     pub async fn decode(

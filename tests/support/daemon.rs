@@ -121,6 +121,11 @@ listen = "127.0.0.1:0"
         Ok(())
     }
 
+    /// The running daemon's process id.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: no chance to flush or confirm anything.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -338,6 +338,17 @@ pub struct CaptureConfig {
     /// the slot keeps moving on an idle database; 0 disables them.
     #[serde(default = "CaptureConfig::default_heartbeat_interval_ms")]
     pub heartbeat_interval_ms: u64,
+    /// Ask PostgreSQL (14+) to stream large transactions while in progress (pgoutput
+    /// protocol 2) instead of spilling them to disk on the primary.
+    #[serde(default = "CaptureConfig::default_stream_in_progress")]
+    pub stream_in_progress: bool,
+    /// Where streamed transactions are buffered until their commit (scratch files, safe to
+    /// delete when capture is stopped). Default: `$TMPDIR/wal2delta-{slot}`.
+    #[serde(default)]
+    pub spill_dir: Option<PathBuf>,
+    /// Memory for buffered streamed transactions before they go to `spill_dir`.
+    #[serde(default = "CaptureConfig::default_stream_memory_bytes")]
+    pub stream_memory_bytes: usize,
 }
 
 impl CaptureConfig {
@@ -350,6 +361,20 @@ impl CaptureConfig {
     fn default_heartbeat_interval_ms() -> u64 {
         10_000
     }
+    fn default_stream_in_progress() -> bool {
+        true
+    }
+    /// 64 MiB: large enough that most streamed transactions never touch the disk.
+    fn default_stream_memory_bytes() -> usize {
+        64 * 1024 * 1024
+    }
+
+    /// The directory for streamed transactions of `slot`.
+    pub fn spill_dir(&self, slot: &str) -> PathBuf {
+        self.spill_dir
+            .clone()
+            .unwrap_or_else(|| std::env::temp_dir().join(format!("wal2delta-{slot}")))
+    }
 }
 
 impl Default for CaptureConfig {
@@ -358,6 +383,9 @@ impl Default for CaptureConfig {
             status_interval_ms: Self::default_status_interval_ms(),
             max_in_flight: Self::default_max_in_flight(),
             heartbeat_interval_ms: Self::default_heartbeat_interval_ms(),
+            stream_in_progress: Self::default_stream_in_progress(),
+            spill_dir: None,
+            stream_memory_bytes: Self::default_stream_memory_bytes(),
         }
     }
 }
@@ -715,6 +743,15 @@ uri = "file:///tmp/lake"
         .unwrap();
         assert_eq!(c.tokenize.load_key().unwrap(), b"0123456789abcdef0123");
         let _ = std::fs::remove_file(dir);
+    }
+
+    #[test]
+    fn the_example_config_is_valid() {
+        let text = include_str!("../../ops/wal2delta.example.toml");
+        let c = load(text, &[]).unwrap();
+        assert_eq!(c.source.slot, "wal2delta");
+        assert_eq!(c.kafka.positions_topic(), "cdc.positions");
+        assert!(c.capture.stream_in_progress);
     }
 
     #[test]

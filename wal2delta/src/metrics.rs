@@ -42,6 +42,10 @@ pub const SLOT_SPILL_BYTES: &str = "wal2delta_slot_spill_bytes";
 pub const SLOT_SPILL_TRANSACTIONS: &str = "wal2delta_slot_spill_transactions";
 /// Bytes of in-progress transactions streamed by the server (`pg_stat_replication_slots`).
 pub const SLOT_STREAM_BYTES: &str = "wal2delta_slot_stream_bytes";
+/// Streamed (large, in-progress) transactions that aborted: nothing of them is published.
+pub const CAPTURE_STREAMED_ABORTED: &str = "wal2delta_capture_streamed_transactions_aborted_total";
+/// Bytes of in-progress streamed transactions held by capture (disk and memory).
+pub const CAPTURE_STREAM_BUFFER_BYTES: &str = "wal2delta_capture_stream_buffer_bytes";
 /// Heartbeat messages written to the source's WAL.
 pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 

@@ -18,7 +18,8 @@ use wal2delta_cdc::decoder::{Decoded, Decoder};
 use wal2delta_cdc::replication::{
     ConnectParams, ReplicationConnection, ReplicationMessage, ReplicationStream,
 };
-use wal2delta_cdc::{pgoutput, slot, source, CdcError};
+use wal2delta_cdc::stream_buffer::{CommittedTx, Routed, StreamBuffer};
+use wal2delta_cdc::{slot, source, CdcError};
 use wal2delta_model::table::quote_ident;
 use wal2delta_model::{ErrorClass, Lsn};
 use wal2delta_stream::ack::{AckToken, AckTracker};
@@ -168,11 +169,29 @@ async fn session(
         .await?;
     check_slot_position(config, &positions_topic, start, allow_slot_ahead).await?;
 
+    // Large transactions: PostgreSQL 14+ streams them while in progress (protocol 2) into
+    // a disk-backed buffer instead of spilling them on the primary; nothing is published
+    // before the commit, and nothing of an aborted transaction ever is.
+    let server_version: i32 = catalog
+        .query_one("SHOW server_version_num", &[])
+        .await
+        .map_err(CdcError::from)?
+        .get::<_, String>(0)
+        .parse()
+        .unwrap_or(0);
+    let streaming = config.capture.stream_in_progress && server_version >= 140_000;
+    let mut buffer = StreamBuffer::new(
+        config.capture.spill_dir(slot_name),
+        config.capture.stream_memory_bytes,
+    )
+    .map_err(|e| SessionError::Operator(format!("cannot use [capture] spill_dir: {e}")))?;
     let repl = ReplicationConnection::connect(&params).await?;
     let command = format!(
-        "START_REPLICATION SLOT {} LOGICAL {} (\"proto_version\" '1', \"publication_names\" {}, \"messages\" 'true')",
+        "START_REPLICATION SLOT {} LOGICAL {} (\"proto_version\" '{}', {}\"publication_names\" {}, \"messages\" 'true')",
         quote_ident(slot_name),
         start,
+        if streaming { 2 } else { 1 },
+        if streaming { "\"streaming\" 'on', " } else { "" },
         quote_literal(&quote_ident(&config.source.publication)),
     );
     let mut stream = repl.start_replication(&command).await?;
@@ -244,7 +263,7 @@ async fn session(
                 match msg? {
                     None => return Err(SessionError::Cdc(CdcError::Protocol("server ended the replication stream".into()))),
                     Some(ReplicationMessage::Keepalive { wal_end, reply_requested }) => {
-                        if state.token.is_none() {
+                        if state.token.is_none() && buffer.open_transactions() == 0 {
                             state.tracker.idle_advance(wal_end);
                         }
                         state.received = state.received.max(wal_end);
@@ -254,14 +273,37 @@ async fn session(
                     }
                     Some(ReplicationMessage::XLogData { wal_start, wal_end, data }) => {
                         state.received = state.received.max(wal_end);
-                        let parsed = pgoutput::parse(&data, false).map_err(|e| CdcError::Protocol(e.to_string()))?;
-                        let decoded = state.decoder.decode(&catalog, parsed, wal_start).await?;
-                        // A non-transactional message (a heartbeat) outside any transaction:
-                        // everything up to it has been handled, so the slot may move there.
-                        if matches!(decoded, Decoded::Message { transactional: false, .. }) && state.token.is_none() {
-                            state.tracker.idle_advance(wal_end);
+                        let routed = match buffer.on_message(wal_start, data) {
+                            Ok(r) => r,
+                            Err(e) if e.class() == ErrorClass::Record => {
+                                return Err(SessionError::Cdc(CdcError::Protocol(e.to_string())));
+                            }
+                            Err(e) if e.class() == ErrorClass::Transient => return Err(SessionError::Delivery(e.to_string())),
+                            Err(e) => return Err(SessionError::Cdc(CdcError::Protocol(e.to_string()))),
+                        };
+                        match routed {
+                            Routed::Pass(parsed) | Routed::Schema(parsed) => {
+                                let decoded = state.decoder.decode(&catalog, parsed, wal_start).await?;
+                                // A non-transactional message (a heartbeat) outside any transaction:
+                                // everything up to it has been handled, so the slot may move there.
+                                if matches!(decoded, Decoded::Message { transactional: false, .. })
+                                    && state.token.is_none()
+                                    && buffer.open_transactions() == 0
+                                {
+                                    state.tracker.idle_advance(wal_end);
+                                }
+                                state.handle(decoded, &mut publisher).await?;
+                            }
+                            Routed::Buffered => {}
+                            Routed::Aborted { dropped, .. } => {
+                                metrics::counter!(m::CAPTURE_STREAMED_ABORTED).increment(1);
+                                tracing::debug!(dropped, "streamed transaction aborted; nothing of it is published");
+                            }
+                            Routed::Commit(tx) => {
+                                replay_streamed(tx, &mut state, &catalog, &mut publisher, &mut stream, &mut deliveries, max_in_flight, status_every).await?;
+                            }
                         }
-                        state.handle(decoded, &mut publisher).await?;
+                        metrics::gauge!(m::CAPTURE_STREAM_BUFFER_BYTES).set(buffer.buffered_bytes() as f64);
                     }
                 }
             }
@@ -382,6 +424,19 @@ impl State {
         Ok(())
     }
 
+    /// Applies one delivery report.
+    fn delivered(&mut self, d: wal2delta_stream::producer::Delivery) -> Result<(), SessionError> {
+        if let Err(e) = d.result {
+            return Err(SessionError::Delivery(e.to_string()));
+        }
+        if d.token == POSITION_TOKEN {
+            self.position_delivered();
+        } else {
+            self.ack(d.token);
+        }
+        Ok(())
+    }
+
     fn position_delivered(&mut self) {
         if let Some(lsn) = self.position_in_flight.take() {
             self.position_acked = self.position_acked.max(lsn);
@@ -430,6 +485,63 @@ impl State {
         self.last_status = Instant::now();
         Ok(())
     }
+}
+
+/// Publishes a streamed transaction at its commit, reading it back from the buffer.
+///
+/// Deliveries are handled while replaying so at most `max_in_flight` events wait for
+/// Kafka, and status updates keep the walsender from timing out on a long replay.
+#[allow(clippy::too_many_arguments)]
+async fn replay_streamed(
+    mut tx: CommittedTx,
+    state: &mut State,
+    catalog: &tokio_postgres::Client,
+    publisher: &mut Publisher,
+    stream: &mut ReplicationStream,
+    deliveries: &mut tokio::sync::mpsc::UnboundedReceiver<wal2delta_stream::producer::Delivery>,
+    max_in_flight: usize,
+    status_every: Duration,
+) -> Result<(), SessionError> {
+    tracing::info!(
+        xid = tx.xid,
+        messages = tx.message_count(),
+        spilled = tx.spilled(),
+        "publishing a streamed transaction"
+    );
+    state
+        .decoder
+        .begin_transaction(tx.xid, tx.commit_lsn, tx.commit_ts);
+    state.token = Some(state.tracker.begin());
+    let mut last_status = Instant::now();
+    while let Some(item) = tx.next_message() {
+        let (lsn, msg) = item.map_err(|e| match e.class() {
+            ErrorClass::Transient => SessionError::Delivery(e.to_string()),
+            _ => SessionError::Cdc(CdcError::Protocol(e.to_string())),
+        })?;
+        let decoded = state.decoder.decode(catalog, msg, lsn).await?;
+        state.handle(decoded, publisher).await?;
+        // Take what Kafka acknowledged; wait when too much is in flight.
+        loop {
+            while let Ok(d) = deliveries.try_recv() {
+                state.delivered(d)?;
+            }
+            if state.tracker.in_flight() < max_in_flight {
+                break;
+            }
+            match deliveries.recv().await {
+                Some(d) => state.delivered(d)?,
+                None => return Err(SessionError::Delivery("delivery channel closed".into())),
+            }
+        }
+        if last_status.elapsed() >= status_every {
+            state.status(stream, true, status_every).await?;
+            last_status = Instant::now();
+        }
+    }
+    let token = state.open_token()?;
+    state.tracker.seal(token, tx.end_lsn);
+    state.token = None;
+    Ok(())
 }
 
 /// Graceful stop: read nothing more, wait for outstanding deliveries, confirm what is
