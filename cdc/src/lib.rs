@@ -8,8 +8,10 @@ pub mod pgoutput;
 pub mod replication;
 pub mod setup;
 pub mod slot;
+pub mod snapshot;
 pub mod source;
 pub mod stream_buffer;
 pub mod value;
 
 pub use error::CdcError;
+pub use wal2delta_model::Lsn;

@@ -16,6 +16,8 @@ pub struct SetupReport {
     pub warnings: Vec<String>,
     /// Settings we recommend.
     pub recommendations: Vec<String>,
+    /// Things the operator should know.
+    pub notes: Vec<String>,
     /// Tables the publication covers.
     pub tables: Vec<TableName>,
 }
@@ -34,6 +36,9 @@ pub struct SetupOptions<'a> {
     pub slot: &'a str,
     pub publication: &'a str,
     pub table_patterns: &'a [String],
+    /// Create the slot here. False when capture creates it itself, together with the
+    /// snapshot it exports for the initial snapshot.
+    pub create_slot: bool,
 }
 
 /// Runs every check, then creates or updates the publication and creates the slot.
@@ -59,7 +64,21 @@ pub async fn run(client: &Client, opts: &SetupOptions<'_>) -> Result<SetupReport
         }
     }
     ensure_publication(client, opts.publication, &tables, &mut report).await?;
-    ensure_slot(client, opts.slot, &mut report).await?;
+    if opts.create_slot {
+        ensure_slot(client, opts.slot, &mut report).await?;
+    } else if client
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
+            &[&opts.slot],
+        )
+        .await?
+        .is_none()
+    {
+        report.notes.push(format!(
+            "replication slot {} will be created by `wal2delta run`, which reads the initial snapshot in the snapshot the new slot exports",
+            opts.slot
+        ));
+    }
     report.tables = tables.into_iter().map(|t| t.name).collect();
     Ok(report)
 }

@@ -94,6 +94,15 @@ impl AckTracker {
         self.confirmed
     }
 
+    /// Events of transaction `token` not yet acknowledged.
+    pub fn pending(&self, token: AckToken) -> usize {
+        token
+            .checked_sub(self.base)
+            .and_then(|i| usize::try_from(i).ok())
+            .and_then(|i| self.txs.get(i))
+            .map_or(0, |tx| tx.pending)
+    }
+
     /// Events sent and not yet acknowledged.
     pub fn in_flight(&self) -> usize {
         self.in_flight

@@ -8,6 +8,22 @@ mod error;
 pub mod positions;
 pub mod producer;
 pub mod registry;
+pub mod snapshots;
 pub mod topic;
 
 pub use error::StreamError;
+
+/// A consumer group id unique to one read (see `positions` and `snapshots`).
+pub(crate) fn reader_group(base: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static READS: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    format!(
+        "{base}-{}-{}-{nanos}",
+        std::process::id(),
+        READS.fetch_add(1, Ordering::Relaxed)
+    )
+}

@@ -48,7 +48,12 @@ const TAIL: i64 = 10_000;
 pub fn last_position(brokers: &str, topic: &str, slot: &str) -> Result<Option<Lsn>, StreamError> {
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", brokers)
-        .set("group.id", format!("wal2delta-positions-{slot}"))
+        // A group of its own for every read: the consumer only assigns partitions, and a
+        // reused group id can make a broker hand a second reader nothing.
+        .set(
+            "group.id",
+            crate::reader_group(&format!("wal2delta-positions-{slot}")),
+        )
         .set("enable.auto.commit", "false")
         .create()?;
     let (low, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10))?;

@@ -54,8 +54,15 @@ url = "{registry}"
 uri = "file://{lake}"
 [metrics]
 listen = "127.0.0.1:0"
+{snapshot}
 {extra_toml}
 "#,
+            // Most tests look at streamed changes; snapshot tests configure [snapshot].
+            snapshot = if extra_toml.contains("[snapshot]") {
+                ""
+            } else {
+                "[snapshot]\nmode = \"never\""
+            },
             dsn = stack.dsn,
             brokers = stack.brokers,
             registry = stack.registry,

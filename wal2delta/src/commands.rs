@@ -41,11 +41,12 @@ async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
             slot: &config.source.slot,
             publication: &config.source.publication,
             table_patterns: &config.source.tables,
+            create_slot: config.snapshot.mode != "initial",
         },
     )
     .await
     .map_err(with_hint)?;
-    if report.changed.is_empty() {
+    if report.changed.is_empty() && report.notes.is_empty() {
         println!(
             "nothing to change: publication {:?} and slot {:?} are in place",
             config.source.publication, config.source.slot
@@ -64,6 +65,9 @@ async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
             .collect::<Vec<_>>()
             .join(", ")
     );
+    for n in &report.notes {
+        println!("note: {n}");
+    }
     for w in &report.warnings {
         println!("warning: {w}");
     }

@@ -51,6 +51,47 @@ pub struct Config {
     pub log: LogConfig,
     #[serde(default)]
     pub tokenize: TokenizeConfig,
+    #[serde(default)]
+    pub snapshot: SnapshotConfig,
+}
+
+/// `[snapshot]`: reading the rows tables already hold.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotConfig {
+    /// `initial`: snapshot every captured table once (at the first start, from the slot's
+    /// exported snapshot; tables added later when they appear). `never`: stream only.
+    #[serde(default = "SnapshotConfig::default_mode")]
+    pub mode: String,
+    /// Rows per chunk; progress is recorded per chunk.
+    #[serde(default = "SnapshotConfig::default_chunk_rows")]
+    pub chunk_rows: usize,
+    /// The snapshot pauses while the slot retains more WAL than this.
+    #[serde(default = "SnapshotConfig::default_max_retained_wal_bytes")]
+    pub max_retained_wal_bytes: u64,
+}
+
+impl SnapshotConfig {
+    fn default_mode() -> String {
+        "initial".into()
+    }
+    fn default_chunk_rows() -> usize {
+        10_000
+    }
+    /// 1 GiB.
+    fn default_max_retained_wal_bytes() -> u64 {
+        1 << 30
+    }
+}
+
+impl Default for SnapshotConfig {
+    fn default() -> Self {
+        SnapshotConfig {
+            mode: Self::default_mode(),
+            chunk_rows: Self::default_chunk_rows(),
+            max_retained_wal_bytes: Self::default_max_retained_wal_bytes(),
+        }
+    }
 }
 
 /// `[tokenize]`: sensitive columns replaced by keyed deterministic tokens before any
@@ -167,6 +208,10 @@ pub struct SourceConfig {
     /// `schema.table` patterns; `*` matches any run of characters.
     #[serde(default = "SourceConfig::default_tables")]
     pub tables: Vec<String>,
+    /// What capture does when its slot is invalidated or was dropped: `refuse` (stop and
+    /// say so) or `recreate` (re-create it and snapshot every table again).
+    #[serde(default = "SourceConfig::default_on_slot_lost")]
+    pub on_slot_lost: String,
 }
 
 impl std::fmt::Debug for SourceConfig {
@@ -189,6 +234,9 @@ impl SourceConfig {
     }
     fn default_tables() -> Vec<String> {
         vec!["public.*".into()]
+    }
+    fn default_on_slot_lost() -> String {
+        "refuse".into()
     }
 
     /// The DSN with the password from `password_file` added when the DSN has none.
@@ -252,6 +300,9 @@ pub struct KafkaConfig {
     /// default `{topic_prefix}.positions`.
     #[serde(default)]
     pub positions_topic: Option<String>,
+    /// Compacted topic recording snapshot progress; default `{topic_prefix}.snapshots`.
+    #[serde(default)]
+    pub snapshots_topic: Option<String>,
     /// How long one produce may wait for the broker before capture restarts from the
     /// slot's confirmed position (nothing is acknowledged meanwhile).
     #[serde(default = "KafkaConfig::default_delivery_timeout_ms")]
@@ -272,6 +323,13 @@ impl KafkaConfig {
     fn default_delivery_timeout_ms() -> u64 {
         30_000
     }
+    /// The compacted topic holding snapshot progress.
+    pub fn snapshots_topic(&self) -> String {
+        self.snapshots_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.snapshots", self.topic_prefix))
+    }
+
     /// The compacted topic holding the last slot position capture confirmed.
     pub fn positions_topic(&self) -> String {
         self.positions_topic
@@ -604,6 +662,21 @@ impl Config {
             return Err(invalid("capture.max_in_flight", "must be greater than 0"));
         }
         self.tokenize.validate()?;
+        if !matches!(&self.snapshot.mode[..], "initial" | "never") {
+            return Err(invalid("snapshot.mode", "must be \"initial\" or \"never\""));
+        }
+        if self.snapshot.chunk_rows == 0 || self.snapshot.chunk_rows > 1_000_000 {
+            return Err(invalid(
+                "snapshot.chunk_rows",
+                "must be between 1 and 1000000",
+            ));
+        }
+        if !matches!(&self.source.on_slot_lost[..], "refuse" | "recreate") {
+            return Err(invalid(
+                "source.on_slot_lost",
+                "must be \"refuse\" or \"recreate\"",
+            ));
+        }
         if !matches!(&self.log.format[..], "text" | "json") {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }

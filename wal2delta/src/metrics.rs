@@ -46,6 +46,16 @@ pub const SLOT_STREAM_BYTES: &str = "wal2delta_slot_stream_bytes";
 pub const CAPTURE_STREAMED_ABORTED: &str = "wal2delta_capture_streamed_transactions_aborted_total";
 /// Bytes of in-progress streamed transactions held by capture (disk and memory).
 pub const CAPTURE_STREAM_BUFFER_BYTES: &str = "wal2delta_capture_stream_buffer_bytes";
+/// Rows of a table read by the snapshot so far (label `table`).
+pub const SNAPSHOT_ROWS_READ: &str = "wal2delta_snapshot_rows_read";
+/// The planner's row estimate of a table being snapshotted (label `table`).
+pub const SNAPSHOT_ROWS_ESTIMATE: &str = "wal2delta_snapshot_rows_estimate";
+/// Rows of a table whose snapshot events Kafka acknowledged (label `table`).
+pub const SNAPSHOT_ROWS_PUBLISHED: &str = "wal2delta_snapshot_rows_published";
+/// Tables whose snapshot is not complete.
+pub const SNAPSHOT_TABLES_PENDING: &str = "wal2delta_snapshot_tables_pending";
+/// Seconds the snapshot waited because the slot retained more WAL than its budget.
+pub const SNAPSHOT_THROTTLED: &str = "wal2delta_snapshot_throttled_seconds_total";
 /// Heartbeat messages written to the source's WAL.
 pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 

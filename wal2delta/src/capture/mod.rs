@@ -8,16 +8,20 @@
 //! confirmed position, so a change is published at least once and never skipped.
 
 mod publisher;
+mod snapshot;
 mod tokenize;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use anyhow::anyhow;
-use tokio::sync::watch;
+use std::collections::HashMap;
+
+use tokio::sync::{mpsc, oneshot, watch};
 use wal2delta_cdc::decoder::{Decoded, Decoder};
 use wal2delta_cdc::replication::{
     ConnectParams, ReplicationConnection, ReplicationMessage, ReplicationStream,
 };
+use wal2delta_cdc::snapshot::create_slot_exporting_snapshot;
 use wal2delta_cdc::stream_buffer::{CommittedTx, Routed, StreamBuffer};
 use wal2delta_cdc::{slot, source, CdcError};
 use wal2delta_model::table::quote_ident;
@@ -26,11 +30,13 @@ use wal2delta_stream::ack::{AckToken, AckTracker};
 use wal2delta_stream::avro::envelope::SourceInfo;
 use wal2delta_stream::producer::{EventProducer, ProducerSettings};
 use wal2delta_stream::registry::Registry;
+use wal2delta_stream::snapshots::SnapshotProgress;
 use wal2delta_stream::StreamError;
 
 use crate::config::Config;
 use crate::metrics as m;
-use publisher::{Publisher, POSITION_TOKEN};
+use publisher::{Publisher, POSITION_TOKEN, PROGRESS_TOKEN};
+use snapshot::{SnapshotChunk, SnapshotPlan};
 use tokenize::Tokenizer;
 
 /// Why a session ended.
@@ -124,17 +130,6 @@ async fn session(
     let params = ConnectParams::from_dsn(&dsn)?;
     let catalog = source::connect(&dsn).await?;
     let slot_name = &config.source.slot;
-    let info = slot::slot_info(&catalog, slot_name).await?.ok_or_else(|| {
-        SessionError::Operator(format!(
-            "replication slot {slot_name:?} does not exist: run `wal2delta setup` first"
-        ))
-    })?;
-    if info.wal_status.as_deref() == Some("lost") {
-        return Err(SessionError::Operator(format!(
-            "replication slot {slot_name:?} is invalidated (wal_status = lost): WAL it needed was removed. Drop it and re-snapshot; refusing to continue"
-        )));
-    }
-    let start = info.confirmed_flush.unwrap_or_default();
     let sender_timeout_ms = slot::wal_sender_timeout_ms(&catalog).await?;
     // Status updates at least three times per wal_sender_timeout, so the server never
     // drops us for silence.
@@ -163,11 +158,110 @@ async fn session(
     );
     publisher.ensure_dlq_topic().await?;
     let positions_topic = config.kafka.positions_topic();
+    let snapshots_topic = config.kafka.snapshots_topic();
     publisher
         .producer
         .ensure_compacted_topic(&positions_topic)
         .await?;
-    check_slot_position(config, &positions_topic, start, allow_slot_ahead).await?;
+    publisher
+        .producer
+        .ensure_compacted_topic(&snapshots_topic)
+        .await?;
+    let recorded = recorded_position(config, &positions_topic).await?;
+
+    // The slot: use it, or create it (first start, or re-creation when configured), in
+    // which case it exports the snapshot the initial snapshot reads.
+    let snapshot_on = config.snapshot.mode == "initial";
+    let info = slot::slot_info(&catalog, slot_name).await?;
+    let mut exported = None;
+    let mut reset_progress = false;
+    let start = match &info {
+        Some(i) if !i.is_lost() => {
+            let confirmed = i.confirmed_flush.unwrap_or_default();
+            check_slot_position(
+                config,
+                &positions_topic,
+                confirmed,
+                recorded,
+                allow_slot_ahead,
+            )?;
+            confirmed
+        }
+        _ => {
+            let lost = info.is_some();
+            let existed = lost || recorded.is_some();
+            if existed && config.source.on_slot_lost != "recreate" {
+                return Err(SessionError::Operator(if lost {
+                    format!("replication slot {slot_name:?} is invalidated (wal_status = lost): PostgreSQL removed WAL it needed, so changes were lost. Refusing to continue; set [source] on_slot_lost = \"recreate\" to re-create it and re-snapshot every table")
+                } else {
+                    format!("replication slot {slot_name:?} is gone although wal2delta recorded positions for it (topic {positions_topic}): it was dropped, and changes since may be lost. Refusing to re-create it silently; set [source] on_slot_lost = \"recreate\" to re-create it and re-snapshot every table")
+                }));
+            }
+            if !existed && !snapshot_on {
+                return Err(SessionError::Operator(format!(
+                    "replication slot {slot_name:?} does not exist: run `wal2delta setup` first"
+                )));
+            }
+            if lost {
+                tracing::warn!(slot = %slot_name, "dropping the invalidated slot to re-create it ([source] on_slot_lost = recreate)");
+                catalog
+                    .execute("SELECT pg_drop_replication_slot($1)", &[slot_name])
+                    .await
+                    .map_err(CdcError::from)?;
+            }
+            if existed {
+                tracing::warn!(slot = %slot_name, "re-creating the replication slot; every table is snapshotted again");
+                reset_progress = true;
+            }
+            let e = create_slot_exporting_snapshot(&params, slot_name).await?;
+            tracing::info!(slot = %slot_name, consistent_point = %e.consistent_point, "created replication slot with an exported snapshot");
+            let point = e.consistent_point;
+            exported = Some(e);
+            point
+        }
+    };
+
+    // The snapshot task, when there is anything to snapshot.
+    let (snapshot_tx, mut snapshot_rx) = mpsc::channel::<SnapshotChunk>(2);
+    let mut snapshot_task = None;
+    if snapshot_on || exported.is_some() {
+        let progress = if reset_progress {
+            Default::default()
+        } else {
+            load_snapshot_progress(config, &snapshots_topic).await?
+        };
+        let (imported_tx, imported_rx) = oneshot::channel();
+        let plan = SnapshotPlan {
+            dsn: dsn.clone(),
+            slot: slot_name.clone(),
+            publication: config.source.publication.clone(),
+            chunk_rows: config.snapshot.chunk_rows,
+            max_retained_wal_bytes: config.snapshot.max_retained_wal_bytes,
+            progress,
+            exported: exported
+                .as_ref()
+                .map(|e| (e.snapshot_name.clone(), e.consistent_point, imported_tx)),
+        };
+        snapshot_task = Some(tokio::spawn(snapshot::run(plan, snapshot_tx)));
+        if let Some(e) = exported.take() {
+            // The exporting connection must stay open until the snapshot is imported.
+            tokio::time::timeout(Duration::from_secs(60), imported_rx)
+                .await
+                .map_err(|_| {
+                    SessionError::Operator(
+                        "the initial snapshot was not imported within 60 s".into(),
+                    )
+                })?
+                .map_err(|_| {
+                    SessionError::Cdc(CdcError::Protocol(
+                        "the snapshot task ended before importing the snapshot".into(),
+                    ))
+                })?;
+            drop(e);
+        }
+    } else {
+        drop(snapshot_tx);
+    }
 
     // Large transactions: PostgreSQL 14+ streams them while in progress (protocol 2) into
     // a disk-backed buffer instead of spilling them on the primary; nothing is published
@@ -199,6 +293,9 @@ async fn session(
     tracing::info!(slot = %slot_name, start_lsn = %start, status_interval_ms = status_every.as_millis() as u64, "capture streaming");
 
     let mut state = State {
+        snapshots_topic,
+        snapshot_chunks: Default::default(),
+        progress_ready: Vec::new(),
         tracker: AckTracker::new(start),
         decoder: Decoder::new(),
         tokenizer,
@@ -238,8 +335,9 @@ async fn session(
                 if d.token == POSITION_TOKEN {
                     state.position_delivered();
                     state.status(&mut stream, false, status_every).await?;
-                } else {
+                } else if d.token != PROGRESS_TOKEN {
                     state.ack(d.token);
+                    state.record_progress(&publisher).await?;
                 }
             }
             _ = ticker.tick() => {
@@ -252,6 +350,27 @@ async fn session(
                 let rate = (state.events - n) as f64 / at.elapsed().as_secs_f64().max(0.001);
                 tracing::info!(confirmed_lsn = %state.tracker.confirmed(), in_flight = state.tracker.in_flight(), events = state.events, events_per_s = rate as u64, "capture progress");
                 progress_at = (Instant::now(), state.events);
+            }
+            chunk = snapshot_rx.recv(), if state.token.is_none() && can_read => {
+                match chunk {
+                    Some(chunk) => {
+                        state.snapshot_chunk(chunk, &mut publisher).await?;
+                        // A chunk without events (the end of a table) is complete at once.
+                        state.record_progress(&publisher).await?;
+                    }
+                    None => {
+                        // The task ended: with an error, end the session (it restarts and
+                        // resumes after the last recorded chunk).
+                        if let Some(task) = snapshot_task.take() {
+                            match task.await {
+                                Ok(Ok(())) => {}
+                                Ok(Err(e)) => return Err(SessionError::Cdc(e)),
+                                Err(e) => return Err(SessionError::Operator(format!("snapshot task failed: {e}"))),
+                            }
+                        }
+                        snapshot_rx = mpsc::channel(1).1;
+                    }
+                }
             }
             _ = heartbeat.tick(), if config.capture.heartbeat_interval_ms > 0 => {
                 match catalog.execute("SELECT pg_logical_emit_message(false, 'wal2delta.heartbeat', now()::text)", &[]).await {
@@ -324,6 +443,12 @@ struct State {
     position_acked: Lsn,
     /// A position record sent and not yet acknowledged.
     position_in_flight: Option<Lsn>,
+    snapshots_topic: String,
+    /// Snapshot chunks not yet fully acknowledged: events pending and the progress to
+    /// record once they are.
+    snapshot_chunks: std::collections::VecDeque<(AckToken, usize, SnapshotProgress)>,
+    /// Progress of chunks that are in Kafka, to record.
+    progress_ready: Vec<SnapshotProgress>,
     /// The open transaction's token, between Begin and Commit.
     token: Option<AckToken>,
     received: Lsn,
@@ -334,6 +459,14 @@ struct State {
 
 impl State {
     fn ack(&mut self, token: AckToken) {
+        if let Some((_, pending, _)) = self
+            .snapshot_chunks
+            .iter_mut()
+            .find(|(t, _, _)| *t == token)
+        {
+            *pending = pending.saturating_sub(1);
+            self.complete_snapshot_chunks();
+        }
         let before = self.tracker.open_transactions();
         if let Some(lsn) = self.tracker.acked(token) {
             metrics::gauge!(m::CAPTURE_CONFIRMED_LSN).set(lsn.0 as f64);
@@ -431,8 +564,97 @@ impl State {
         }
         if d.token == POSITION_TOKEN {
             self.position_delivered();
-        } else {
+        } else if d.token != PROGRESS_TOKEN {
             self.ack(d.token);
+        }
+        Ok(())
+    }
+
+    /// Publishes one snapshot chunk as `r` events under its own token. It never moves the
+    /// slot (sealed at 0/0); its progress is recorded once Kafka has all of it.
+    async fn snapshot_chunk(
+        &mut self,
+        chunk: SnapshotChunk,
+        publisher: &mut Publisher,
+    ) -> Result<(), SessionError> {
+        let token = self.tracker.begin();
+        let view = self.published_schema(&chunk.schema);
+        let key_id = self
+            .tokenizer
+            .as_ref()
+            .and_then(|t| t.key_id_for(&chunk.schema.table))
+            .map(str::to_owned);
+        for mut change in chunk.changes {
+            if let Some(t) = &self.tokenizer {
+                t.change(&chunk.schema, &mut change);
+            }
+            publisher
+                .change(
+                    &mut self.tracker,
+                    token,
+                    &view,
+                    &change,
+                    now_ms(),
+                    key_id.as_deref(),
+                )
+                .await?;
+            self.events += 1;
+        }
+        for (reason, raw) in chunk.undecodable {
+            let raw = match &self.tokenizer {
+                Some(t) => t.raw(&chunk.schema.table, &raw),
+                None => raw.render(|_, text| text.to_owned()),
+            };
+            publisher
+                .snapshot_dead_letter(&mut self.tracker, token, &chunk.schema.table, &reason, raw)
+                .await?;
+        }
+        let pending = self.tracker.pending(token);
+        self.tracker.seal(token, Lsn::ZERO);
+        metrics::gauge!(m::SNAPSHOT_TABLES_PENDING).set(if chunk.progress.is_done() {
+            0.0
+        } else {
+            1.0
+        });
+        self.snapshot_chunks
+            .push_back((token, pending, chunk.progress));
+        self.complete_snapshot_chunks();
+        Ok(())
+    }
+
+    /// Moves the progress of fully acknowledged chunks, in chunk order, to be recorded: a
+    /// chunk's progress is recorded only after every earlier chunk's.
+    fn complete_snapshot_chunks(&mut self) {
+        while self
+            .snapshot_chunks
+            .front()
+            .is_some_and(|(_, pending, _)| *pending == 0)
+        {
+            if let Some((_, _, progress)) = self.snapshot_chunks.pop_front() {
+                self.progress_ready.push(progress);
+            }
+        }
+    }
+
+    /// Records the progress of chunks Kafka has acknowledged.
+    async fn record_progress(&mut self, publisher: &Publisher) -> Result<(), SessionError> {
+        for p in std::mem::take(&mut self.progress_ready) {
+            let key = SnapshotProgress::key(&self.slot, &p.table);
+            publisher
+                .producer
+                .send(
+                    &self.snapshots_topic,
+                    Some(0),
+                    Some(key.as_bytes()),
+                    &p.to_json(),
+                    PROGRESS_TOKEN,
+                )
+                .await?;
+            metrics::gauge!(m::SNAPSHOT_ROWS_PUBLISHED, "table" => p.table.clone())
+                .set(p.rows_done as f64);
+            if p.is_done() {
+                tracing::info!(table = %p.table, rows = p.rows_done, "snapshot of table complete and in Kafka");
+            }
         }
         Ok(())
     }
@@ -591,25 +813,49 @@ async fn report_slot_health(
     }
 }
 
-/// Refuses to start when the slot is ahead of the last position capture recorded in Kafka
-/// (see `wal2delta_stream::positions`), unless `allow` (`run --allow-slot-ahead`).
-async fn check_slot_position(
-    config: &Config,
-    topic: &str,
-    slot_confirmed: Lsn,
-    allow: bool,
-) -> Result<(), SessionError> {
+/// The last position capture recorded for this slot in the position log.
+async fn recorded_position(config: &Config, topic: &str) -> Result<Option<Lsn>, SessionError> {
     let (brokers, t, slot) = (
         config.kafka.brokers.clone(),
         topic.to_owned(),
         config.source.slot.clone(),
     );
-    let last = tokio::task::spawn_blocking(move || {
+    Ok(tokio::task::spawn_blocking(move || {
         wal2delta_stream::positions::last_position(&brokers, &t, &slot)
     })
     .await
-    .map_err(|e| SessionError::Operator(format!("position check failed: {e}")))??;
-    match last {
+    .map_err(|e| SessionError::Operator(format!("position check failed: {e}")))??)
+}
+
+/// Snapshot progress recorded in Kafka, by table.
+async fn load_snapshot_progress(
+    config: &Config,
+    topic: &str,
+) -> Result<HashMap<String, SnapshotProgress>, SessionError> {
+    let (brokers, t, slot) = (
+        config.kafka.brokers.clone(),
+        topic.to_owned(),
+        config.source.slot.clone(),
+    );
+    Ok(
+        tokio::task::spawn_blocking(move || wal2delta_stream::snapshots::load(&brokers, &t, &slot))
+            .await
+            .map_err(|e| {
+                SessionError::Operator(format!("reading snapshot progress failed: {e}"))
+            })??,
+    )
+}
+
+/// Refuses to start when the slot is ahead of the last position capture recorded in Kafka
+/// (see `wal2delta_stream::positions`), unless `allow` (`run --allow-slot-ahead`).
+fn check_slot_position(
+    config: &Config,
+    topic: &str,
+    slot_confirmed: Lsn,
+    recorded: Option<Lsn>,
+    allow: bool,
+) -> Result<(), SessionError> {
+    match recorded {
         None => {
             tracing::info!(topic = %topic, "no position recorded yet for this slot; first start")
         }

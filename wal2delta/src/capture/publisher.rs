@@ -20,6 +20,9 @@ use crate::metrics as m;
 /// The delivery token of position-log records (event tokens count up from 0).
 pub const POSITION_TOKEN: AckToken = AckToken::MAX;
 
+/// The delivery token of snapshot-progress records.
+pub const PROGRESS_TOKEN: AckToken = AckToken::MAX - 1;
+
 /// A table version ready to publish, or the reason it cannot be.
 struct Published {
     schema: Arc<TableSchema>,
@@ -292,6 +295,36 @@ impl Publisher {
             .await?;
         }
         Ok(())
+    }
+
+    /// Publishes a snapshot row that could not be decoded to the DLQ.
+    pub async fn snapshot_dead_letter(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        table: &TableName,
+        reason: &str,
+        raw: String,
+    ) -> Result<(), StreamError> {
+        tracing::warn!(table = %table, reason = %reason, "undecodable snapshot row sent to the DLQ");
+        let position = TxPosition {
+            commit_lsn: wal2delta_model::Lsn::ZERO,
+            lsn: wal2delta_model::Lsn::ZERO,
+            ordinal: 0,
+            xid: 0,
+            commit_ts_us: 0,
+        };
+        self.dead_letter(
+            tracker,
+            token,
+            table,
+            ChangeOp::Read,
+            &position,
+            "undecodable_value",
+            reason,
+            raw,
+        )
+        .await
     }
 
     #[allow(clippy::too_many_arguments)]

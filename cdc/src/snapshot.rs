@@ -1,0 +1,335 @@
+//! Reading existing rows: the initial snapshot, consistent with the slot.
+//!
+//! Consistency. A change carries the position it is ordered by: `(commit LSN, ordinal)`
+//! for streamed changes; for a snapshot row, the LSN of the snapshot it was read in.
+//! Consumers keep, per key, the change with the highest position.
+//!
+//! - The first snapshot of a new slot is read inside the snapshot the slot exported when
+//!   it was created ([`create_slot_exporting_snapshot`]): it holds exactly the commits
+//!   before the slot's consistent point, and the slot streams exactly the commits after it
+//!   — no gap, no overlap. Its rows carry the consistent point.
+//! - A snapshot resumed after a crash, or of a table added later, uses a fresh snapshot. Its
+//!   rows carry an LSN read *before* the snapshot was taken ([`Chunker::begin_fresh`]):
+//!   every commit the snapshot includes is either before that LSN (its effect is in the
+//!   row, and the row outranks its change) or after it (its change outranks the row and
+//!   says the same or newer), and every commit the snapshot misses is after it (its change
+//!   outranks the row). The slot is confirmed at or before that LSN, so those changes are
+//!   streamed. Rows seen twice are harmless under the highest-position rule.
+//!
+//! Chunks follow the primary key (keyset pagination), or `ctid` for tables without one, so
+//! progress is a key and a killed snapshot resumes after the last finished chunk.
+//! Values are read with the simple-query protocol, i.e. as the types' output functions
+//! print them — the same text pgoutput sends — and decoded by [`crate::value`].
+
+use std::sync::Arc;
+
+use tokio_postgres::{Client, SimpleQueryMessage};
+use wal2delta_model::table::quote_ident;
+use wal2delta_model::{Column, ColumnValue, ReplicaIdentity, Row, TableName, TableSchema};
+
+use crate::catalog::TypeCatalog;
+use crate::decoder::RawRow;
+use crate::replication::{ConnectParams, ReplicationConnection};
+use crate::{value, CdcError, Lsn};
+
+/// A slot created over the replication protocol, with the snapshot it exported.
+pub struct ExportedSlot {
+    /// Keep this connection open and idle until the snapshot has been imported.
+    pub connection: ReplicationConnection,
+    pub consistent_point: Lsn,
+    pub snapshot_name: String,
+}
+
+/// Creates the slot and exports its snapshot (`CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`).
+pub async fn create_slot_exporting_snapshot(
+    params: &ConnectParams,
+    slot: &str,
+) -> Result<ExportedSlot, CdcError> {
+    let mut connection = ReplicationConnection::connect(params).await?;
+    let rows = connection
+        .simple_query(&format!(
+            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')",
+            quote_ident(slot)
+        ))
+        .await?;
+    let row = rows
+        .first()
+        .ok_or_else(|| CdcError::Protocol("CREATE_REPLICATION_SLOT returned no row".into()))?;
+    let field = |i: usize| row.get(i).cloned().flatten();
+    let consistent_point = field(1).and_then(|s| s.parse().ok()).ok_or_else(|| {
+        CdcError::Protocol("CREATE_REPLICATION_SLOT returned no consistent point".into())
+    })?;
+    let snapshot_name = field(2)
+        .ok_or_else(|| CdcError::Protocol("CREATE_REPLICATION_SLOT exported no snapshot".into()))?;
+    Ok(ExportedSlot {
+        connection,
+        consistent_point,
+        snapshot_name,
+    })
+}
+
+/// The schema of a table as the stream would describe it (same relation OID, columns,
+/// types and key — the primary key, or for tables without one the replica identity's
+/// columns, as pgoutput flags them), built from the catalog, and its primary key.
+pub async fn table_schema(
+    client: &Client,
+    types: &mut TypeCatalog,
+    table: &TableName,
+) -> Result<(TableSchema, Vec<String>), CdcError> {
+    let rel = client
+        .query_one(
+            "SELECT c.oid, c.relreplident::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await?;
+    let oid: u32 = rel.get(0);
+    let ident: String = rel.get(1);
+    let pk = crate::catalog::primary_key_columns(client, oid).await?;
+    let identity = ReplicaIdentity::from_code(ident.bytes().next().unwrap_or(b'd'));
+    let ident_index: Vec<String> = client
+        .query(
+            "SELECT a.attname::text FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) \
+             WHERE i.indrelid = $1 AND i.indisreplident",
+            &[&oid],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    let cols = client
+        .query(
+            "SELECT attname::text, atttypid, atttypmod FROM pg_attribute \
+             WHERE attrelid = $1 AND attnum > 0 AND NOT attisdropped AND attgenerated = '' ORDER BY attnum",
+            &[&oid],
+        )
+        .await?;
+    let mut columns = Vec::with_capacity(cols.len());
+    for c in cols {
+        let name: String = c.get(0);
+        let ty = types.resolve(client, c.get(1), c.get(2)).await?;
+        let is_key = if !pk.is_empty() {
+            pk.contains(&name)
+        } else {
+            match identity {
+                ReplicaIdentity::Full => true,
+                ReplicaIdentity::Index => ident_index.contains(&name),
+                _ => false,
+            }
+        };
+        columns.push(Column { is_key, name, ty });
+    }
+    Ok((
+        TableSchema {
+            relation_oid: oid,
+            table: table.clone(),
+            columns,
+            replica_identity: identity,
+        },
+        pk,
+    ))
+}
+
+/// The planner's row estimate (`reltuples`), 0 when unknown.
+pub async fn estimate_rows(client: &Client, table: &TableName) -> Result<i64, CdcError> {
+    let row = client
+        .query_one(
+            "SELECT GREATEST(c.reltuples, 0)::bigint FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relname = $2",
+            &[&table.schema, &table.name],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// One chunk read from a table.
+#[derive(Debug)]
+pub struct Chunk {
+    pub rows: Vec<Row>,
+    /// The key of the last row, where the next chunk starts (`None` when the table ended).
+    pub next_after: Option<Vec<String>>,
+    /// Rows that could not be decoded: the reason and the row as read.
+    pub undecodable: Vec<(String, RawRow)>,
+}
+
+/// Reads a table in key order, chunk by chunk, on one connection.
+pub struct Chunker {
+    schema: Arc<TableSchema>,
+    /// Key columns: the primary key, or `ctid` when there is none.
+    key: Vec<String>,
+    /// Their type names for literals (`int4`, `text`, `tid`...).
+    key_types: Vec<String>,
+    uses_ctid: bool,
+}
+
+impl Chunker {
+    /// Chunks by `primary_key` (column names in key order), or by `ctid` when empty.
+    pub fn new(schema: Arc<TableSchema>, primary_key: &[String]) -> Chunker {
+        let uses_ctid = primary_key.is_empty();
+        let (key, key_types) = if uses_ctid {
+            (vec!["ctid".to_owned()], vec!["tid".to_owned()])
+        } else {
+            primary_key
+                .iter()
+                .map(|k| {
+                    let ty = schema
+                        .columns
+                        .iter()
+                        .find(|c| &c.name == k)
+                        .map(|c| c.ty.name.clone())
+                        .unwrap_or_else(|| "text".into());
+                    (k.clone(), ty)
+                })
+                .unzip()
+        };
+        Chunker {
+            schema,
+            key,
+            key_types,
+            uses_ctid,
+        }
+    }
+
+    /// Opens a REPEATABLE READ transaction importing an exported snapshot.
+    pub async fn begin_exported(client: &Client, snapshot_name: &str) -> Result<(), CdcError> {
+        client
+            .batch_execute(&format!(
+                "BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY; SET TRANSACTION SNAPSHOT '{}'",
+                snapshot_name.replace('\'', "''")
+            ))
+            .await?;
+        Ok(())
+    }
+
+    /// Opens a fresh REPEATABLE READ transaction; returns the LSN its rows are ordered by,
+    /// read before the snapshot is taken (see the module docs).
+    pub async fn begin_fresh(client: &Client) -> Result<Lsn, CdcError> {
+        let lsn: String = client
+            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
+            .await?
+            .get(0);
+        client
+            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            .await?;
+        // The first statement takes the snapshot.
+        client.batch_execute("SELECT 1").await?;
+        lsn.parse()
+            .map_err(|_| CdcError::Protocol(format!("bad LSN {lsn}")))
+    }
+
+    pub async fn commit(client: &Client) -> Result<(), CdcError> {
+        client.batch_execute("COMMIT").await?;
+        Ok(())
+    }
+
+    /// Reads up to `limit` rows after `after` (a key as text) in key order.
+    pub async fn read(
+        &self,
+        client: &Client,
+        after: Option<&[String]>,
+        limit: usize,
+    ) -> Result<Chunk, CdcError> {
+        let cols: Vec<String> = self
+            .schema
+            .columns
+            .iter()
+            .map(|c| quote_ident(&c.name))
+            .collect();
+        let key_cols: Vec<String> = self
+            .key
+            .iter()
+            .map(|k| {
+                if self.uses_ctid {
+                    k.clone()
+                } else {
+                    quote_ident(k)
+                }
+            })
+            .collect();
+        let mut sql = format!(
+            "SELECT {}, {} FROM {}",
+            key_list(&key_cols),
+            cols.join(", "),
+            self.schema.table.quoted()
+        );
+        if let Some(after) = after {
+            if after.len() != self.key.len() {
+                return Err(CdcError::Check(format!(
+                    "snapshot progress of {} has a key of the wrong shape",
+                    self.schema.table
+                )));
+            }
+            let literals: Vec<String> = after
+                .iter()
+                .zip(&self.key_types)
+                .map(|(v, t)| format!("'{}'::{}", v.replace('\'', "''"), t))
+                .collect();
+            sql += &format!(
+                " WHERE ({}) > ({})",
+                key_cols.join(", "),
+                literals.join(", ")
+            );
+        }
+        sql += &format!(" ORDER BY {} LIMIT {limit}", key_cols.join(", "));
+        let nkey = self.key.len();
+        let mut rows = Vec::new();
+        let mut undecodable = Vec::new();
+        let mut last_key = None;
+        for msg in client.simple_query(&sql).await? {
+            let SimpleQueryMessage::Row(r) = msg else {
+                continue;
+            };
+            let key: Vec<String> = (0..nkey)
+                .map(|i| r.get(i).unwrap_or("").to_owned())
+                .collect();
+            let mut values = Vec::with_capacity(self.schema.columns.len());
+            let mut error = None;
+            for (i, col) in self.schema.columns.iter().enumerate() {
+                values.push(match r.get(nkey + i) {
+                    None => ColumnValue::Null,
+                    Some(text) => match value::parse_text(&col.ty, text) {
+                        Ok(d) => ColumnValue::Value(d),
+                        Err(e) => {
+                            error.get_or_insert_with(|| format!("column {}: {e}", col.name));
+                            ColumnValue::Null
+                        }
+                    },
+                });
+            }
+            match error {
+                None => rows.push(Row { values }),
+                Some(reason) => {
+                    let image = self
+                        .schema
+                        .columns
+                        .iter()
+                        .enumerate()
+                        .map(|(i, c)| (c.name.clone(), r.get(nkey + i).map(str::to_owned)))
+                        .collect();
+                    undecodable.push((
+                        reason,
+                        RawRow {
+                            old: None,
+                            new: Some(image),
+                        },
+                    ));
+                }
+            }
+            last_key = Some(key);
+        }
+        let full = rows.len() + undecodable.len() == limit;
+        Ok(Chunk {
+            rows,
+            next_after: if full { last_key } else { None },
+            undecodable,
+        })
+    }
+
+    pub fn schema(&self) -> &Arc<TableSchema> {
+        &self.schema
+    }
+}
+
+fn key_list(cols: &[String]) -> String {
+    cols.join(", ")
+}

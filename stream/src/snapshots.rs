@@ -1,0 +1,109 @@
+//! Snapshot progress, kept in a compacted Kafka topic (`{prefix}.snapshots`, key
+//! `{slot}/{schema}.{table}`) next to the events it describes.
+//!
+//! A progress record is written only after Kafka acknowledged every event of the chunk it
+//! reports, so after a crash the snapshot resumes after the last chunk known to be in
+//! Kafka: chunks are never lost, at worst one is read twice.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde::{Deserialize, Serialize};
+
+use crate::StreamError;
+
+/// Where one table's snapshot stands.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotProgress {
+    /// `schema.table`.
+    pub table: String,
+    /// `running` or `done`.
+    pub state: String,
+    /// Key (as PostgreSQL text) of the last row of the last chunk in Kafka; `None` before
+    /// the first chunk.
+    pub last_key: Option<Vec<String>>,
+    pub rows_done: u64,
+    /// The planner's estimate when the snapshot started.
+    pub rows_estimate: u64,
+    /// Unix milliseconds of the last update.
+    pub ts_ms: i64,
+}
+
+impl SnapshotProgress {
+    pub fn is_done(&self) -> bool {
+        self.state == "done"
+    }
+
+    pub fn key(slot: &str, table: &str) -> String {
+        format!("{slot}/{table}")
+    }
+
+    pub fn to_json(&self) -> Vec<u8> {
+        serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+/// The latest progress of every table of `slot`, by `schema.table`.
+pub fn load(
+    brokers: &str,
+    topic: &str,
+    slot: &str,
+) -> Result<HashMap<String, SnapshotProgress>, StreamError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        // A group of its own for every read: the consumer only assigns partitions, and a
+        // reused group id can make a broker hand a second reader nothing.
+        .set(
+            "group.id",
+            crate::reader_group(&format!("wal2delta-snapshots-{slot}")),
+        )
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut out = HashMap::new();
+    let (low, high) = match consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)) {
+        Ok(w) => w,
+        // No topic yet: nothing recorded.
+        Err(_) => return Ok(out),
+    };
+    if high <= low {
+        return Ok(out);
+    }
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(low))?;
+    consumer.assign(&tpl)?;
+    let prefix = format!("{slot}/");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        match consumer.poll(Duration::from_millis(500)) {
+            Some(Ok(m)) => {
+                let key = m
+                    .key()
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .unwrap_or("");
+                if key.starts_with(&prefix) {
+                    if let Some(p) = m
+                        .payload()
+                        .and_then(|p| serde_json::from_slice::<SnapshotProgress>(p).ok())
+                    {
+                        out.insert(p.table.clone(), p);
+                    }
+                }
+                if m.offset() + 1 >= high {
+                    return Ok(out);
+                }
+            }
+            Some(Err(e)) => return Err(StreamError::Kafka(e)),
+            None if Instant::now() > deadline => {
+                return Err(StreamError::Topic {
+                    topic: topic.to_owned(),
+                    reason: format!(
+                        "could not read snapshot progress up to offset {high} within 60 s"
+                    ),
+                })
+            }
+            None => {}
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! The initial snapshot: consistent with the slot (the events, applied per key by highest
+//! position, give exactly the source's rows even with writes during the snapshot),
+//! resumable after SIGKILL without starting over, and run again only for tables added
+//! later; a dropped slot is refused, or re-created with a full re-snapshot when configured.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+use apache_avro::types::Value;
+use wal2delta_tests::daemon::Daemon;
+use wal2delta_tests::kafka::{field, read_topic_to_end, unwrap_union, AvroDecoder};
+use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+
+fn long(v: Option<&Value>) -> Option<i64> {
+    match v.map(unwrap_union) {
+        Some(Value::Long(n)) => Some(*n),
+        Some(Value::Int(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+/// One event: (op, id, v, position as (commit LSN, ordinal)).
+type Event = (String, i64, Option<i64>, (i64, i64));
+
+/// Every event of the topic as (op, id, v, position).
+fn events(stack: &Stack, topic: &str) -> Result<Vec<Event>> {
+    let mut dec = AvroDecoder::new(&stack.registry);
+    let mut out = Vec::new();
+    for r in read_topic_to_end(&stack.brokers, topic)? {
+        let v = dec.decode(&r.payload)?;
+        let op = match field(&v, "op") {
+            Some(Value::String(s)) => s.clone(),
+            _ => String::new(),
+        };
+        let image = if op == "d" {
+            field(&v, "before")
+        } else {
+            field(&v, "after")
+        }
+        .cloned()
+        .unwrap_or(Value::Null);
+        let source = field(&v, "source").cloned().unwrap_or(Value::Null);
+        let pos = (
+            long(field(&source, "commit_lsn")).unwrap_or(0),
+            long(field(&v, "ordinal")).unwrap_or(0),
+        );
+        if let Some(id) = long(field(&image, "id")) {
+            out.push((op, id, long(field(&image, "v")), pos));
+        }
+    }
+    Ok(out)
+}
+
+/// Applies events per key, highest position wins, deletes remove.
+fn final_state(events: &[Event]) -> BTreeMap<i64, i64> {
+    let mut best: BTreeMap<i64, ((i64, i64), Option<i64>)> = BTreeMap::new();
+    for (op, id, v, pos) in events {
+        let entry = best.entry(*id).or_insert((*pos, None));
+        if *pos >= entry.0 {
+            *entry = (*pos, if op == "d" { None } else { *v });
+        }
+    }
+    best.into_iter()
+        .filter_map(|(id, (_, v))| v.map(|v| (id, v)))
+        .collect()
+}
+
+async fn source_state(pg: &tokio_postgres::Client, table: &str) -> Result<BTreeMap<i64, i64>> {
+    Ok(pg
+        .query(&format!("SELECT id::bigint, v::bigint FROM {table}"), &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect())
+}
+
+fn progress(
+    stack: &Stack,
+    d: &Daemon,
+    table: &str,
+) -> Result<Option<wal2delta_stream::snapshots::SnapshotProgress>> {
+    let all = wal2delta_stream::snapshots::load(
+        &stack.brokers,
+        &format!("{}.snapshots", d.prefix),
+        &d.slot,
+    )?;
+    Ok(all.get(table).cloned())
+}
+
+async fn wait_snapshot_done(stack: &Stack, d: &mut Daemon, table: &str) -> Result<()> {
+    let start = Instant::now();
+    loop {
+        d.assert_running()?;
+        if progress(stack, d, table)?.is_some_and(|p| p.is_done()) {
+            return Ok(());
+        }
+        if start.elapsed() > Duration::from_secs(180) {
+            bail!("snapshot of {table} not done: {}", d.last_log());
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn initial_snapshot_with_concurrent_writes_matches_the_source() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("snap");
+    let pg = stack.connect().await?;
+    let table = format!("{name}.t");
+    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {table} (id int PRIMARY KEY, v int); INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 30000) g;")).await?;
+    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 1000\n")?;
+    let setup = d.setup()?;
+    ensure!(
+        setup.contains("will be created by `wal2delta run`"),
+        "{setup}"
+    );
+    d.start()?;
+    // Writes while the snapshot runs: updates, inserts and deletes.
+    for i in 0..150 {
+        pg.batch_execute(&format!(
+            "BEGIN; UPDATE {table} SET v = v + 1 WHERE id % 150 = {i}; INSERT INTO {table} VALUES ({}, 7); DELETE FROM {table} WHERE id = {}; COMMIT;",
+            40_000 + i,
+            1 + i * 97
+        ))
+        .await?;
+    }
+    wait_snapshot_done(&stack, &mut d, &table).await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(120))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    let evs = events(&stack, &format!("{name}.{table}"))?;
+    let reads = evs.iter().filter(|e| e.0 == "r").count();
+    ensure!(
+        (29_000..=30_150).contains(&reads),
+        "one read per row present at the snapshot: {reads}"
+    );
+    let ours = final_state(&evs);
+    let theirs = source_state(&pg, &table).await?;
+    ensure!(
+        ours.len() == theirs.len(),
+        "rows: events give {}, source has {}",
+        ours.len(),
+        theirs.len()
+    );
+    ensure!(
+        ours == theirs,
+        "events applied by position differ from the source"
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn killed_snapshot_resumes_after_the_last_recorded_chunk() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("resume");
+    let pg = stack.connect().await?;
+    let table = format!("{name}.t");
+    const ROWS: i64 = 100_000;
+    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {table} (id int PRIMARY KEY, v int); INSERT INTO {table} SELECT g, 1 FROM generate_series(1, {ROWS}) g;")).await?;
+    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 2000\n")?;
+    d.setup()?;
+    d.start()?;
+    let topic = format!("{name}.{table}");
+    let start = Instant::now();
+    let recorded = loop {
+        if let Some(p) = progress(&stack, &d, &table)? {
+            if p.rows_done >= 20_000 && !p.is_done() {
+                break p.rows_done;
+            }
+            ensure!(!p.is_done(), "snapshot finished before it could be killed");
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(120),
+            "no snapshot progress: {}",
+            d.last_log()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    d.kill9();
+    let recorded = progress(&stack, &d, &table)?.map_or(recorded, |p| p.rows_done);
+    let before_kill = events(&stack, &topic)?.len();
+    pg.batch_execute(&format!(
+        "UPDATE {table} SET v = 2 WHERE id % 1000 = 0; DELETE FROM {table} WHERE id = 99999;"
+    ))
+    .await?;
+    d.start()?;
+    wait_snapshot_done(&stack, &mut d, &table).await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(120))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    let evs = events(&stack, &topic)?;
+    let after_restart = evs.len() - before_kill;
+    eprintln!("killed with {recorded} rows recorded and {before_kill} events in Kafka; {after_restart} events after the restart");
+    ensure!(
+        (after_restart as i64) < ROWS,
+        "the snapshot started over: {after_restart} events after the restart"
+    );
+    ensure!(
+        final_state(&evs) == source_state(&pg, &table).await?,
+        "events applied by position differ from the source"
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("addt");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.a (id int PRIMARY KEY, v int); INSERT INTO {name}.a SELECT g, 1 FROM generate_series(1, 100) g;")).await?;
+    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 50\n")?;
+    d.setup()?;
+    d.start()?;
+    wait_snapshot_done(&stack, &mut d, &format!("{name}.a")).await?;
+
+    // A table added to the capture set later: setup adds it, capture snapshots only it.
+    pg.batch_execute(&format!("CREATE TABLE {name}.b (id int PRIMARY KEY, v int); INSERT INTO {name}.b SELECT g, 2 FROM generate_series(1, 500) g;")).await?;
+    d.setup()?;
+    wait_snapshot_done(&stack, &mut d, &format!("{name}.b")).await?;
+    let target = current_wal_lsn(&pg).await?;
+    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
+        .await
+        .map_err(|e| e.context(d.last_log()))?;
+    let a = events(&stack, &format!("{name}.{name}.a"))?;
+    let b = events(&stack, &format!("{name}.{name}.b"))?;
+    ensure!(
+        a.iter().filter(|e| e.0 == "r").count() == 100,
+        "table a was not snapshotted again"
+    );
+    ensure!(
+        b.iter().filter(|e| e.0 == "r").count() == 500,
+        "table b snapshotted once"
+    );
+    ensure!(final_state(&b) == source_state(&pg, &format!("{name}.b")).await?);
+    ensure!(d.stop()?.success());
+
+    // The slot is dropped behind capture's back: refused, never silently re-created.
+    pg.execute("SELECT pg_drop_replication_slot($1)", &[&d.slot])
+        .await?;
+    d.start()?;
+    let status = d.wait_exit(Duration::from_secs(30))?;
+    ensure!(
+        matches!(status, Some(s) if !s.success()),
+        "capture must refuse a dropped slot: {}",
+        d.last_log()
+    );
+    ensure!(d.last_log().contains("on_slot_lost"), "{}", d.last_log());
+    // Configured to re-create: a new slot and a full re-snapshot.
+    d.env
+        .push(("WAL2DELTA__SOURCE__ON_SLOT_LOST".into(), "recreate".into()));
+    d.start()?;
+    let start = Instant::now();
+    while events(&stack, &format!("{name}.{name}.a"))?
+        .iter()
+        .filter(|e| e.0 == "r")
+        .count()
+        < 200
+    {
+        d.assert_running()?;
+        ensure!(
+            start.elapsed() < Duration::from_secs(120),
+            "no re-snapshot: {}",
+            d.last_log()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("throttle");
+    let pg = stack.connect().await?;
+    let table = format!("{name}.t");
+    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {table} (id int PRIMARY KEY, v int); INSERT INTO {table} SELECT g, 1 FROM generate_series(1, 1000) g;")).await?;
+    // A budget no slot can meet: the snapshot must wait, never read.
+    let mut d = Daemon::new(
+        &stack,
+        &name,
+        "[snapshot]\nchunk_rows = 100\nmax_retained_wal_bytes = 1\n",
+    )?;
+    d.setup()?;
+    d.start()?;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    d.assert_running()?;
+    ensure!(d.last_log().contains("snapshot paused"), "{}", d.last_log());
+    ensure!(
+        events(&stack, &format!("{name}.{table}"))?.is_empty(),
+        "no chunk may be read over budget"
+    );
+    d.stop()?;
+    // With room in the budget it goes on from where it stood.
+    d.env.push((
+        "WAL2DELTA__SNAPSHOT__MAX_RETAINED_WAL_BYTES".into(),
+        "1073741824".into(),
+    ));
+    d.start()?;
+    wait_snapshot_done(&stack, &mut d, &table).await?;
+    ensure!(
+        events(&stack, &format!("{name}.{table}"))?
+            .iter()
+            .filter(|e| e.0 == "r")
+            .count()
+            == 1000
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

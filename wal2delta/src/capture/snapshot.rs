@@ -1,0 +1,255 @@
+//! The snapshot task: reads existing rows of captured tables in key-ordered chunks while
+//! capture streams, and hands each chunk to the capture loop, which publishes it as `r`
+//! events and records the progress once Kafka acknowledged the whole chunk.
+//!
+//! See `wal2delta_cdc::snapshot` for why the result is consistent with the stream. The
+//! first pass of a newly created slot reads inside the slot's exported snapshot (one
+//! transaction); resumed snapshots and tables added later read each chunk in its own short
+//! transaction, so no long transaction holds back vacuum on the source.
+//!
+//! Throttle: before each chunk, the slot's retained WAL is compared with
+//! `[snapshot] max_retained_wal_bytes`; above it the task waits while the stream catches
+//! up (the stream keeps running, so the slot moves and the retained WAL shrinks).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use tokio::sync::{mpsc, oneshot};
+use wal2delta_cdc::catalog::TypeCatalog;
+use wal2delta_cdc::snapshot::{estimate_rows, table_schema, Chunker};
+use wal2delta_cdc::{source, CdcError};
+use wal2delta_model::{Change, ChangeOp, Lsn, Row, TableName, TableSchema, TxPosition};
+use wal2delta_stream::snapshots::SnapshotProgress;
+
+use crate::metrics as m;
+
+/// One chunk ready to publish.
+pub struct SnapshotChunk {
+    pub schema: Arc<TableSchema>,
+    pub changes: Vec<Change>,
+    /// Rows that could not be decoded, for the DLQ.
+    pub undecodable: Vec<(String, wal2delta_cdc::decoder::RawRow)>,
+    /// The table's progress once this chunk is in Kafka.
+    pub progress: SnapshotProgress,
+}
+
+/// What the task needs.
+pub struct SnapshotPlan {
+    pub dsn: String,
+    pub slot: String,
+    pub publication: String,
+    pub chunk_rows: usize,
+    pub max_retained_wal_bytes: u64,
+    /// Progress recorded so far, by `schema.table`.
+    pub progress: HashMap<String, SnapshotProgress>,
+    /// The snapshot exported by a slot this session created, with its consistent point,
+    /// and who to tell once it is imported (the exporting connection may then close).
+    pub exported: Option<(String, Lsn, oneshot::Sender<()>)>,
+}
+
+fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+/// How often the task looks for tables added to the publication.
+const RECHECK: Duration = Duration::from_secs(15);
+
+/// Runs until the receiver is gone. Returns an error only for failures of the source.
+pub async fn run(mut plan: SnapshotPlan, out: mpsc::Sender<SnapshotChunk>) -> Result<(), CdcError> {
+    let client = source::connect(&plan.dsn).await?;
+    let mut types = TypeCatalog::default();
+    loop {
+        let tables = publication_tables(&client, &plan.publication).await?;
+        let pending: Vec<TableName> = tables
+            .into_iter()
+            .filter(|t| {
+                !plan
+                    .progress
+                    .get(&t.to_string())
+                    .is_some_and(|p| p.is_done())
+            })
+            .collect();
+        if let Some((name, lsn, imported)) = plan.exported.take() {
+            // The first pass of a new slot: one transaction in the exported snapshot.
+            Chunker::begin_exported(&client, &name).await?;
+            let _ = imported.send(());
+            tracing::info!(tables = pending.len(), consistent_point = %lsn, "initial snapshot started in the slot's exported snapshot");
+            for table in &pending {
+                if !snapshot_table(&client, &mut types, &mut plan, table, Some(lsn), &out).await? {
+                    return Ok(());
+                }
+            }
+            Chunker::commit(&client).await?;
+        } else if !pending.is_empty() {
+            tracing::info!(
+                tables = pending.len(),
+                "snapshot of tables without a completed snapshot started"
+            );
+            for table in &pending {
+                if !snapshot_table(&client, &mut types, &mut plan, table, None, &out).await? {
+                    return Ok(());
+                }
+            }
+        }
+        metrics::gauge!(m::SNAPSHOT_TABLES_PENDING).set(0.0);
+        tokio::select! {
+            _ = tokio::time::sleep(RECHECK) => {}
+            _ = out.closed() => return Ok(()),
+        }
+    }
+}
+
+/// Snapshots one table; `exported` is the position of the open exported snapshot, or
+/// `None` to read each chunk in a fresh transaction. False when capture went away.
+async fn snapshot_table(
+    client: &tokio_postgres::Client,
+    types: &mut TypeCatalog,
+    plan: &mut SnapshotPlan,
+    table: &TableName,
+    exported: Option<Lsn>,
+    out: &mpsc::Sender<SnapshotChunk>,
+) -> Result<bool, CdcError> {
+    let (schema, pk) = table_schema(client, types, table).await?;
+    let schema = Arc::new(schema);
+    let chunker = Chunker::new(schema.clone(), &pk);
+    let key = table.to_string();
+    let mut progress = match plan.progress.get(&key) {
+        Some(p) => p.clone(),
+        None => SnapshotProgress {
+            table: key.clone(),
+            state: "running".into(),
+            last_key: None,
+            rows_done: 0,
+            rows_estimate: estimate_rows(client, table).await?.max(0) as u64,
+            ts_ms: now_ms(),
+        },
+    };
+    if pk.is_empty() {
+        tracing::warn!(table = %table, "table has no primary key: its snapshot is chunked by ctid");
+    }
+    tracing::info!(table = %table, rows_estimate = progress.rows_estimate, resume_after_rows = progress.rows_done, "snapshot of table started");
+    let started = Instant::now();
+    let mut logged = Instant::now();
+    loop {
+        throttle(client, &plan.slot, plan.max_retained_wal_bytes, out).await?;
+        let position = match exported {
+            Some(lsn) => lsn,
+            None => Chunker::begin_fresh(client).await?,
+        };
+        let chunk = chunker
+            .read(client, progress.last_key.as_deref(), plan.chunk_rows)
+            .await;
+        if exported.is_none() {
+            // Read-only: ending it either way is fine; commit even after an error.
+            let _ = Chunker::commit(client).await;
+        }
+        let chunk = chunk?;
+        let ts = now_ms() * 1000;
+        let first_ordinal = progress.rows_done;
+        let changes: Vec<Change> = chunk
+            .rows
+            .into_iter()
+            .enumerate()
+            .map(|(i, row): (usize, Row)| Change {
+                table: table.clone(),
+                op: ChangeOp::Read,
+                before: None,
+                after: Some(row),
+                position: TxPosition {
+                    commit_lsn: position,
+                    lsn: position,
+                    ordinal: first_ordinal + i as u64 + 1,
+                    xid: 0,
+                    commit_ts_us: ts,
+                },
+            })
+            .collect();
+        progress.rows_done += (changes.len() + chunk.undecodable.len()) as u64;
+        progress.ts_ms = now_ms();
+        match &chunk.next_after {
+            Some(k) => progress.last_key = Some(k.clone()),
+            None => progress.state = "done".into(),
+        }
+        metrics::gauge!(m::SNAPSHOT_ROWS_READ, "table" => key.clone())
+            .set(progress.rows_done as f64);
+        metrics::gauge!(m::SNAPSHOT_ROWS_ESTIMATE, "table" => key.clone())
+            .set(progress.rows_estimate as f64);
+        let done = progress.is_done();
+        let item = SnapshotChunk {
+            schema: schema.clone(),
+            changes,
+            undecodable: chunk.undecodable,
+            progress: progress.clone(),
+        };
+        if out.send(item).await.is_err() {
+            return Ok(false);
+        }
+        if logged.elapsed() > Duration::from_secs(10) || done {
+            tracing::info!(table = %table, rows_done = progress.rows_done, rows_estimate = progress.rows_estimate, elapsed_s = started.elapsed().as_secs(), done, "snapshot progress");
+            logged = Instant::now();
+        }
+        if done {
+            plan.progress.insert(key, progress);
+            return Ok(true);
+        }
+    }
+}
+
+/// Waits while the slot retains more WAL than the budget.
+async fn throttle(
+    client: &tokio_postgres::Client,
+    slot: &str,
+    budget: u64,
+    out: &mpsc::Sender<SnapshotChunk>,
+) -> Result<(), CdcError> {
+    let mut warned = false;
+    loop {
+        let retained: Option<i64> = client
+            .query_opt(
+                "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint FROM pg_replication_slots WHERE slot_name = $1",
+                &[&slot],
+            )
+            .await?
+            .and_then(|r| r.get(0));
+        let retained = retained.unwrap_or(0).max(0) as u64;
+        if retained <= budget || out.is_closed() {
+            if warned {
+                tracing::info!(
+                    retained_bytes = retained,
+                    "snapshot resumed: retained WAL back under budget"
+                );
+            }
+            return Ok(());
+        }
+        if !warned {
+            tracing::warn!(
+                retained_bytes = retained,
+                budget_bytes = budget,
+                "snapshot paused: the slot retains more WAL than [snapshot] max_retained_wal_bytes"
+            );
+            warned = true;
+        }
+        metrics::counter!(m::SNAPSHOT_THROTTLED).increment(1);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+async fn publication_tables(
+    client: &tokio_postgres::Client,
+    publication: &str,
+) -> Result<Vec<TableName>, CdcError> {
+    let rows = client
+        .query(
+            "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2",
+            &[&publication],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+        .collect())
+}
