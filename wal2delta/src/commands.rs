@@ -147,13 +147,14 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
         .await?
         .ok_or_else(|| anyhow!("replication slot {:?} disappeared", config.source.slot))?;
     let wal_rate = rate.sample(std::time::Instant::now(), info.current_wal);
+    let snapshots = snapshot_progress(config).await;
     if json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&health::to_json(&info, wal_rate))?
-        );
+        let mut doc = health::to_json(&info, wal_rate);
+        doc["stages"]["snapshot"] = health::snapshot_json(&snapshots);
+        println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", health::to_text(&info, wal_rate));
+        print!("{}", health::snapshot_text(&snapshots));
     }
     // A lost slot is an emergency: say so in the exit code too.
     Ok(if info.is_lost() {
@@ -161,4 +162,25 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Snapshot progress from Kafka; `Err` with the reason when it cannot be read.
+async fn snapshot_progress(
+    config: &Config,
+) -> Result<std::collections::HashMap<String, wal2delta_stream::snapshots::SnapshotProgress>, String>
+{
+    let (brokers, topic, slot) = (
+        config.kafka.brokers.clone(),
+        config.kafka.snapshots_topic(),
+        config.source.slot.clone(),
+    );
+    let read = tokio::task::spawn_blocking(move || {
+        wal2delta_stream::snapshots::load(&brokers, &topic, &slot)
+    });
+    match tokio::time::timeout(std::time::Duration::from_secs(20), read).await {
+        Ok(Ok(Ok(p))) => Ok(p),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("Kafka did not answer within 20 s".into()),
+    }
 }

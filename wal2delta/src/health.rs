@@ -167,3 +167,52 @@ pub fn to_text(info: &SlotInfo, wal_rate: Option<f64>) -> String {
     );
     out
 }
+
+type Snapshots = Result<
+    std::collections::HashMap<String, wal2delta_stream::snapshots::SnapshotProgress>,
+    String,
+>;
+
+/// Snapshot progress per table for `status --json`.
+pub fn snapshot_json(snapshots: &Snapshots) -> serde_json::Value {
+    match snapshots {
+        Err(e) => json!({ "error": e }),
+        Ok(map) => {
+            let tables: serde_json::Map<String, serde_json::Value> = map
+                .values()
+                .map(|p| {
+                    (p.table.clone(), json!({ "state": p.state, "rows_done": p.rows_done, "rows_estimate": p.rows_estimate }))
+                })
+                .collect();
+            json!({ "tables": tables })
+        }
+    }
+}
+
+/// Snapshot progress per table for `status`.
+pub fn snapshot_text(snapshots: &Snapshots) -> String {
+    match snapshots {
+        Err(e) => format!("snapshot progress unavailable: {e}\n"),
+        Ok(map) if map.is_empty() => "snapshot: none recorded\n".to_owned(),
+        Ok(map) => {
+            let mut tables: Vec<_> = map.values().collect();
+            tables.sort_by(|a, b| a.table.cmp(&b.table));
+            let mut out = String::from("snapshot:\n");
+            for p in tables {
+                let pct = if p.rows_estimate > 0 && !p.is_done() {
+                    format!(
+                        " (~{:.0}%)",
+                        100.0 * p.rows_done as f64 / p.rows_estimate as f64
+                    )
+                } else {
+                    String::new()
+                };
+                out += &format!(
+                    "  {:<40} {:<8} {} rows of ~{}{pct}\n",
+                    p.table, p.state, p.rows_done, p.rows_estimate
+                );
+            }
+            out
+        }
+    }
+}
