@@ -6,23 +6,8 @@ use std::time::Duration;
 use anyhow::Result;
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
-
-fn long(v: Option<&Value>) -> Option<i64> {
-    match v.map(unwrap_union) {
-        Some(Value::Long(n)) => Some(*n),
-        Some(Value::Int(n)) => Some(i64::from(*n)),
-        _ => None,
-    }
-}
-
-fn string(v: Option<&Value>) -> Option<String> {
-    match v.map(unwrap_union) {
-        Some(Value::String(s)) => Some(s.clone()),
-        _ => None,
-    }
-}
+use wal2delta_tests::kafka::{field, long, read_topic, string, unwrap_union, AvroDecoder};
+use wal2delta_tests::{cleanup, unique, Stack};
 
 fn is_null(v: Option<&Value>) -> bool {
     matches!(v.map(unwrap_union), Some(Value::Null))
@@ -95,10 +80,7 @@ async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
          BEGIN; INSERT INTO {name}.dflt VALUES (3, 'x', 'y'); TRUNCATE {name}.dflt; COMMIT;"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
 
     let dflt = events(&stack, &format!("{name}.{name}.dflt"), 7)?;
     let ops: Vec<&str> = dflt.iter().map(|e| e.op.as_str()).collect();
@@ -158,10 +140,7 @@ async fn add_column_mid_stream_registers_a_new_version_without_restart() -> Resu
          INSERT INTO {name}.t VALUES (2, 'b', 8);"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     d.assert_running()?;
     let evs = events(&stack, &format!("{name}.{name}.t"), 2)?;
     assert_eq!(evs.len(), 2);
@@ -200,10 +179,7 @@ async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
         "INSERT INTO {name}.t VALUES (1, '{{1,2}}'); INSERT INTO {name}.t VALUES (2, '{{{{1,2}},{{3,4}}}}'); INSERT INTO {name}.t VALUES (3, '{{3}}');"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     d.assert_running()?;
     let good = events(&stack, &format!("{name}.{name}.t"), 2)?;
     assert_eq!(
@@ -254,10 +230,7 @@ async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
          INSERT INTO {name}.t VALUES (2, 'two');"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     d.assert_running()?;
     let good = events(&stack, &format!("{name}.{name}.t"), 1)?;
     assert_eq!(good.len(), 1);

@@ -16,18 +16,10 @@ use apache_avro::types::Value;
 use rand::Rng;
 use wal2delta_model::Lsn;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, current_wal_lsn, slot_confirmed, unique, wait_confirmed, Stack};
+use wal2delta_tests::kafka::{field, long, read_topic, AvroDecoder};
+use wal2delta_tests::{cleanup, slot_confirmed, unique, Stack};
 
 const TARGET_CHANGES: usize = 100_000;
-
-fn long(v: Option<&Value>) -> Option<i64> {
-    match v.map(unwrap_union) {
-        Some(Value::Long(n)) => Some(*n),
-        Some(Value::Int(n)) => Some(i64::from(*n)),
-        _ => None,
-    }
-}
 
 /// (id, v) of every event's after image, and the number of events.
 /// What a topic holds: (id, v) of every after image, the event count, the partitions used.
@@ -191,10 +183,7 @@ async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
         .flat_map(|t| t.changes.iter().copied())
         .collect();
     ensure!(expected.len() >= TARGET_CHANGES);
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(600))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(600)).await?;
     d.assert_running()?;
     let InKafka {
         changes: in_kafka,

@@ -6,8 +6,8 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder, Record};
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+use wal2delta_tests::kafka::{field, long, read_topic, AvroDecoder, Record};
+use wal2delta_tests::{cleanup, unique, Stack};
 
 fn decoded(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<(Record, Value)>> {
     let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
@@ -15,14 +15,6 @@ fn decoded(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<(Record, Val
     recs.into_iter()
         .map(|r| dec.decode(&r.payload).map(|v| (r, v)))
         .collect()
-}
-
-fn as_i64(v: Option<&Value>) -> Option<i64> {
-    match v.map(unwrap_union) {
-        Some(Value::Long(n)) => Some(*n),
-        Some(Value::Int(n)) => Some(i64::from(*n)),
-        _ => None,
-    }
 }
 
 fn op(v: &Value) -> String {
@@ -56,10 +48,7 @@ async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
          INSERT INTO {name}.t VALUES (5, 5, 5, 'y');"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     d.assert_running()?;
     let events = decoded(&stack, &format!("{name}.{name}.t"), 5)?;
     ensure!(
@@ -81,7 +70,7 @@ async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
         field(&after[2], "a")
     );
     ensure!(
-        as_i64(field(&after[3], "renamed")) == Some(4) && field(&after[3], "c").is_none(),
+        long(field(&after[3], "renamed")) == Some(4) && field(&after[3], "c").is_none(),
         "renamed column"
     );
     ensure!(
@@ -139,17 +128,14 @@ async fn partitions_are_published_under_the_root_including_new_ones() -> Result<
          UPDATE {name}.orders SET amount = 21 WHERE id = 2;"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     let events = decoded(&stack, &format!("{name}.{name}.orders"), 3)?;
     let ops: Vec<String> = events.iter().map(|(_, v)| op(v)).collect();
     ensure!(ops == ["c", "c", "u"], "{ops:?}");
     let ids: Vec<Option<i64>> = events
         .iter()
         .map(|(_, v)| {
-            as_i64(field(
+            long(field(
                 &field(v, "after").cloned().unwrap_or(Value::Null),
                 "id",
             ))
@@ -188,10 +174,7 @@ async fn truncate_is_ordered_after_the_rows_in_every_partition() -> Result<()> {
     d.setup()?;
     d.start()?;
     pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 60); TRUNCATE {name}.t; INSERT INTO {name}.t VALUES (1000);")).await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     let events = decoded(&stack, &format!("{name}.{name}.t"), 64)?;
     ensure!(
         events.len() == 64,

@@ -7,7 +7,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::read_topic;
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+use wal2delta_tests::{cleanup, unique, Stack};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
@@ -25,10 +25,7 @@ async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
         "INSERT INTO {name}.t SELECT generate_series(1, 10)"
     ))
     .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     ensure!(d.stop()?.success(), "clean stop: {}", d.last_log());
     // A normal restart is accepted.
     d.start()?;
@@ -71,10 +68,7 @@ async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
     d.start_with(&["--allow-slot-ahead"])?;
     pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (100)"))
         .await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     ensure!(d.stop()?.success());
     d.start()?;
     tokio::time::sleep(Duration::from_secs(2)).await;

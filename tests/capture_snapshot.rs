@@ -9,16 +9,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, read_topic_to_end, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
-
-fn long(v: Option<&Value>) -> Option<i64> {
-    match v.map(unwrap_union) {
-        Some(Value::Long(n)) => Some(*n),
-        Some(Value::Int(n)) => Some(i64::from(*n)),
-        _ => None,
-    }
-}
+use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
+use wal2delta_tests::{cleanup, unique, Stack};
 
 /// One event: (op, id, v, position as (commit LSN, ordinal)).
 type Event = (String, i64, Option<i64>, (i64, i64));
@@ -126,10 +118,7 @@ async fn initial_snapshot_with_concurrent_writes_matches_the_source() -> Result<
         .await?;
     }
     wait_snapshot_done(&stack, &mut d, &table).await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(120))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(120)).await?;
     let evs = events(&stack, &format!("{name}.{table}"))?;
     let reads = evs.iter().filter(|e| e.0 == "r").count();
     ensure!(
@@ -189,10 +178,7 @@ async fn killed_snapshot_resumes_after_the_last_recorded_chunk() -> Result<()> {
     .await?;
     d.start()?;
     wait_snapshot_done(&stack, &mut d, &table).await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(120))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(120)).await?;
     let evs = events(&stack, &topic)?;
     let after_restart = evs.len() - before_kill;
     eprintln!("killed with {recorded} rows recorded and {before_kill} events in Kafka; {after_restart} events after the restart");
@@ -224,10 +210,7 @@ async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Res
     pg.batch_execute(&format!("CREATE TABLE {name}.b (id int PRIMARY KEY, v int); INSERT INTO {name}.b SELECT g, 2 FROM generate_series(1, 500) g;")).await?;
     d.setup()?;
     wait_snapshot_done(&stack, &mut d, &format!("{name}.b")).await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     let a = events(&stack, &format!("{name}.{name}.a"))?;
     let b = events(&stack, &format!("{name}.{name}.b"))?;
     ensure!(

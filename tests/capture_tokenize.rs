@@ -9,15 +9,8 @@ use apache_avro::types::Value;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, read_topic, read_topic_to_end, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
-
-fn string(v: Option<&Value>) -> Option<String> {
-    match v.map(unwrap_union) {
-        Some(Value::String(s)) => Some(s.clone()),
-        _ => None,
-    }
-}
+use wal2delta_tests::kafka::{field, read_topic, read_topic_to_end, string, AvroDecoder};
+use wal2delta_tests::{cleanup, unique, Stack};
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack
@@ -63,10 +56,7 @@ async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
     // An undecodable row (two-dimensional array) of the same table: its dead letter
     // carries the raw row, which must be tokenized too.
     pg.execute(&format!("INSERT INTO {name}.tx VALUES (9, '3714496353984312', 'erin@example.com', 1, '{{{{1}},{{2}}}}')"), &[]).await?;
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     d.assert_running()?;
 
     // Events: tokens, deterministic, with the last four digits of the card and the key id.

@@ -12,7 +12,7 @@ use wal2delta_model::ColumnType;
 use wal2delta_stream::avro::types::from_avro;
 use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, wait_confirmed, Stack};
+use wal2delta_tests::{cleanup, unique, Stack};
 
 /// (column type, values as SQL literals). Each value becomes one row; the other columns
 /// of that row stay NULL.
@@ -190,10 +190,7 @@ async fn every_type_round_trips_exactly() -> Result<()> {
     id += 1;
     pg.batch_execute(&format!("INSERT INTO {name}.t (id) VALUES ({id})"))
         .await?; // all NULL
-    let target = current_wal_lsn(&pg).await?;
-    wait_confirmed(&pg, &d.slot, target, Duration::from_secs(60))
-        .await
-        .map_err(|e| e.context(d.last_log()))?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
 
     // Column types as capture resolves them.
     let mut catalog = TypeCatalog::default();

@@ -176,6 +176,19 @@ listen = "127.0.0.1:0"
         Ok(None)
     }
 
+    /// Waits until the slot is confirmed past everything written so far on `pg`
+    /// (failing with the daemon's log after `timeout`).
+    pub async fn wait_caught_up(
+        &self,
+        pg: &tokio_postgres::Client,
+        timeout: Duration,
+    ) -> Result<wal2delta_model::Lsn> {
+        let target = crate::current_wal_lsn(pg).await?;
+        crate::wait_confirmed(pg, &self.slot, target, timeout)
+            .await
+            .map_err(|e| e.context(self.last_log()))
+    }
+
     /// Fails if the daemon exited (with its log) — used while waiting for progress.
     pub fn assert_running(&mut self) -> Result<()> {
         if let Some(c) = self.child.as_mut() {

@@ -200,6 +200,23 @@ pub fn field<'a>(v: &'a Value, name: &str) -> Option<&'a Value> {
     }
 }
 
+/// An int or long field value.
+pub fn long(v: Option<&Value>) -> Option<i64> {
+    match v.map(unwrap_union) {
+        Some(Value::Long(n)) => Some(*n),
+        Some(Value::Int(n)) => Some(i64::from(*n)),
+        _ => None,
+    }
+}
+
+/// A string field value.
+pub fn string(v: Option<&Value>) -> Option<String> {
+    match v.map(unwrap_union) {
+        Some(Value::String(s)) => Some(s.clone()),
+        _ => None,
+    }
+}
+
 pub fn unwrap_union(v: &Value) -> &Value {
     match v {
         Value::Union(_, inner) => unwrap_union(inner),

@@ -224,6 +224,7 @@ async fn session(
     // The snapshot task, when there is anything to snapshot.
     let (snapshot_tx, mut snapshot_rx) = mpsc::channel::<SnapshotChunk>(2);
     let mut snapshot_task = None;
+    let mut snapshot_open = true;
     if snapshot_on || exported.is_some() {
         let progress = if reset_progress {
             Default::default()
@@ -261,6 +262,7 @@ async fn session(
         }
     } else {
         drop(snapshot_tx);
+        snapshot_open = false;
     }
 
     // Large transactions: PostgreSQL 14+ streams them while in progress (protocol 2) into
@@ -351,7 +353,7 @@ async fn session(
                 tracing::info!(confirmed_lsn = %state.tracker.confirmed(), in_flight = state.tracker.in_flight(), events = state.events, events_per_s = rate as u64, "capture progress");
                 progress_at = (Instant::now(), state.events);
             }
-            chunk = snapshot_rx.recv(), if state.token.is_none() && can_read => {
+            chunk = snapshot_rx.recv(), if snapshot_open && state.token.is_none() && can_read => {
                 match chunk {
                     Some(chunk) => {
                         state.snapshot_chunk(chunk, &mut publisher).await?;
@@ -368,7 +370,8 @@ async fn session(
                                 Err(e) => return Err(SessionError::Operator(format!("snapshot task failed: {e}"))),
                             }
                         }
-                        snapshot_rx = mpsc::channel(1).1;
+                        // Closed for good: stop polling it (a closed channel is always ready).
+                        snapshot_open = false;
                     }
                 }
             }
