@@ -1,0 +1,291 @@
+//! The capture session's state: the acknowledgement tracker, the open transaction, the
+//! position log and snapshot chunks in flight, and how each decoded message is published.
+
+use super::*;
+
+pub(super) struct State {
+    pub(super) tracker: AckTracker,
+    pub(super) decoder: Decoder,
+    /// Replaces sensitive values before anything is encoded (promise 5).
+    pub(super) tokenizer: Option<Tokenizer>,
+    pub(super) slot: String,
+    pub(super) positions_topic: String,
+    /// The highest LSN the position log holds (acknowledged by Kafka); PostgreSQL is
+    /// never told more than this.
+    pub(super) position_acked: Lsn,
+    /// A position record sent and not yet acknowledged.
+    pub(super) position_in_flight: Option<Lsn>,
+    pub(super) snapshots_topic: String,
+    /// Snapshot chunks not yet fully acknowledged: events pending and the progress to
+    /// record once they are.
+    pub(super) snapshot_chunks: std::collections::VecDeque<(AckToken, usize, SnapshotProgress)>,
+    /// Progress of chunks that are in Kafka, to record.
+    pub(super) progress_ready: Vec<SnapshotProgress>,
+    /// The open transaction's token, between Begin and Commit.
+    pub(super) token: Option<AckToken>,
+    pub(super) received: Lsn,
+    pub(super) sent_flush: Lsn,
+    pub(super) last_status: Instant,
+    pub(super) events: u64,
+}
+
+impl State {
+    pub(super) fn ack(&mut self, token: AckToken) {
+        if let Some((_, pending, _)) = self
+            .snapshot_chunks
+            .iter_mut()
+            .find(|(t, _, _)| *t == token)
+        {
+            *pending = pending.saturating_sub(1);
+            self.complete_snapshot_chunks();
+        }
+        let before = self.tracker.open_transactions();
+        if let Some(lsn) = self.tracker.acked(token) {
+            metrics::gauge!(m::CAPTURE_CONFIRMED_LSN).set(lsn.0 as f64);
+        }
+        let released = before - self.tracker.open_transactions();
+        if released > 0 {
+            metrics::counter!(m::CAPTURE_TRANSACTIONS).increment(released as u64);
+        }
+    }
+
+    pub(super) async fn handle(
+        &mut self,
+        decoded: Decoded,
+        publisher: &mut Publisher,
+    ) -> Result<(), SessionError> {
+        match decoded {
+            Decoded::Begin { .. } => self.token = Some(self.tracker.begin()),
+            Decoded::Commit { end_lsn, .. } => {
+                let token = self.open_token()?;
+                let before = self.tracker.open_transactions();
+                self.tracker.seal(token, end_lsn);
+                let released = before - self.tracker.open_transactions();
+                if released > 0 {
+                    metrics::counter!(m::CAPTURE_TRANSACTIONS).increment(released as u64);
+                }
+                self.token = None;
+            }
+            Decoded::Relation(schema) => {
+                let view = self.published_schema(&schema);
+                publisher.relation(&view).await?
+            }
+            Decoded::Change { schema, mut change } => {
+                let token = self.open_token()?;
+                let view = self.published_schema(&schema);
+                let key_id = match &self.tokenizer {
+                    Some(t) => {
+                        t.change(&schema, &mut change);
+                        t.key_id_for(&schema.table)
+                    }
+                    None => None,
+                };
+                publisher
+                    .change(&mut self.tracker, token, &view, &change, now_ms(), key_id)
+                    .await?;
+                self.events += 1;
+            }
+            Decoded::Truncate(changes) => {
+                let token = self.open_token()?;
+                for (schema, change) in changes {
+                    let view = self.published_schema(&schema);
+                    let key_id = self
+                        .tokenizer
+                        .as_ref()
+                        .and_then(|t| t.key_id_for(&schema.table));
+                    publisher
+                        .change(&mut self.tracker, token, &view, &change, now_ms(), key_id)
+                        .await?;
+                    self.events += 1;
+                }
+            }
+            ref d @ Decoded::Undecodable {
+                ref table, ref raw, ..
+            } => {
+                let token = self.open_token()?;
+                let raw_text = match &self.tokenizer {
+                    Some(t) => t.raw(table, raw),
+                    None => raw.render(|_, text| text.to_owned()),
+                };
+                publisher
+                    .undecodable(&mut self.tracker, token, d, raw_text)
+                    .await?;
+            }
+            Decoded::Message { .. } | Decoded::Nothing => {}
+        }
+        Ok(())
+    }
+
+    /// Writes the tracker's confirmable LSN to the position log when it moved and no record
+    /// is on its way.
+    pub(super) async fn record_position(
+        &mut self,
+        publisher: &Publisher,
+    ) -> Result<(), SessionError> {
+        let target = self.tracker.confirmed();
+        if target > self.position_acked && self.position_in_flight.is_none() {
+            publisher
+                .record_position(&self.positions_topic, &self.slot, target, now_ms())
+                .await?;
+            self.position_in_flight = Some(target);
+        }
+        Ok(())
+    }
+
+    /// Applies one delivery report.
+    pub(super) fn delivered(
+        &mut self,
+        d: wal2delta_stream::producer::Delivery,
+    ) -> Result<(), SessionError> {
+        if let Err(e) = d.result {
+            return Err(SessionError::Delivery(e.to_string()));
+        }
+        if d.token == POSITION_TOKEN {
+            self.position_delivered();
+        } else if d.token != PROGRESS_TOKEN {
+            self.ack(d.token);
+        }
+        Ok(())
+    }
+
+    /// Publishes one snapshot chunk as `r` events under its own token. It never moves the
+    /// slot (sealed at 0/0); its progress is recorded once Kafka has all of it.
+    pub(super) async fn snapshot_chunk(
+        &mut self,
+        chunk: SnapshotChunk,
+        publisher: &mut Publisher,
+    ) -> Result<(), SessionError> {
+        let token = self.tracker.begin();
+        let view = self.published_schema(&chunk.schema);
+        let key_id = self
+            .tokenizer
+            .as_ref()
+            .and_then(|t| t.key_id_for(&chunk.schema.table))
+            .map(str::to_owned);
+        for mut change in chunk.changes {
+            if let Some(t) = &self.tokenizer {
+                t.change(&chunk.schema, &mut change);
+            }
+            publisher
+                .change(
+                    &mut self.tracker,
+                    token,
+                    &view,
+                    &change,
+                    now_ms(),
+                    key_id.as_deref(),
+                )
+                .await?;
+            self.events += 1;
+        }
+        for (reason, raw) in chunk.undecodable {
+            let raw = match &self.tokenizer {
+                Some(t) => t.raw(&chunk.schema.table, &raw),
+                None => raw.render(|_, text| text.to_owned()),
+            };
+            publisher
+                .snapshot_dead_letter(&mut self.tracker, token, &chunk.schema.table, &reason, raw)
+                .await?;
+        }
+        let pending = self.tracker.pending(token);
+        self.tracker.seal(token, Lsn::ZERO);
+        metrics::gauge!(m::SNAPSHOT_TABLES_PENDING).set(if chunk.progress.is_done() {
+            0.0
+        } else {
+            1.0
+        });
+        self.snapshot_chunks
+            .push_back((token, pending, chunk.progress));
+        self.complete_snapshot_chunks();
+        Ok(())
+    }
+
+    /// Moves the progress of fully acknowledged chunks, in chunk order, to be recorded: a
+    /// chunk's progress is recorded only after every earlier chunk's.
+    pub(super) fn complete_snapshot_chunks(&mut self) {
+        while self
+            .snapshot_chunks
+            .front()
+            .is_some_and(|(_, pending, _)| *pending == 0)
+        {
+            if let Some((_, _, progress)) = self.snapshot_chunks.pop_front() {
+                self.progress_ready.push(progress);
+            }
+        }
+    }
+
+    /// Records the progress of chunks Kafka has acknowledged.
+    pub(super) async fn record_progress(
+        &mut self,
+        publisher: &Publisher,
+    ) -> Result<(), SessionError> {
+        for p in std::mem::take(&mut self.progress_ready) {
+            let key = SnapshotProgress::key(&self.slot, &p.table);
+            publisher
+                .producer
+                .send(
+                    &self.snapshots_topic,
+                    Some(0),
+                    Some(key.as_bytes()),
+                    &p.to_json(),
+                    PROGRESS_TOKEN,
+                )
+                .await?;
+            metrics::gauge!(m::SNAPSHOT_ROWS_PUBLISHED, "table" => p.table.clone())
+                .set(p.rows_done as f64);
+            if p.is_done() {
+                tracing::info!(table = %p.table, rows = p.rows_done, "snapshot of table complete and in Kafka");
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn position_delivered(&mut self) {
+        if let Some(lsn) = self.position_in_flight.take() {
+            self.position_acked = self.position_acked.max(lsn);
+        }
+    }
+
+    /// The schema events of this table are published with (tokenized columns as text).
+    pub(super) fn published_schema(
+        &mut self,
+        schema: &std::sync::Arc<wal2delta_model::TableSchema>,
+    ) -> std::sync::Arc<wal2delta_model::TableSchema> {
+        match &mut self.tokenizer {
+            Some(t) => t.schema(schema),
+            None => schema.clone(),
+        }
+    }
+
+    pub(super) fn open_token(&self) -> Result<AckToken, SessionError> {
+        self.token.ok_or_else(|| {
+            SessionError::Cdc(CdcError::Protocol("change outside a transaction".into()))
+        })
+    }
+
+    /// Sends a standby status update: at once when the server asked, otherwise at most
+    /// once per interval. The flush position comes only from the tracker and never moves
+    /// backwards.
+    pub(super) async fn status(
+        &mut self,
+        stream: &mut ReplicationStream,
+        force: bool,
+        every: Duration,
+    ) -> Result<(), SessionError> {
+        // Only what the position log already holds may be confirmed to PostgreSQL.
+        let flush = self
+            .tracker
+            .confirmed()
+            .min(self.position_acked)
+            .max(self.sent_flush);
+        if !force && flush == self.sent_flush && self.last_status.elapsed() < every {
+            return Ok(());
+        }
+        stream
+            .send_status(self.received.max(flush), flush, false)
+            .await?;
+        self.sent_flush = flush;
+        self.last_status = Instant::now();
+        Ok(())
+    }
+}
