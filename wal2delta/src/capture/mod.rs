@@ -220,6 +220,16 @@ async fn session(
             tracing::info!(slot = %slot_name, consistent_point = %e.consistent_point, "created replication slot with an exported snapshot");
             let point = e.consistent_point;
             exported = Some(e);
+            record_new_slot(
+                config,
+                &publisher,
+                &mut deliveries,
+                &positions_topic,
+                &snapshots_topic,
+                point,
+                reset_progress,
+            )
+            .await?;
             point
         }
     };
@@ -438,7 +448,7 @@ async fn session(
 }
 
 use startup::{
-    check_slot_position, load_snapshot_progress, quote_literal, recorded_position,
+    check_slot_position, load_snapshot_progress, quote_literal, record_new_slot, recorded_position,
     report_slot_health,
 };
 use state::State;

@@ -128,6 +128,7 @@ async fn snapshot_table(
             ts_ms: now_ms(),
         },
     };
+    progress.state = "running".into();
     if pk.is_empty() {
         tracing::warn!(table = %table, "table has no primary key: its snapshot is chunked by ctid");
     }

@@ -92,3 +92,68 @@ pub(super) fn check_slot_position(
 pub(super) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
+
+/// After this session created the slot: records its consistent point in the position log
+/// (so a crash before the first confirmation is not mistaken, at the next start, for a
+/// slot moved behind capture's back) and, when the slot was re-created, marks every
+/// table's snapshot to be done again (so a crash during the re-snapshot cannot leave a
+/// table counted as done from the old slot). Waits until Kafka acknowledged all of it.
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn record_new_slot(
+    config: &Config,
+    publisher: &Publisher,
+    deliveries: &mut mpsc::UnboundedReceiver<wal2delta_stream::producer::Delivery>,
+    positions_topic: &str,
+    snapshots_topic: &str,
+    point: Lsn,
+    reset: bool,
+) -> Result<(), SessionError> {
+    let slot = &config.source.slot;
+    publisher
+        .record_position(positions_topic, slot, point, now_ms())
+        .await?;
+    let mut expected = 1;
+    if reset {
+        for old in load_snapshot_progress(config, snapshots_topic)
+            .await?
+            .into_values()
+        {
+            let p = SnapshotProgress {
+                state: "reset".into(),
+                last_key: None,
+                rows_done: 0,
+                ts_ms: now_ms(),
+                ..old
+            };
+            let key = SnapshotProgress::key(slot, &p.table);
+            publisher
+                .producer
+                .send(
+                    snapshots_topic,
+                    Some(0),
+                    Some(key.as_bytes()),
+                    &p.to_json(),
+                    PROGRESS_TOKEN,
+                )
+                .await?;
+            expected += 1;
+        }
+    }
+    publisher.producer.flush(Duration::from_secs(30));
+    let mut acknowledged = 0;
+    while acknowledged < expected {
+        match tokio::time::timeout(Duration::from_secs(5), deliveries.recv()).await {
+            Ok(Some(d)) => {
+                d.result
+                    .map_err(|e| SessionError::Delivery(e.to_string()))?;
+                acknowledged += 1;
+            }
+            _ => {
+                return Err(SessionError::Delivery(
+                    "the new slot's position was not acknowledged by Kafka".into(),
+                ))
+            }
+        }
+    }
+    Ok(())
+}
