@@ -22,15 +22,10 @@ pub struct Record {
     pub payload: Vec<u8>,
 }
 
-/// Reads every message of `topic` from the beginning, until `expect` messages were read
-/// or nothing new arrived for `idle`.
-pub fn read_topic(
-    brokers: &str,
-    topic: &str,
-    expect: Option<usize>,
-    idle: Duration,
-) -> Result<Vec<Record>> {
-    let consumer: BaseConsumer = ClientConfig::new()
+/// A consumer that only assigns partitions, in a group of its own (a reused group id can
+/// make the broker hand a second reader nothing).
+fn reader(brokers: &str) -> Result<BaseConsumer> {
+    Ok(ClientConfig::new()
         .set("bootstrap.servers", brokers)
         .set(
             "group.id",
@@ -42,7 +37,18 @@ pub fn read_topic(
         )
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "false")
-        .create()?;
+        .create()?)
+}
+
+/// Reads every message of `topic` from the beginning, until `expect` messages were read
+/// or nothing new arrived for `idle`.
+pub fn read_topic(
+    brokers: &str,
+    topic: &str,
+    expect: Option<usize>,
+    idle: Duration,
+) -> Result<Vec<Record>> {
+    let consumer = reader(brokers)?;
     // A just-created topic may not be in the broker's metadata yet: ask again until it is.
     let started = Instant::now();
     let partitions: Vec<i32> = loop {
@@ -98,18 +104,7 @@ pub fn read_topic(
 /// Reads every message currently in `topic` (up to each partition's high watermark at
 /// the time of the call), without waiting for more.
 pub fn read_topic_to_end(brokers: &str, topic: &str) -> Result<Vec<Record>> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "group.id",
-            format!(
-                "wal2delta-test-{}-{}",
-                std::process::id(),
-                READS.fetch_add(1, Ordering::Relaxed)
-            ),
-        )
-        .set("enable.auto.commit", "false")
-        .create()?;
+    let consumer = reader(brokers)?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
     let mut expected = 0usize;
     let mut tpl = TopicPartitionList::new();

@@ -410,9 +410,8 @@ async fn session(
                         state.received = state.received.max(wal_end);
                         let routed = match buffer.on_message(wal_start, data) {
                             Ok(r) => r,
-                            Err(e) if e.class() == ErrorClass::Record => {
-                                return Err(SessionError::Cdc(CdcError::Protocol(e.to_string())));
-                            }
+                            // Scratch-file I/O is retried with a new session; anything else
+                            // means the server's stream made no sense.
                             Err(e) if e.class() == ErrorClass::Transient => return Err(SessionError::Delivery(e.to_string())),
                             Err(e) => return Err(SessionError::Cdc(CdcError::Protocol(e.to_string()))),
                         };
