@@ -1,5 +1,16 @@
-//! Delta Lake side of wal2delta: Bronze append with Kafka offsets in the commit, Silver
-//! MERGE, masking and checks, Gold models and rules.
+//! Delta Lake side of wal2delta: where tables live, the Bronze append with Kafka offsets in
+//! the same commit, and table maintenance. (Silver, Gold and rules follow.)
 //!
-//! Not built yet: the Bronze, Silver, Gold and rules stages come with their own issues.
-//! The binary refuses to start those stages and says so.
+//! Everything is written with delta-rs; the tables are plain Delta tables that DuckDB's
+//! delta extension, Spark and the `deltalake` Python package read as they are.
+
+pub mod bronze;
+mod delta;
+mod error;
+mod location;
+pub mod maintenance;
+pub mod quarantine;
+
+pub use deltalake;
+pub use error::LakeError;
+pub use location::Lake;

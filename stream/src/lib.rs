@@ -1,8 +1,11 @@
 //! Kafka and schema-registry side of wal2delta: Avro schemas and encoding, topic naming,
-//! the producer with ordered acknowledgements, and the dead-letter record.
+//! the producer with ordered acknowledgements, the change-topic consumer positioned from
+//! the lake, decoding, and the dead-letter record.
 
 pub mod ack;
 pub mod avro;
+pub mod consumer;
+pub mod decode;
 pub mod dlq;
 mod error;
 pub mod positions;

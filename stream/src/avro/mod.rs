@@ -1,4 +1,6 @@
-//! Avro schemas and values for change events.
+//! Avro schemas and values for change events, and their Arrow form for Bronze.
 
+pub mod arrow;
+pub mod columns;
 pub mod envelope;
 pub mod types;

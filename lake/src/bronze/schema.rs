@@ -1,0 +1,145 @@
+//! Merging a batch's schema into a Bronze table's.
+//!
+//! Bronze evolves by *adding* columns (top level or inside the `before`/`after` structs):
+//! a column a new schema version adds appears in the table, and earlier rows read it as
+//! NULL; a column a version no longer has stays in the table and new rows hold NULL. A
+//! column whose type changes cannot be merged: Delta cannot hold both in one column, so
+//! the events are quarantined with the reason rather than rewritten or dropped.
+
+use std::sync::Arc;
+
+use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
+
+/// The schema holding every column of `table` and of `batch`, table columns first.
+pub fn merge_schemas(table: &Schema, batch: &Schema) -> Result<Schema, String> {
+    let fields = merge_fields(table.fields(), batch.fields(), "")?;
+    Ok(Schema::new_with_metadata(fields, table.metadata().clone()))
+}
+
+fn merge_fields(table: &Fields, batch: &Fields, path: &str) -> Result<Fields, String> {
+    let mut out: Vec<Field> = Vec::with_capacity(table.len().max(batch.len()));
+    for t in table.iter() {
+        match batch.iter().find(|b| b.name() == t.name()) {
+            Some(b) => {
+                let ty = merge_type(
+                    t.data_type(),
+                    b.data_type(),
+                    &format!("{path}{}", t.name()),
+                )?;
+                out.push(Field::new(t.name(), ty, true).with_metadata(t.metadata().clone()));
+            }
+            None => out.push(t.as_ref().clone().with_nullable(true)),
+        }
+    }
+    for b in batch.iter() {
+        if !table.iter().any(|t| t.name() == b.name()) {
+            out.push(b.as_ref().clone().with_nullable(true));
+        }
+    }
+    Ok(Fields::from(out))
+}
+
+fn merge_type(table: &DataType, batch: &DataType, path: &str) -> Result<DataType, String> {
+    use DataType::*;
+    let string = |t: &DataType| matches!(t, Utf8 | LargeUtf8 | Utf8View);
+    let binary = |t: &DataType| matches!(t, Binary | LargeBinary | BinaryView);
+    match (table, batch) {
+        (Struct(t), Struct(b)) => Ok(Struct(merge_fields(t, b, &format!("{path}."))?)),
+        (List(t) | LargeList(t), List(b) | LargeList(b)) => {
+            let item = merge_type(t.data_type(), b.data_type(), &format!("{path}[]"))?;
+            let field = Arc::new(Field::new(t.name(), item, true));
+            Ok(match table {
+                LargeList(_) => LargeList(field),
+                _ => List(field),
+            })
+        }
+        (t, b) if string(t) && string(b) => Ok(t.clone()),
+        (t, b) if binary(t) && binary(b) => Ok(t.clone()),
+        (Timestamp(_, tz_t), Timestamp(_, tz_b)) if tz_t.is_some() == tz_b.is_some() => {
+            Ok(table.clone())
+        }
+        (t, b) if t == b => Ok(t.clone()),
+        (t, b) => Err(format!(
+            "column {path} is {t} in the table but {b} in the events; Bronze cannot change a column's type"
+        )),
+    }
+}
+
+/// True when `merged` adds nothing to `table` (same columns, same nesting).
+pub fn adds_nothing(table: &Schema, merged: &Schema) -> bool {
+    fn same(a: &Fields, b: &Fields) -> bool {
+        a.len() == b.len()
+            && a.iter().zip(b.iter()).all(|(x, y)| {
+                x.name() == y.name()
+                    && match (x.data_type(), y.data_type()) {
+                        (DataType::Struct(p), DataType::Struct(q)) => same(p, q),
+                        (
+                            DataType::List(p) | DataType::LargeList(p),
+                            DataType::List(q) | DataType::LargeList(q),
+                        ) => match (p.data_type(), q.data_type()) {
+                            (DataType::Struct(p), DataType::Struct(q)) => same(p, q),
+                            _ => true,
+                        },
+                        _ => true,
+                    }
+            })
+    }
+    same(table.fields(), merged.fields())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn s(fields: Vec<Field>) -> Schema {
+        Schema::new(fields)
+    }
+
+    #[test]
+    fn added_nested_columns_merge_and_missing_ones_stay() {
+        let v1 = s(vec![
+            Field::new("op", DataType::Utf8, true),
+            Field::new(
+                "after",
+                DataType::Struct(Fields::from(vec![
+                    Field::new("id", DataType::Int64, true),
+                    Field::new("old", DataType::Utf8, true),
+                ])),
+                true,
+            ),
+        ]);
+        let v2 = s(vec![
+            Field::new("op", DataType::Utf8View, true),
+            Field::new(
+                "after",
+                DataType::Struct(Fields::from(vec![
+                    Field::new("id", DataType::Int64, true),
+                    Field::new("new", DataType::Boolean, true),
+                ])),
+                true,
+            ),
+        ]);
+        let m = merge_schemas(&v1, &v2).unwrap();
+        let DataType::Struct(after) = m.field(1).data_type() else { panic!() };
+        let names: Vec<&str> = after.iter().map(|f| f.name().as_str()).collect();
+        assert_eq!(names, ["id", "old", "new"]);
+        assert!(!adds_nothing(&v1, &m));
+        assert!(adds_nothing(&m, &merge_schemas(&m, &v1).unwrap()));
+    }
+
+    #[test]
+    fn a_changed_type_is_refused_naming_the_column() {
+        let t = s(vec![Field::new(
+            "after",
+            DataType::Struct(Fields::from(vec![Field::new("n", DataType::Int32, true)])),
+            true,
+        )]);
+        let b = s(vec![Field::new(
+            "after",
+            DataType::Struct(Fields::from(vec![Field::new("n", DataType::Int64, true)])),
+            true,
+        )]);
+        let err = merge_schemas(&t, &b).unwrap_err();
+        assert!(err.contains("after.n"), "{err}");
+    }
+}

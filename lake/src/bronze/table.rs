@@ -1,0 +1,276 @@
+//! One Bronze table: append with the Kafka offsets in the same Delta commit.
+//!
+//! **Why this is exactly once.** Each commit carries, for every topic partition whose
+//! events it holds, a `txn` action `(app id = wal2delta-bronze/{topic}/{partition},
+//! version = last offset)`. Delta commits are atomic, so the table holds a partition's
+//! events up to offset *v* exactly when its `txn` version is *v*. Before writing, the
+//! batch's first offset of every partition is checked against the table's version at the
+//! snapshot the commit is built on; if another writer already stored any of them the batch
+//! is stale and nothing is written. If another writer commits the same partition after
+//! that snapshot, delta-rs' conflict checker refuses our commit (`ConcurrentTransaction`:
+//! both commits carry the same app id), and the check runs again on the new snapshot. A
+//! writer killed between writing Parquet files and committing leaves files no commit
+//! references: readers never see them, and `vacuum` removes them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use deltalake::arrow::array::RecordBatch;
+use deltalake::arrow::datatypes::Schema;
+use deltalake::kernel::schema::cast::cast_record_batch;
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
+use deltalake::kernel::{Action, Transaction};
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
+use url::Url;
+
+use super::rows::PARTITION_COLUMN;
+use super::schema::{adds_nothing, merge_schemas};
+use crate::{delta, LakeError};
+
+/// The `txn` application id recording how far `topic/partition` is stored.
+pub fn app_id(topic: &str, partition: i32) -> String {
+    format!("wal2delta-bronze/{topic}/{partition}")
+}
+
+/// The offsets of one partition a batch holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OffsetRange {
+    pub first: i64,
+    pub last: i64,
+}
+
+/// What to append: rows of one topic and the offsets they (and any quarantined events
+/// among them) cover.
+#[derive(Debug, Clone)]
+pub struct Append {
+    pub topic: String,
+    pub batches: Vec<RecordBatch>,
+    pub ranges: BTreeMap<i32, OffsetRange>,
+}
+
+/// How an append ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum AppendOutcome {
+    /// Rows and offsets are committed at this table version.
+    Committed { version: u64, rows: usize, schema_changed: bool },
+    /// Another writer stored some of these offsets first: nothing was written. Each
+    /// partition of the batch with the last offset the table now holds for it.
+    Stale { stored: BTreeMap<i32, Option<i64>> },
+    /// No rows and no table yet to record offsets in.
+    NoTable,
+}
+
+/// How many times a commit refused for a conflict is re-checked and retried.
+const CONFLICT_RETRIES: usize = 8;
+
+/// A Bronze table handle; the Delta state is loaded lazily and refreshed before each use.
+pub struct BronzeTable {
+    name: String,
+    url: Url,
+    table: Option<DeltaTable>,
+    conflicts: u64,
+}
+
+impl BronzeTable {
+    pub fn new(name: impl Into<String>, url: Url) -> Self {
+        BronzeTable {
+            name: name.into(),
+            url,
+            table: None,
+            conflicts: 0,
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    pub fn url(&self) -> &Url {
+        &self.url
+    }
+
+    /// Commits refused because another writer committed first, since this handle was made.
+    pub fn conflicts(&self) -> u64 {
+        self.conflicts
+    }
+
+    /// Loads the latest table state; `false` when the table does not exist yet.
+    pub async fn refresh(&mut self) -> Result<bool, LakeError> {
+        delta::refresh(&self.name, &self.url, &mut self.table).await
+    }
+
+    /// The last offset stored for each of `partitions` of `topic`, at the loaded state.
+    async fn stored_at_loaded(
+        &self,
+        topic: &str,
+        partitions: impl Iterator<Item = i32>,
+    ) -> Result<BTreeMap<i32, Option<i64>>, LakeError> {
+        let mut out = BTreeMap::new();
+        for p in partitions {
+            let v = match &self.table {
+                Some(t) => delta::txn_version(&self.name, t, app_id(topic, p)).await?,
+                None => None,
+            };
+            out.insert(p, v);
+        }
+        Ok(out)
+    }
+
+    /// The last offset stored for each of `partitions` of `topic` (latest table version).
+    pub async fn stored_offsets(
+        &mut self,
+        topic: &str,
+        partitions: &[i32],
+    ) -> Result<BTreeMap<i32, Option<i64>>, LakeError> {
+        self.refresh().await?;
+        self.stored_at_loaded(topic, partitions.iter().copied()).await
+    }
+
+    /// The loaded table's Arrow schema.
+    pub fn arrow_schema(&self) -> Option<Arc<Schema>> {
+        let t = self.table.as_ref()?;
+        Some(t.snapshot().ok()?.snapshot().arrow_schema())
+    }
+
+    /// The loaded table version.
+    pub fn version(&self) -> Option<u64> {
+        self.table.as_ref().and_then(DeltaTable::version)
+    }
+
+    /// Appends `append` exactly once (see the module docs).
+    pub async fn append(&mut self, append: Append) -> Result<AppendOutcome, LakeError> {
+        let rows: usize = append.batches.iter().map(RecordBatch::num_rows).sum();
+        for _ in 0..CONFLICT_RETRIES {
+            let exists = self.refresh().await?;
+            let stored = self
+                .stored_at_loaded(&append.topic, append.ranges.keys().copied())
+                .await?;
+            let stale = append
+                .ranges
+                .iter()
+                .any(|(p, r)| stored.get(p).copied().flatten().is_some_and(|s| s >= r.first));
+            if stale {
+                return Ok(AppendOutcome::Stale { stored });
+            }
+            if !exists && rows == 0 {
+                return Ok(AppendOutcome::NoTable);
+            }
+            let txns: Vec<Transaction> = append
+                .ranges
+                .iter()
+                .map(|(p, r)| Transaction::new(app_id(&append.topic, *p), r.last))
+                .collect();
+            let props = CommitProperties::default()
+                .with_application_transactions(txns)
+                .with_metadata([
+                    ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
+                    ("wal2delta.topic".to_owned(), serde_json::json!(append.topic)),
+                ]);
+            let result = if rows == 0 {
+                self.commit_offsets_only(props, &append).await
+            } else {
+                let (batches, schema_changed) = self.conform(&append.batches)?;
+                self.write_rows(props, batches, schema_changed).await
+            };
+            match result {
+                Ok((version, schema_changed)) => {
+                    return Ok(AppendOutcome::Committed {
+                        version,
+                        rows,
+                        schema_changed,
+                    })
+                }
+                Err(e) if delta::is_conflict(&e) => {
+                    self.conflicts += 1;
+                    tracing::info!(table = %self.name, "commit conflict with another writer; re-checking offsets");
+                    continue;
+                }
+                Err(e) => return Err(LakeError::delta(&self.name)(e)),
+            }
+        }
+        Err(LakeError::Delta {
+            table: self.name.clone(),
+            source: DeltaTableError::Generic(format!(
+                "commit conflicted {CONFLICT_RETRIES} times in a row"
+            )),
+        })
+    }
+
+    /// The batches cast to one schema holding the table's columns and theirs, and whether
+    /// that schema adds columns to the table.
+    fn conform(&self, batches: &[RecordBatch]) -> Result<(Vec<RecordBatch>, bool), LakeError> {
+        let conflict = |reason: String| LakeError::SchemaConflict {
+            table: self.name.clone(),
+            reason,
+        };
+        let table_schema = self.arrow_schema();
+        let mut merged: Option<Schema> = table_schema.as_deref().cloned();
+        for b in batches {
+            merged = Some(match merged {
+                None => b.schema().as_ref().clone(),
+                Some(m) => merge_schemas(&m, &b.schema()).map_err(conflict)?,
+            });
+        }
+        let merged = Arc::new(merged.unwrap_or_else(Schema::empty));
+        let changed = match &table_schema {
+            Some(t) => !adds_nothing(t, &merged),
+            None => true,
+        };
+        let cast = batches
+            .iter()
+            .map(|b| cast_record_batch(b, merged.clone(), false, true))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| conflict(e.to_string()))?;
+        Ok((cast, changed))
+    }
+
+    async fn write_rows(
+        &mut self,
+        props: CommitProperties,
+        batches: Vec<RecordBatch>,
+        schema_changed: bool,
+    ) -> Result<(u64, bool), DeltaTableError> {
+        let table = match self.table.take() {
+            Some(t) => t,
+            None => DeltaTableBuilder::from_url(self.url.clone())?.build()?,
+        };
+        let mut write = table
+            .write(batches)
+            .with_save_mode(SaveMode::Append)
+            .with_partition_columns([PARTITION_COLUMN])
+            .with_commit_properties(props);
+        if schema_changed {
+            write = write.with_schema_mode(SchemaMode::Merge);
+        }
+        let table = write.await?;
+        let version = table.version().unwrap_or(0);
+        self.table = Some(table);
+        Ok((version, schema_changed))
+    }
+
+    async fn commit_offsets_only(
+        &mut self,
+        props: CommitProperties,
+        append: &Append,
+    ) -> Result<(u64, bool), DeltaTableError> {
+        let Some(table) = &self.table else {
+            return Err(DeltaTableError::NotATable(self.name.clone()));
+        };
+        let epoch = append.ranges.values().map(|r| r.last).max().unwrap_or(0);
+        let finalized = CommitBuilder::from(props)
+            .with_actions(Vec::<Action>::new())
+            .build(
+                Some(table.snapshot()?),
+                table.log_store(),
+                DeltaOperation::StreamingUpdate {
+                    output_mode: OutputMode::Append,
+                    query_id: "wal2delta-bronze".into(),
+                    epoch_id: epoch,
+                },
+            )
+            .await?;
+        Ok((finalized.version(), false))
+    }
+}

@@ -1,0 +1,77 @@
+//! Small helpers over delta-rs shared by every table kind.
+
+use deltalake::kernel::transaction::TransactionError;
+use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
+use url::Url;
+
+use crate::LakeError;
+
+/// An unloaded handle of the table at `url`.
+pub(crate) fn handle(name: &str, url: &Url) -> Result<DeltaTable, LakeError> {
+    DeltaTableBuilder::from_url(url.clone())
+        .and_then(DeltaTableBuilder::build)
+        .map_err(LakeError::delta(&name))
+}
+
+/// The table at `url` with its latest state, or `None` when no table exists there yet.
+pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, LakeError> {
+    // delta-rs reports a missing directory as a kernel error, not as "not a table".
+    if let Ok(path) = url.to_file_path() {
+        if !path.join("_delta_log").is_dir() {
+            return Ok(None);
+        }
+    }
+    let mut t = handle(name, url)?;
+    match t.load().await {
+        Ok(()) => Ok(Some(t)),
+        Err(DeltaTableError::NotATable(_)) => Ok(None),
+        Err(e) => Err(LakeError::delta(&name)(e)),
+    }
+}
+
+/// Refreshes `slot` to the latest state (opening it when needed); `false` when no table
+/// exists yet.
+pub(crate) async fn refresh(
+    name: &str,
+    url: &Url,
+    slot: &mut Option<DeltaTable>,
+) -> Result<bool, LakeError> {
+    match slot {
+        Some(t) => {
+            t.update_state().await.map_err(LakeError::delta(&name))?;
+            Ok(true)
+        }
+        None => {
+            *slot = open(name, url).await?;
+            Ok(slot.is_some())
+        }
+    }
+}
+
+/// The version of `app_id`'s last `txn` action in the loaded state of `table`.
+pub(crate) async fn txn_version(
+    name: &str,
+    table: &DeltaTable,
+    app_id: String,
+) -> Result<Option<i64>, LakeError> {
+    table
+        .snapshot()
+        .map_err(LakeError::delta(&name))?
+        .snapshot()
+        .transaction_version(table.log_store().as_ref(), app_id)
+        .await
+        .map_err(LakeError::delta(&name))
+}
+
+/// A commit refused because another writer committed first.
+pub(crate) fn is_conflict(e: &DeltaTableError) -> bool {
+    matches!(
+        e,
+        DeltaTableError::VersionAlreadyExists(_)
+            | DeltaTableError::Transaction {
+                source: TransactionError::CommitConflict(_)
+                    | TransactionError::MaxCommitAttempts(_)
+                    | TransactionError::VersionAlreadyExists(_)
+            }
+    )
+}

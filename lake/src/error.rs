@@ -1,0 +1,40 @@
+//! Errors of the lake side, each classified.
+
+use wal2delta_model::ErrorClass;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LakeError {
+    /// `[lake] uri` cannot be used.
+    #[error("Invalid lake URI {uri:?}: {reason}")]
+    Uri { uri: String, reason: String },
+    /// Reading or writing a Delta table failed (storage unavailable, I/O): retried.
+    #[error("Delta table {table}: {source}")]
+    Delta {
+        table: String,
+        #[source]
+        source: deltalake::DeltaTableError,
+    },
+    /// The batch's schema cannot be merged into the table's: its rows go to quarantine.
+    #[error("the schema of {table} cannot take the batch: {reason}")]
+    SchemaConflict { table: String, reason: String },
+    /// Rows could not be turned into a record batch: its rows go to quarantine.
+    #[error("cannot build the rows of {table}: {reason}")]
+    Rows { table: String, reason: String },
+}
+
+impl LakeError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            LakeError::Uri { .. } => ErrorClass::Operator,
+            LakeError::Delta { .. } => ErrorClass::Transient,
+            LakeError::SchemaConflict { .. } | LakeError::Rows { .. } => ErrorClass::Record,
+        }
+    }
+
+    pub(crate) fn delta(table: &impl std::fmt::Display) -> impl FnOnce(deltalake::DeltaTableError) -> LakeError + '_ {
+        move |source| LakeError::Delta {
+            table: table.to_string(),
+            source,
+        }
+    }
+}

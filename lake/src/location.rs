@@ -1,0 +1,107 @@
+//! Where the lake's tables live (DESIGN §3): `bronze/{schema}/{table}`,
+//! `silver/{schema}/{table}`, `gold/{model}`, `quarantine/records`, `rules/...` under
+//! `[lake] uri`.
+
+use url::Url;
+
+use crate::LakeError;
+
+/// The lake root.
+#[derive(Debug, Clone)]
+pub struct Lake {
+    root: Url,
+}
+
+impl Lake {
+    /// `uri` is `file:///absolute/path` (or a plain absolute path). Object stores
+    /// (`s3://`) are not built into this release.
+    pub fn new(uri: &str) -> Result<Self, LakeError> {
+        let bad = |reason: &str| LakeError::Uri {
+            uri: uri.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let mut root = if uri.starts_with('/') {
+            Url::from_directory_path(uri).map_err(|_| bad("not an absolute path"))?
+        } else {
+            Url::parse(uri).map_err(|e| bad(&e.to_string()))?
+        };
+        match root.scheme() {
+            "file" => {
+                let path = root
+                    .to_file_path()
+                    .map_err(|_| bad("a file:// URI needs an absolute path"))?;
+                std::fs::create_dir_all(&path)
+                    .map_err(|e| bad(&format!("cannot create the directory: {e}")))?;
+            }
+            other => {
+                return Err(bad(&format!(
+                    "scheme {other}:// is not supported by this build; use file:///path"
+                )))
+            }
+        }
+        if !root.path().ends_with('/') {
+            let p = format!("{}/", root.path());
+            root.set_path(&p);
+        }
+        Ok(Lake { root })
+    }
+
+    pub fn root(&self) -> &Url {
+        &self.root
+    }
+
+    /// The table at `parts` under the root. Parts are path segments; characters other than
+    /// letters, digits, `_` and `-` become `_` so a name can never escape its layer.
+    pub fn table(&self, parts: &[&str]) -> Url {
+        let path: Vec<String> = parts.iter().map(|p| segment(p)).collect();
+        // Joining a relative path of safe segments to a directory URL cannot fail.
+        self.root
+            .join(&format!("{}/", path.join("/")))
+            .unwrap_or_else(|_| self.root.clone())
+    }
+
+    pub fn bronze(&self, schema: &str, table: &str) -> Url {
+        self.table(&["bronze", schema, table])
+    }
+
+    pub fn quarantine_records(&self) -> Url {
+        self.table(&["quarantine", "records"])
+    }
+}
+
+fn segment(part: &str) -> String {
+    let s: String = part
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
+                c
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    if s.is_empty() {
+        "_".into()
+    } else {
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tables_sit_under_the_root() {
+        let dir = std::env::temp_dir().join(format!("w2d-lake-{}", std::process::id()));
+        let lake = Lake::new(&format!("file://{}", dir.display())).unwrap();
+        assert_eq!(
+            lake.bronze("public", "pay ments").as_str(),
+            format!("file://{}/bronze/public/pay_ments/", dir.display())
+        );
+        assert!(lake.table(&["..", "x"]).as_str().ends_with("/__/x/"));
+        assert!(matches!(Lake::new("s3://b/p"), Err(LakeError::Uri { .. })));
+        assert!(matches!(Lake::new("relative/dir"), Err(LakeError::Uri { .. })));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+}

@@ -1,0 +1,144 @@
+//! The quarantine table (`quarantine/records`): appended exactly once per event.
+//!
+//! Events quarantined while reading a topic partition are appended with a `txn` action
+//! `wal2delta-quarantine/{stage}/{topic}/{partition}` = the last offset quarantined, in the
+//! same commit. When a stage re-reads events after a crash, records at or below that offset
+//! are already in the table and are skipped, so a record never appears twice.
+
+use std::collections::BTreeMap;
+
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use url::Url;
+use wal2delta_quarantine::{QuarantineRecord, Stage};
+
+use crate::{delta, LakeError};
+
+const NAME: &str = "quarantine/records";
+
+/// The quarantine table handle.
+pub struct QuarantineTable {
+    url: Url,
+    table: Option<DeltaTable>,
+}
+
+/// The `txn` application id for events of `topic/partition` quarantined by `stage`.
+pub fn quarantine_app_id(stage: Stage, topic: &str, partition: i32) -> String {
+    format!("wal2delta-quarantine/{}/{topic}/{partition}", stage.as_str())
+}
+
+impl QuarantineTable {
+    pub fn new(url: Url) -> Self {
+        QuarantineTable { url, table: None }
+    }
+
+    /// Appends the records not already stored; returns how many were appended. Records
+    /// with Kafka coordinates are deduplicated by the per-partition `txn` versions; records
+    /// without are always appended.
+    pub async fn append(&mut self, stage: Stage, records: Vec<QuarantineRecord>) -> Result<usize, LakeError> {
+        for _ in 0..8 {
+            delta::refresh(NAME, &self.url, &mut self.table).await?;
+            let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
+            for r in &records {
+                if let (Some(t), Some(p), Some(o)) = (&r.topic, r.partition, r.offset) {
+                    let e = last.entry((t.clone(), p)).or_insert(o);
+                    *e = (*e).max(o);
+                }
+            }
+            let mut stored = BTreeMap::new();
+            for (t, p) in last.keys() {
+                let v = match &self.table {
+                    Some(table) => {
+                        delta::txn_version(NAME, table, quarantine_app_id(stage, t, *p)).await?
+                    }
+                    None => None,
+                };
+                stored.insert((t.clone(), *p), v);
+            }
+            let fresh: Vec<QuarantineRecord> = records
+                .iter()
+                .filter(|r| match (&r.topic, r.partition, r.offset) {
+                    (Some(t), Some(p), Some(o)) => stored
+                        .get(&(t.clone(), p))
+                        .copied()
+                        .flatten()
+                        .is_none_or(|s| o > s),
+                    _ => true,
+                })
+                .cloned()
+                .collect();
+            if fresh.is_empty() {
+                return Ok(0);
+            }
+            let batch = QuarantineRecord::to_batch(&fresh).map_err(|e| LakeError::Rows {
+                table: NAME.into(),
+                reason: e.to_string(),
+            })?;
+            let txns = last
+                .iter()
+                .map(|((t, p), o)| Transaction::new(quarantine_app_id(stage, t, *p), *o))
+                .collect();
+            let table = match self.table.take() {
+                Some(t) => t,
+                None => delta::handle(NAME, &self.url)?,
+            };
+            let result = table
+                .write(vec![batch])
+                .with_save_mode(SaveMode::Append)
+                .with_commit_properties(
+                    CommitProperties::default()
+                        .with_application_transactions(txns)
+                        .with_metadata([(
+                            "wal2delta.stage".to_owned(),
+                            serde_json::json!(stage.as_str()),
+                        )]),
+                )
+                .await;
+            match result {
+                Ok(t) => {
+                    self.table = Some(t);
+                    return Ok(fresh.len());
+                }
+                Err(e) if delta::is_conflict(&e) => continue,
+                Err(e) => return Err(LakeError::delta(&NAME)(e)),
+            }
+        }
+        Err(LakeError::Delta {
+            table: NAME.into(),
+            source: deltalake::DeltaTableError::Generic("commit conflicted 8 times in a row".into()),
+        })
+    }
+
+    /// Every record in the table (small by design: records are exceptions).
+    pub async fn read_all(&mut self) -> Result<Vec<QuarantineRecord>, LakeError> {
+        use deltalake::datafusion::prelude::SessionContext;
+        if !delta::refresh(NAME, &self.url, &mut self.table).await? {
+            return Ok(Vec::new());
+        }
+        let Some(table) = self.table.clone() else {
+            return Ok(Vec::new());
+        };
+        let ctx = SessionContext::new();
+        let provider = table
+            .table_provider()
+            .await
+            .map_err(|e| LakeError::delta(&NAME)(e.into()))?;
+        let df = ctx
+            .read_table(provider)
+            .map_err(|e| LakeError::delta(&NAME)(e.into()))?;
+        let batches = df
+            .collect()
+            .await
+            .map_err(|e| LakeError::delta(&NAME)(e.into()))?;
+        let mut out = Vec::new();
+        for b in &batches {
+            out.extend(QuarantineRecord::from_batch(b).map_err(|e| LakeError::Rows {
+                table: NAME.into(),
+                reason: e.to_string(),
+            })?);
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,167 @@
+//! The Bronze table on the real local filesystem: offsets in the commit, stale batches
+//! refused, schema evolution by merge, a type change refused, quarantine de-duplication.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use wal2delta_lake::bronze::{Append, AppendOutcome, BronzeTable, OffsetRange};
+use wal2delta_lake::deltalake::arrow::array::{Array, Int64Array, RecordBatch, StringArray, StructArray};
+use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
+use wal2delta_lake::deltalake::datafusion::prelude::SessionContext;
+use wal2delta_lake::quarantine::QuarantineTable;
+use wal2delta_lake::{Lake, LakeError};
+use wal2delta_quarantine::{QuarantineRecord, Stage};
+
+fn lake() -> (Lake, std::path::PathBuf) {
+    let dir = std::env::temp_dir().join(format!(
+        "w2d-bronze-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+    ));
+    (Lake::new(dir.to_str().unwrap()).unwrap(), dir)
+}
+
+/// A batch shaped like Bronze's: op, after{...}, kafka_offset, ingest_date-free.
+fn batch(after_fields: Vec<(&str, DataType)>, offsets: &[i64]) -> RecordBatch {
+    let n = offsets.len();
+    let fields: Vec<Field> = after_fields.iter().map(|(n, t)| Field::new(*n, t.clone(), true)).collect();
+    let children: Vec<Arc<dyn Array>> = after_fields
+        .iter()
+        .map(|(_, t)| match t {
+            DataType::Int64 => Arc::new(Int64Array::from(offsets.to_vec())) as Arc<dyn Array>,
+            DataType::Utf8 => Arc::new(StringArray::from(vec!["x"; n])) as Arc<dyn Array>,
+            other => panic!("{other}"),
+        })
+        .collect();
+    let after = StructArray::new(Fields::from(fields.clone()), children, None);
+    let day = wal2delta_lake::deltalake::arrow::array::Date32Array::from(vec![20_000; n]);
+    RecordBatch::try_new(
+        Arc::new(Schema::new(vec![
+            Field::new("op", DataType::Utf8, true),
+            Field::new("after", DataType::Struct(Fields::from(fields)), true),
+            Field::new("kafka_offset", DataType::Int64, true),
+            Field::new("ingest_date", DataType::Date32, true),
+        ])),
+        vec![
+            Arc::new(StringArray::from(vec!["c"; n])),
+            Arc::new(after),
+            Arc::new(Int64Array::from(offsets.to_vec())),
+            Arc::new(day),
+        ],
+    )
+    .unwrap()
+}
+
+fn ranges(p: i32, first: i64, last: i64) -> BTreeMap<i32, OffsetRange> {
+    BTreeMap::from([(p, OffsetRange { first, last })])
+}
+
+async fn rows(table: &BronzeTable, sql: &str) -> Vec<RecordBatch> {
+    let ctx = SessionContext::new();
+    let t = wal2delta_lake::deltalake::open_table(table.url().clone()).await.unwrap();
+    ctx.register_table("t", t.table_provider().await.unwrap()).unwrap();
+    ctx.sql(sql).await.unwrap().collect().await.unwrap()
+}
+
+fn single_i64(batches: &[RecordBatch]) -> i64 {
+    batches[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0)
+}
+
+#[tokio::test]
+async fn offsets_commit_with_rows_and_stale_batches_are_refused() {
+    let (lake, dir) = lake();
+    let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    assert_eq!(t.stored_offsets("cdc.public.t", &[0]).await.unwrap()[&0], None);
+    let out = t
+        .append(Append {
+            topic: "cdc.public.t".into(),
+            batches: vec![batch(vec![("id", DataType::Int64)], &[0, 1, 2])],
+            ranges: ranges(0, 0, 2),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out, AppendOutcome::Committed { rows: 3, .. }), "{out:?}");
+    // A second writer (its own handle) replays offsets 1..3: stale, nothing written.
+    let mut other = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    let out = other
+        .append(Append {
+            topic: "cdc.public.t".into(),
+            batches: vec![batch(vec![("id", DataType::Int64)], &[1, 2, 3])],
+            ranges: ranges(0, 1, 3),
+        })
+        .await
+        .unwrap();
+    assert_eq!(out, AppendOutcome::Stale { stored: BTreeMap::from([(0, Some(2))]) });
+    // Offsets only (every event of the range quarantined): the position still moves.
+    let out = t
+        .append(Append { topic: "cdc.public.t".into(), batches: vec![], ranges: ranges(0, 3, 5) })
+        .await
+        .unwrap();
+    assert!(matches!(out, AppendOutcome::Committed { rows: 0, .. }), "{out:?}");
+    assert_eq!(t.stored_offsets("cdc.public.t", &[0, 1]).await.unwrap(), BTreeMap::from([(0, Some(5)), (1, None)]));
+    assert_eq!(single_i64(&rows(&t, "select count(*) from t").await), 3);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn added_columns_merge_and_a_type_change_is_a_schema_conflict() {
+    let (lake, dir) = lake();
+    let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    let topic = "cdc.public.t".to_owned();
+    t.append(Append { topic: topic.clone(), batches: vec![batch(vec![("id", DataType::Int64)], &[0])], ranges: ranges(0, 0, 0) })
+        .await
+        .unwrap();
+    // Version 2 adds after.note; version 3 drops it again; one commit holds both shapes.
+    let out = t
+        .append(Append {
+            topic: topic.clone(),
+            batches: vec![
+                batch(vec![("id", DataType::Int64), ("note", DataType::Utf8)], &[1]),
+                batch(vec![("id", DataType::Int64)], &[2]),
+            ],
+            ranges: ranges(0, 1, 2),
+        })
+        .await
+        .unwrap();
+    assert!(matches!(out, AppendOutcome::Committed { rows: 2, schema_changed: true, .. }), "{out:?}");
+    let notes = rows(&t, "select count(*) from t where after.note is null").await;
+    assert_eq!(single_i64(&notes), 2, "rows written before and after the column read NULL");
+    // after.id as text cannot be merged into a long column.
+    let err = t
+        .append(Append { topic, batches: vec![batch(vec![("id", DataType::Utf8)], &[3])], ranges: ranges(0, 3, 3) })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, LakeError::SchemaConflict { .. }), "{err}");
+    assert!(err.to_string().contains("after.id"), "{err}");
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
+async fn quarantine_records_are_stored_once_per_offset() {
+    let (lake, dir) = lake();
+    let record = |offset: i64| QuarantineRecord {
+        id: QuarantineRecord::event_id(Stage::Bronze, "cdc.public.t", 0, offset),
+        stage: Stage::Bronze,
+        reason_code: "not_framed".into(),
+        detail: "payload is not Confluent-framed Avro".into(),
+        table: Some("public.t".into()),
+        topic: Some("cdc.public.t".into()),
+        partition: Some(0),
+        offset: Some(offset),
+        source_lsn: None,
+        key: None,
+        raw: Some(vec![1, 2, 3]),
+        quarantined_at_us: 0,
+    };
+    let mut q = QuarantineTable::new(lake.quarantine_records());
+    assert_eq!(q.append(Stage::Bronze, vec![record(3), record(7)]).await.unwrap(), 2);
+    // A re-read after a crash offers 3 and 7 again, and 9 for the first time.
+    let mut again = QuarantineTable::new(lake.quarantine_records());
+    assert_eq!(again.append(Stage::Bronze, vec![record(3), record(7), record(9)]).await.unwrap(), 1);
+    let all = q.read_all().await.unwrap();
+    let mut offsets: Vec<i64> = all.iter().filter_map(|r| r.offset).collect();
+    offsets.sort();
+    assert_eq!(offsets, vec![3, 7, 9]);
+    assert_eq!(all[0].raw.as_deref(), Some(&[1u8, 2, 3][..]));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -1,0 +1,293 @@
+//! Change envelopes as Arrow columns: the part of a Bronze row that comes from the event.
+//!
+//! One call converts events written with one schema version. The columns, in order:
+//!
+//! | column | type | from |
+//! | --- | --- | --- |
+//! | `op` | Utf8 | `op` (`c`, `u`, `d`, `r`, `t`) |
+//! | `before`, `after` | Struct | the row images, typed per [`super::arrow`] |
+//! | `lsn`, `commit_lsn` | Int64 | `source.lsn`, `source.commit_lsn` |
+//! | `ordinal` | Int64 | position in the transaction |
+//! | `tx_id` | Int64 | `source.txId` |
+//! | `commit_ts` | Timestamp(µs, UTC) | `source.ts_ms` |
+//! | `snapshot` | Boolean | `source.snapshot == "true"` (or `"last"`) |
+//! | `unchanged_toast_columns` | List(Utf8) | columns whose value the update left unchanged |
+//! | `token_key_id` | Utf8 | key that tokenized sensitive columns |
+//! | `event_ts` | Timestamp(µs, UTC) | `ts_ms`: when capture produced the event |
+//! | `schema_id` | Int32 | the registry id the event was written with |
+
+use std::sync::Arc;
+
+use apache_avro::schema::Schema;
+use apache_avro::types::Value;
+use arrow::array::{
+    Array, ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, StringArray,
+    TimestampMicrosecondArray,
+};
+use arrow::buffer::{NullBuffer, OffsetBuffer};
+use arrow::datatypes::{DataType, Field, TimeUnit};
+
+use super::arrow::{present, record_field, ArrowMappingError, ArrowTypes, LIST_ITEM};
+
+/// The Arrow columns of a batch of envelopes.
+#[derive(Debug, Clone)]
+pub struct EnvelopeColumns {
+    pub fields: Vec<Field>,
+    pub arrays: Vec<ArrayRef>,
+}
+
+fn utc_micros() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+fn not_envelope(reason: &str) -> ArrowMappingError {
+    ArrowMappingError::Unsupported {
+        path: "value".into(),
+        kind: format!("record that is not a wal2delta change envelope ({reason})"),
+    }
+}
+
+fn field<'v>(fs: &'v [(String, Value)], name: &str) -> Option<&'v Value> {
+    record_field(fs, 0, name).and_then(present)
+}
+
+/// Converts `events` (envelope records decoded with `schema`, registered as `schema_id`).
+pub fn envelope_columns(
+    schema: &Schema,
+    schema_id: u32,
+    events: &[&Value],
+) -> Result<EnvelopeColumns, ArrowMappingError> {
+    let types = ArrowTypes::new(schema)?;
+    let Schema::Record(envelope) = schema else {
+        return Err(not_envelope("not a record"));
+    };
+    let image_schema = |name: &str| {
+        envelope
+            .lookup
+            .get(name)
+            .map(|&i| &envelope.fields[i].schema)
+            .ok_or_else(|| not_envelope(&format!("no `{name}` field")))
+    };
+    let before_ty = types.data_type(image_schema("before")?, "before")?;
+    let after_ty = types.data_type(image_schema("after")?, "after")?;
+
+    let mut records = Vec::with_capacity(events.len());
+    for v in events {
+        match v {
+            Value::Record(fs) => records.push(fs.as_slice()),
+            _ => return Err(not_envelope("value is not a record")),
+        }
+    }
+    let image = |name: &str| -> Vec<Option<&Value>> {
+        records.iter().map(|fs| field(fs, name)).collect()
+    };
+    let source: Vec<Option<&[(String, Value)]>> = records
+        .iter()
+        .map(|fs| match field(fs, "source") {
+            Some(Value::Record(s)) => Some(s.as_slice()),
+            _ => None,
+        })
+        .collect();
+    if source.iter().any(Option::is_none) {
+        return Err(not_envelope("an event has no `source` record"));
+    }
+    let long_of = |v: Option<&Value>| match v {
+        Some(Value::Long(l)) => Some(*l),
+        Some(Value::Int(i)) => Some(i64::from(*i)),
+        _ => None,
+    };
+    let source_long = |name: &str| -> Int64Array {
+        source
+            .iter()
+            .map(|s| long_of(s.and_then(|s| field(s, name))))
+            .collect()
+    };
+
+    let op: StringArray = records
+        .iter()
+        .map(|fs| match field(fs, "op") {
+            Some(Value::String(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    if op.null_count() > 0 {
+        return Err(not_envelope("an event has no `op`"));
+    }
+    let before = super::arrow::build_array(&before_ty, &image("before"), "before")?;
+    let after = super::arrow::build_array(&after_ty, &image("after"), "after")?;
+    let ordinal: Int64Array = records.iter().map(|fs| long_of(field(fs, "ordinal"))).collect();
+    let commit_ts: TimestampMicrosecondArray = source
+        .iter()
+        .map(|s| long_of(s.and_then(|s| field(s, "ts_ms"))).and_then(|ms| ms.checked_mul(1000)))
+        .collect::<TimestampMicrosecondArray>()
+        .with_timezone("UTC");
+    let snapshot: BooleanArray = source
+        .iter()
+        .map(|s| match s.and_then(|s| field(s, "snapshot")) {
+            Some(Value::String(flag)) => Some(flag == "true" || flag == "last"),
+            Some(Value::Boolean(b)) => Some(*b),
+            _ => Some(false),
+        })
+        .collect();
+    let token_key_id: StringArray = records
+        .iter()
+        .map(|fs| match field(fs, "token_key_id") {
+            Some(Value::String(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect();
+    let event_ts: TimestampMicrosecondArray = records
+        .iter()
+        .map(|fs| long_of(field(fs, "ts_ms")).and_then(|ms| ms.checked_mul(1000)))
+        .collect::<TimestampMicrosecondArray>()
+        .with_timezone("UTC");
+    let schema_ids = Int32Array::from(vec![schema_id as i32; records.len()]);
+
+    // unchanged_toast_columns: a list of column names per event.
+    let mut offsets = vec![0i32];
+    let mut names: Vec<&str> = Vec::new();
+    for fs in &records {
+        if let Some(Value::Array(items)) = field(fs, "unchanged_toast_columns") {
+            for item in items {
+                if let Some(Value::String(s)) = present(item) {
+                    names.push(s);
+                }
+            }
+        }
+        offsets.push(i32::try_from(names.len()).map_err(|_| ArrowMappingError::Build {
+            path: "unchanged_toast_columns".into(),
+            reason: "too many items in one batch".into(),
+        })?);
+    }
+    let item = Arc::new(Field::new(LIST_ITEM, DataType::Utf8, true));
+    let toast = ListArray::try_new(
+        item.clone(),
+        OffsetBuffer::new(offsets.into()),
+        Arc::new(StringArray::from(names)),
+        None::<NullBuffer>,
+    )
+    .map_err(|e| ArrowMappingError::Build {
+        path: "unchanged_toast_columns".into(),
+        reason: e.to_string(),
+    })?;
+
+    let columns: Vec<(Field, ArrayRef)> = vec![
+        (Field::new("op", DataType::Utf8, true), Arc::new(op)),
+        (Field::new("before", before_ty, true), before),
+        (Field::new("after", after_ty, true), after),
+        (Field::new("lsn", DataType::Int64, true), Arc::new(source_long("lsn"))),
+        (
+            Field::new("commit_lsn", DataType::Int64, true),
+            Arc::new(source_long("commit_lsn")),
+        ),
+        (Field::new("ordinal", DataType::Int64, true), Arc::new(ordinal)),
+        (Field::new("tx_id", DataType::Int64, true), Arc::new(source_long("txId"))),
+        (Field::new("commit_ts", utc_micros(), true), Arc::new(commit_ts)),
+        (Field::new("snapshot", DataType::Boolean, true), Arc::new(snapshot)),
+        (
+            Field::new("unchanged_toast_columns", DataType::List(item), true),
+            Arc::new(toast),
+        ),
+        (Field::new("token_key_id", DataType::Utf8, true), Arc::new(token_key_id)),
+        (Field::new("event_ts", utc_micros(), true), Arc::new(event_ts)),
+        (Field::new("schema_id", DataType::Int32, true), Arc::new(schema_ids)),
+    ];
+    let (fields, arrays) = columns.into_iter().unzip();
+    Ok(EnvelopeColumns { fields, arrays })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::avro::envelope::{encode_change, table_schemas, SourceInfo};
+    use arrow::array::{Array, StructArray};
+    use wal2delta_model::{
+        BaseType, Change, ChangeOp, Column, ColumnType, ColumnValue, Datum, Lsn, ReplicaIdentity,
+        Row, TableName, TableSchema, TxPosition, TypeKind,
+    };
+
+    fn table() -> TableSchema {
+        let ty = |b: BaseType, name: &str| ColumnType {
+            oid: 0,
+            name: name.into(),
+            typmod: -1,
+            kind: TypeKind::Base(b),
+        };
+        TableSchema {
+            table: TableName::new("public", "t"),
+            relation_oid: 1,
+            columns: vec![
+                Column { name: "id".into(), ty: ty(BaseType::Int8, "int8"), is_key: true },
+                Column { name: "note".into(), ty: ty(BaseType::Text, "text"), is_key: false },
+            ],
+            replica_identity: ReplicaIdentity::Default,
+        }
+    }
+
+    #[test]
+    fn encoded_changes_become_envelope_columns() {
+        let t = table();
+        let schemas = table_schemas("cdc", &t).unwrap();
+        let source = SourceInfo { name: "cdc".into(), db: "app".into() };
+        let change = |op, after: Option<Vec<ColumnValue>>, ordinal| Change {
+            table: t.table.clone(),
+            op,
+            before: None,
+            after: after.map(|values| Row { values }),
+            position: TxPosition {
+                lsn: Lsn(100 + ordinal),
+                commit_lsn: Lsn(200),
+                xid: 9,
+                commit_ts_us: 1_700_000_000_123_000,
+                ordinal,
+            },
+        };
+        let events: Vec<Value> = [
+            change(ChangeOp::Insert, Some(vec![ColumnValue::Value(Datum::Int64(1)), ColumnValue::Null]), 0),
+            change(
+                ChangeOp::Update,
+                Some(vec![ColumnValue::Value(Datum::Int64(1)), ColumnValue::UnchangedToast]),
+                1,
+            ),
+        ]
+        .iter()
+        .map(|c| encode_change(&t, &schemas, &source, c, 5, None).unwrap().value)
+        .collect();
+        let refs: Vec<&Value> = events.iter().collect();
+        let cols = envelope_columns(&schemas.value, 42, &refs).unwrap();
+        let col = |name: &str| {
+            let i = cols.fields.iter().position(|f| f.name() == name).unwrap();
+            cols.arrays[i].clone()
+        };
+        let ops = col("op");
+        let ops = ops.as_any().downcast_ref::<StringArray>().unwrap();
+        assert_eq!((ops.value(0), ops.value(1)), ("c", "u"));
+        let lsn = col("lsn");
+        assert_eq!(lsn.as_any().downcast_ref::<Int64Array>().unwrap().value(1), 101);
+        let commit_ts = col("commit_ts");
+        assert_eq!(
+            commit_ts.as_any().downcast_ref::<TimestampMicrosecondArray>().unwrap().value(0),
+            1_700_000_000_123_000
+        );
+        let toast = col("unchanged_toast_columns");
+        let toast = toast.as_any().downcast_ref::<ListArray>().unwrap();
+        assert_eq!(toast.value(0).len(), 0);
+        assert_eq!(
+            toast.value(1).as_any().downcast_ref::<StringArray>().unwrap().value(0),
+            "note"
+        );
+        let after = col("after");
+        let after = after.as_any().downcast_ref::<StructArray>().unwrap();
+        assert_eq!(after.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(1), 1);
+        assert!(after.column(1).is_null(1), "unchanged TOAST is null in the image, listed above");
+        assert!(col("before").is_null(0));
+        assert_eq!(col("schema_id").as_any().downcast_ref::<Int32Array>().unwrap().value(0), 42);
+    }
+
+    #[test]
+    fn a_record_that_is_not_an_envelope_is_refused() {
+        let s = Schema::parse_str(r#"{"type":"record","name":"X","fields":[{"name":"a","type":"long"}]}"#).unwrap();
+        let v = Value::Record(vec![("a".into(), Value::Long(1))]);
+        assert!(envelope_columns(&s, 1, &[&v]).is_err());
+    }
+}
