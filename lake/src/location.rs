@@ -64,6 +64,34 @@ impl Lake {
         self.table(&["bronze", schema, table])
     }
 
+    /// Every Bronze table that exists: `(schema, table, url)`, sorted.
+    pub fn bronze_tables(&self) -> Vec<(String, String, Url)> {
+        let mut out = Vec::new();
+        let Ok(root) = self.root.to_file_path() else {
+            return out;
+        };
+        let dirs = |p: std::path::PathBuf| -> Vec<String> {
+            let mut names: Vec<String> = std::fs::read_dir(p)
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+                .filter_map(|e| e.file_name().into_string().ok())
+                .collect();
+            names.sort();
+            names
+        };
+        for schema in dirs(root.join("bronze")) {
+            for table in dirs(root.join("bronze").join(&schema)) {
+                if root.join("bronze").join(&schema).join(&table).join("_delta_log").is_dir() {
+                    let url = self.bronze(&schema, &table);
+                    out.push((schema.clone(), table, url));
+                }
+            }
+        }
+        out
+    }
+
     pub fn quarantine_records(&self) -> Url {
         self.table(&["quarantine", "records"])
     }

@@ -73,9 +73,9 @@ impl QuarantineRecord {
             Field::new("reason_code", DataType::Utf8, true),
             Field::new("detail", DataType::Utf8, true),
             Field::new("table_name", DataType::Utf8, true),
-            Field::new("topic", DataType::Utf8, true),
-            Field::new("partition", DataType::Int32, true),
-            Field::new("offset", DataType::Int64, true),
+            Field::new("kafka_topic", DataType::Utf8, true),
+            Field::new("kafka_partition", DataType::Int32, true),
+            Field::new("kafka_offset", DataType::Int64, true),
             Field::new("source_lsn", DataType::Int64, true),
             Field::new("key", DataType::Binary, true),
             Field::new("raw", DataType::Binary, true),
@@ -141,11 +141,11 @@ impl QuarantineRecord {
         let reasons = text("reason_code")?;
         let details = text("detail")?;
         let tables = text("table_name")?;
-        let topics = text("topic")?;
+        let topics = text("kafka_topic")?;
         let keys = bytes("key")?;
         let raws = bytes("raw")?;
-        let partitions = cast::<Int32Array>(col("partition")?, "partition")?;
-        let offsets = cast::<Int64Array>(col("offset")?, "offset")?;
+        let partitions = cast::<Int32Array>(col("kafka_partition")?, "kafka_partition")?;
+        let offsets = cast::<Int64Array>(col("kafka_offset")?, "kafka_offset")?;
         let lsns = cast::<Int64Array>(col("source_lsn")?, "source_lsn")?;
         let at = cast::<TimestampMicrosecondArray>(col("quarantined_at")?, "quarantined_at")?;
         let opt32 = |a: &Int32Array, i: usize| a.is_valid(i).then(|| a.value(i));

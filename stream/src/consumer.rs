@@ -85,18 +85,41 @@ pub enum ConsumerEvent {
 }
 
 enum Command {
-    Seek { topic: String, partition: i32, offset: i64 },
+    Seek {
+        topic: String,
+        partition: i32,
+        offset: Option<i64>,
+    },
 }
 
 type Epochs = Arc<Mutex<HashMap<(String, i32), u64>>>;
+type Watermarks = Arc<Mutex<HashMap<(String, i32), i64>>>;
 
 struct GroupContext {
     offsets: Arc<dyn StartOffsets>,
     events: mpsc::Sender<ConsumerEvent>,
     epochs: Epochs,
+    high_watermarks: Watermarks,
 }
 
-impl ClientContext for GroupContext {}
+impl ClientContext for GroupContext {
+    /// librdkafka's statistics carry each assigned partition's high watermark, which the
+    /// stage turns into consumer lag (committed offsets, which librdkafka's own lag uses,
+    /// are never written).
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        let mut marks = self
+            .high_watermarks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        for (topic, t) in statistics.topics {
+            for (partition, p) in t.partitions {
+                if partition >= 0 && p.hi_offset >= 0 {
+                    marks.insert((topic.clone(), partition), p.hi_offset);
+                }
+            }
+        }
+    }
+}
 
 impl GroupContext {
     fn next_epoch(&self, topic: &str, partition: i32) -> u64 {
@@ -205,6 +228,7 @@ impl ConsumerContext for GroupContext {
 /// Handle of the consumer thread.
 pub struct ChangeConsumer {
     events: mpsc::Receiver<ConsumerEvent>,
+    high_watermarks: Watermarks,
     commands: std_mpsc::Sender<Command>,
     stop: Arc<AtomicBool>,
     thread: Option<JoinHandle<()>>,
@@ -220,10 +244,12 @@ impl ChangeConsumer {
     ) -> Result<Self, StreamError> {
         let (tx, rx) = mpsc::channel(capacity.max(16));
         let epochs: Epochs = Arc::default();
+        let high_watermarks: Watermarks = Arc::default();
         let context = GroupContext {
             offsets,
             events: tx.clone(),
             epochs: epochs.clone(),
+            high_watermarks: high_watermarks.clone(),
         };
         let mut config = ClientConfig::new();
         for (k, v) in &settings.extra {
@@ -237,6 +263,7 @@ impl ChangeConsumer {
             .set("auto.offset.reset", "earliest")
             .set("allow.auto.create.topics", "false")
             .set("partition.assignment.strategy", "range,roundrobin")
+            .set("statistics.interval.ms", "5000")
             .set(
                 "topic.metadata.refresh.interval.ms",
                 settings.metadata_refresh.as_millis().to_string(),
@@ -256,6 +283,7 @@ impl ChangeConsumer {
             })?;
         Ok(ChangeConsumer {
             events: rx,
+            high_watermarks,
             commands: cmd_tx,
             stop,
             thread: Some(thread),
@@ -267,8 +295,18 @@ impl ChangeConsumer {
         self.events.recv().await
     }
 
-    /// Re-reads `topic/partition` from `offset`; a [`ConsumerEvent::Seeked`] follows.
-    pub fn seek(&self, topic: &str, partition: i32, offset: i64) {
+    /// The last high watermark librdkafka reported for a partition (every 5 s).
+    pub fn high_watermark(&self, topic: &str, partition: i32) -> Option<i64> {
+        self.high_watermarks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&(topic.to_owned(), partition))
+            .copied()
+    }
+
+    /// Re-reads `topic/partition` from `offset` (`None`: its beginning); a
+    /// [`ConsumerEvent::Seeked`] follows.
+    pub fn seek(&self, topic: &str, partition: i32, offset: Option<i64>) {
         let _ = self.commands.send(Command::Seek {
             topic: topic.to_owned(),
             partition,
@@ -318,7 +356,7 @@ fn poll_loop(
             let event = match consumer.seek(
                 &topic,
                 partition,
-                Offset::Offset(offset),
+                offset.map_or(Offset::Beginning, Offset::Offset),
                 Duration::from_secs(10),
             ) {
                 Ok(()) => {
@@ -327,10 +365,12 @@ fn poll_loop(
                         topic,
                         partition,
                         epoch,
-                        next: Some(offset),
+                        next: offset,
                     })
                 }
-                Err(e) => ConsumerEvent::Failed(format!("cannot seek {topic}/{partition} to {offset}: {e}")),
+                Err(e) => ConsumerEvent::Failed(format!(
+                    "cannot seek {topic}/{partition} to {offset:?}: {e}"
+                )),
             };
             if events.blocking_send(event).is_err() {
                 return;
@@ -362,4 +402,49 @@ fn poll_loop(
             return;
         }
     }
+}
+
+/// The high watermark of every partition of `topics` (for `status`).
+pub fn high_watermarks(
+    brokers: &str,
+    topics: &[String],
+    timeout: Duration,
+) -> Result<Vec<(String, i32, i64)>, StreamError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", crate::reader_group("wal2delta-status"))
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let mut out = Vec::new();
+    for topic in topics {
+        let metadata = consumer.fetch_metadata(Some(topic), timeout)?;
+        for t in metadata.topics() {
+            for p in t.partitions() {
+                let (_, high) = consumer.fetch_watermarks(topic, p.id(), timeout)?;
+                out.push((topic.clone(), p.id(), high));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Every topic whose name matches `is_wanted`.
+pub fn list_topics(
+    brokers: &str,
+    is_wanted: impl Fn(&str) -> bool,
+    timeout: Duration,
+) -> Result<Vec<String>, StreamError> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", crate::reader_group("wal2delta-status"))
+        .create()?;
+    let metadata = consumer.fetch_metadata(None, timeout)?;
+    let mut topics: Vec<String> = metadata
+        .topics()
+        .iter()
+        .map(|t| t.name().to_owned())
+        .filter(|n| is_wanted(n))
+        .collect();
+    topics.sort();
+    Ok(topics)
 }

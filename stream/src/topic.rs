@@ -13,6 +13,34 @@ pub fn table_topic(prefix: &str, table: &TableName) -> String {
     )
 }
 
+/// The `(schema, table)` parts of a table topic `{prefix}.{schema}.{table}`, as sanitized
+/// in the topic name; `None` for any other topic (positions, snapshots, DLQ).
+pub fn table_of_topic<'t>(prefix: &str, topic: &'t str) -> Option<(&'t str, &'t str)> {
+    let rest = topic.strip_prefix(prefix)?.strip_prefix('.')?;
+    let (schema, table) = rest.split_once('.')?;
+    let ok = |s: &str| {
+        !s.is_empty()
+            && s.chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-')
+    };
+    (ok(schema) && ok(table)).then_some((schema, table))
+}
+
+/// The librdkafka subscription pattern matching every table topic of `prefix`.
+pub fn table_topic_pattern(prefix: &str) -> String {
+    let escaped: String = prefix
+        .chars()
+        .flat_map(|c| {
+            if c.is_ascii_alphanumeric() || c == '_' {
+                vec![c]
+            } else {
+                vec!['\\', c]
+            }
+        })
+        .collect();
+    format!("^{escaped}\\.[A-Za-z0-9_-]+\\.[A-Za-z0-9_-]+$")
+}
+
 pub fn key_subject(topic: &str) -> String {
     format!("{topic}-key")
 }
@@ -48,6 +76,22 @@ mod tests {
         assert_eq!(
             table_topic("cdc", &TableName::new("My Schema", "a.b")),
             "cdc.My_Schema.a_b"
+        );
+    }
+
+    #[test]
+    fn table_topics_are_told_from_internal_topics() {
+        assert_eq!(
+            table_of_topic("cdc", "cdc.public.transactions"),
+            Some(("public", "transactions"))
+        );
+        assert_eq!(table_of_topic("cdc", "cdc.positions"), None);
+        assert_eq!(table_of_topic("cdc", "cdcx.public.t"), None);
+        assert_eq!(table_of_topic("my.cdc", "my.cdc.s.t"), Some(("s", "t")));
+        assert_eq!(table_of_topic("cdc", "cdc.a.b.c"), None);
+        assert_eq!(
+            table_topic_pattern("my.cdc"),
+            "^my\\.cdc\\.[A-Za-z0-9_-]+\\.[A-Za-z0-9_-]+$"
         );
     }
 }

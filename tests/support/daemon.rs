@@ -128,6 +128,39 @@ listen = "127.0.0.1:0"
         Ok(())
     }
 
+    /// Starts `wal2delta run --stage {stages}` as a separate process (e.g. a bronze writer
+    /// beside the capture daemon); its log is `{log}.log` in the test directory.
+    pub fn spawn_stage(&self, stages: &str, log: &str) -> Result<StageProcess> {
+        let log_path = self.dir.join(format!("{log}.log"));
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)?;
+        let mut cmd = Command::new(binary());
+        cmd.arg("--config")
+            .arg(&self.config)
+            .args(["run", "--stage", stages]);
+        clear_overrides(&mut cmd);
+        cmd.envs(self.env.iter().cloned());
+        cmd.env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(file);
+        Ok(StageProcess {
+            child: Some(cmd.spawn().context("starting wal2delta")?),
+            log: log_path,
+        })
+    }
+
+    /// The lake directory of this test's config.
+    pub fn lake(&self) -> PathBuf {
+        self.dir.join("lake")
+    }
+
+    /// The Bronze table of `table` in this test's schema.
+    pub fn bronze(&self, table: &str) -> PathBuf {
+        self.lake().join("bronze").join(&self.schema).join(table)
+    }
+
     /// The running daemon's process id.
     pub fn pid(&self) -> Option<u32> {
         self.child.as_ref().map(Child::id)
@@ -202,6 +235,65 @@ listen = "127.0.0.1:0"
     pub fn last_log(&self) -> String {
         std::fs::read_to_string(self.dir.join(format!("capture-{}.log", self.runs)))
             .unwrap_or_default()
+    }
+}
+
+/// A `wal2delta run` process started with [`Daemon::spawn_stage`].
+pub struct StageProcess {
+    child: Option<Child>,
+    pub log: PathBuf,
+}
+
+impl StageProcess {
+    /// SIGKILL: no chance to flush or commit anything.
+    pub fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// SIGTERM and wait for a clean exit.
+    pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
+        let Some(mut c) = self.child.take() else {
+            bail!("not running")
+        };
+        unsafe_sigterm(c.id());
+        let start = Instant::now();
+        loop {
+            if let Some(status) = c.try_wait()? {
+                return Ok(status);
+            }
+            if start.elapsed() > Duration::from_secs(60) {
+                let _ = c.kill();
+                bail!("wal2delta did not exit within 60 s of SIGTERM");
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Fails (with the log) if the process exited.
+    pub fn assert_running(&mut self) -> Result<()> {
+        if let Some(c) = self.child.as_mut() {
+            if let Some(status) = c.try_wait()? {
+                bail!("wal2delta exited with {status}: {}", self.log_text());
+            }
+        }
+        Ok(())
+    }
+
+    pub fn log_text(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        // The tail is what matters; logs of long runs are large.
+        let start = text.len().saturating_sub(8_000);
+        let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+        text[start..].to_owned()
+    }
+}
+
+impl Drop for StageProcess {
+    fn drop(&mut self) {
+        self.kill9();
     }
 }
 

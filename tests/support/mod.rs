@@ -6,6 +6,7 @@
 
 pub mod daemon;
 pub mod kafka;
+pub mod lake;
 
 use std::time::{Duration, Instant};
 

@@ -27,14 +27,11 @@ pub struct Cli {
 pub enum Command {
     /// Check prerequisites and create the publication and slot (idempotent).
     Setup,
-    /// Run the daemon: all stages, or those named with --stage.
+    /// Run the daemon: every stage this version has, or those named with --stage.
     Run {
-        /// Comma-separated stages: capture, bronze, silver, gold, rules.
-        #[arg(
-            long,
-            value_delimiter = ',',
-            default_value = "capture,bronze,silver,gold,rules"
-        )]
+        /// Comma-separated stages: capture, bronze (silver, gold and rules are not built
+        /// yet). Default: every built stage.
+        #[arg(long, value_delimiter = ',')]
         stage: Vec<Stage>,
         /// Start even when the slot is ahead of the last position recorded in Kafka
         /// (accepting that changes in between may be missing from Kafka).

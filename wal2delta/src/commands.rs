@@ -8,7 +8,7 @@ use wal2delta_cdc::{setup, slot, source};
 
 use crate::cli::{Cli, Command, Stage};
 use crate::config::Config;
-use crate::{capture, health, metrics, telemetry};
+use crate::{bronze, capture, health, metrics, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = Config::load(&cli.config)?;
@@ -89,14 +89,20 @@ async fn run_daemon(
     stages: &[Stage],
     allow_slot_ahead: bool,
 ) -> anyhow::Result<ExitCode> {
+    const BUILT: [Stage; 2] = [Stage::Capture, Stage::Bronze];
+    let stages: Vec<Stage> = if stages.is_empty() {
+        BUILT.to_vec()
+    } else {
+        stages.to_vec()
+    };
     let unbuilt: Vec<String> = stages
         .iter()
-        .filter(|s| **s != Stage::Capture)
+        .filter(|s| !BUILT.contains(s))
         .map(|s| format!("{s:?}").to_lowercase())
         .collect();
     if !unbuilt.is_empty() {
         bail!(
-            "stage(s) {} are not built in this version; run with --stage capture",
+            "stage(s) {} are not built in this version; run with --stage capture,bronze",
             unbuilt.join(", ")
         );
     }
@@ -107,7 +113,22 @@ async fn run_daemon(
         tracing::info!("shutdown requested; draining");
         let _ = tx.send(true);
     });
-    capture::run(config, rx, allow_slot_ahead).await?;
+    // The stages run side by side; the first to fail stops the others.
+    let capture = async {
+        if stages.contains(&Stage::Capture) {
+            capture::run(config, rx.clone(), allow_slot_ahead).await
+        } else {
+            Ok(())
+        }
+    };
+    let bronze = async {
+        if stages.contains(&Stage::Bronze) {
+            bronze::run(config, rx.clone()).await
+        } else {
+            Ok(())
+        }
+    };
+    tokio::try_join!(capture, bronze)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -148,13 +169,48 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
         .ok_or_else(|| anyhow!("replication slot {:?} disappeared", config.source.slot))?;
     let wal_rate = rate.sample(std::time::Instant::now(), info.current_wal);
     let snapshots = snapshot_progress(config).await;
+    let bronze_lag = bronze::status::lag(config).await;
+    let quarantine = quarantine_counts(config).await;
     if json {
         let mut doc = health::to_json(&info, wal_rate);
         doc["stages"]["snapshot"] = health::snapshot_json(&snapshots);
+        doc["stages"]["bronze"] = match &bronze_lag {
+            Ok(tables) => serde_json::json!({ "tables": tables }),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
+        doc["quarantine"] = match &quarantine {
+            Ok(counts) => serde_json::json!(counts),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
         println!("{}", serde_json::to_string_pretty(&doc)?);
     } else {
         print!("{}", health::to_text(&info, wal_rate));
         print!("{}", health::snapshot_text(&snapshots));
+        match &bronze_lag {
+            Ok(tables) if tables.is_empty() => println!("bronze: no table topics yet"),
+            Ok(tables) => {
+                println!("bronze:");
+                for t in tables {
+                    println!(
+                        "  {}: {} events behind Kafka (table version {})",
+                        t.table,
+                        t.lag_events,
+                        t.version.map_or("none".into(), |v| v.to_string())
+                    );
+                }
+            }
+            Err(e) => println!("bronze: unknown ({e})"),
+        }
+        match &quarantine {
+            Ok(counts) if counts.is_empty() => println!("quarantine: empty"),
+            Ok(counts) => {
+                println!("quarantine:");
+                for (k, n) in counts {
+                    println!("  {k}: {n}");
+                }
+            }
+            Err(e) => println!("quarantine: unknown ({e})"),
+        }
     }
     // A lost slot is an emergency: say so in the exit code too.
     Ok(if info.is_lost() {
@@ -162,6 +218,22 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Quarantined records by `stage/reason_code`.
+async fn quarantine_counts(
+    config: &Config,
+) -> Result<std::collections::BTreeMap<String, u64>, String> {
+    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let mut table = wal2delta_lake::quarantine::QuarantineTable::new(lake.quarantine_records());
+    let records = table.read_all().await.map_err(|e| e.to_string())?;
+    let mut counts = std::collections::BTreeMap::new();
+    for r in records {
+        *counts
+            .entry(format!("{}/{}", r.stage.as_str(), r.reason_code))
+            .or_insert(0) += 1;
+    }
+    Ok(counts)
 }
 
 /// Snapshot progress from Kafka; `Err` with the reason when it cannot be read.

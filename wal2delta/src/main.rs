@@ -1,5 +1,6 @@
 //! The `wal2delta` binary: loads the config, sets up tracing and metrics, runs a command.
 
+mod bronze;
 mod capture;
 mod cli;
 mod commands;

@@ -59,6 +59,29 @@ pub const SNAPSHOT_THROTTLED: &str = "wal2delta_snapshot_throttled_seconds_total
 /// Heartbeat messages written to the source's WAL.
 pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 
+/// Rows appended to Bronze tables (label `table`).
+pub const BRONZE_ROWS: &str = "wal2delta_bronze_rows_total";
+/// Payload bytes of the events appended to Bronze (label `table`).
+pub const BRONZE_BYTES: &str = "wal2delta_bronze_bytes_total";
+/// Bronze commits (label `table`).
+pub const BRONZE_COMMITS: &str = "wal2delta_bronze_commits_total";
+/// Seconds from the start of a micro-batch commit to its end.
+pub const BRONZE_BATCH_SECONDS: &str = "wal2delta_bronze_batch_seconds";
+/// Events in Kafka not yet committed to Bronze (labels `topic`, `partition`).
+pub const BRONZE_CONSUMER_LAG: &str = "wal2delta_bronze_consumer_lag_events";
+/// Commits refused because another writer committed the same partitions first.
+pub const BRONZE_COMMIT_CONFLICTS: &str = "wal2delta_bronze_commit_conflicts_total";
+/// Offsets the broker no longer held when Bronze reached them.
+pub const BRONZE_OFFSET_GAPS: &str = "wal2delta_bronze_offset_gaps_total";
+/// Bronze sessions restarted after a transient failure.
+pub const BRONZE_RESTARTS: &str = "wal2delta_bronze_restarts_total";
+/// Records quarantined (labels `stage`, `reason`).
+pub const QUARANTINED: &str = "wal2delta_quarantined_records_total";
+/// Small files removed by compaction (label `table`).
+pub const LAKE_FILES_COMPACTED: &str = "wal2delta_lake_files_compacted_total";
+/// Compaction/checkpoint passes that failed (label `table`).
+pub const LAKE_MAINTENANCE_FAILURES: &str = "wal2delta_lake_maintenance_failures_total";
+
 /// Starts the Prometheus text endpoint.
 pub fn install(listen: &str) -> anyhow::Result<()> {
     let addr: SocketAddr = listen.parse()?;

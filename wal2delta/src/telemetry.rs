@@ -4,8 +4,26 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::LogConfig;
 
+/// Libraries that log every commit and scan at INFO; quieted to WARN unless the filter
+/// names them.
+const CHATTY: [&str; 5] = [
+    "deltalake_core",
+    "buoyant_kernel",
+    "delta_kernel",
+    "datafusion",
+    "object_store",
+];
+
 pub fn init(log: &LogConfig) {
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(&log.level));
+    let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| log.level.clone());
+    let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new(&log.level));
+    for target in CHATTY {
+        if !spec.contains(target) {
+            if let Ok(d) = format!("{target}=warn").parse() {
+                filter = filter.add_directive(d);
+            }
+        }
+    }
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -1,0 +1,59 @@
+"""Independent reader of the lake for the end-to-end tests (DESIGN §5).
+
+    lake.py duckdb SQL       run SQL in DuckDB 1.4.4 with the delta extension loaded from
+                             the duckdb-ext-delta package; print the rows as JSON
+    lake.py deltalake PATH   open PATH with the deltalake package; print version, rows,
+                             partition columns and protocol as JSON
+
+Values that JSON cannot hold (dates, decimals, bytes) are printed as strings.
+"""
+import glob
+import json
+import os
+import site
+import sys
+
+
+def main():
+    mode, arg = sys.argv[1], sys.argv[2]
+    if mode == "duckdb":
+        import duckdb
+
+        ext = glob.glob(
+            os.path.join(site.getsitepackages()[0], "duckdb_ext/extensions/*/*/delta.duckdb_extension")
+        )
+        if not ext:
+            raise SystemExit("duckdb-ext-delta is not installed (run ops/pyenv)")
+        con = duckdb.connect()
+        con.execute(f"LOAD '{ext[0]}'")
+        rows = con.execute(arg).fetchall()
+        out = [[v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for v in r] for r in rows]
+    elif mode == "deltalake":
+        import deltalake
+
+        dt = deltalake.DeltaTable(arg)
+        p = dt.protocol()
+        out = {
+            "version": dt.version(),
+            "rows": dt.to_pyarrow_table().num_rows,
+            "partition_columns": dt.metadata().partition_columns,
+            "min_reader_version": p.min_reader_version,
+        }
+    else:
+        raise SystemExit(f"unknown mode {mode}")
+    sys.stdout.write(json.dumps(out))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit:
+        raise
+    except Exception as e:  # noqa: BLE001 - report any failure as one line
+        sys.stderr.write(f"{type(e).__name__}: {e}\n")
+        sys.stderr.flush()
+        os._exit(1)
+    # DuckDB and deltalake both start native threads; skip interpreter teardown, which can
+    # abort when both are loaded.
+    os._exit(0)

@@ -1,0 +1,121 @@
+//! Independent checks of the lake with DuckDB's delta extension and the `deltalake`
+//! Python package (through `tests/py/lake.py`, in the virtualenv `ops/pyenv` makes).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+use serde_json::Value;
+
+/// The virtualenv's python: `$WAL2DELTA_PYTHON` (set by `ops/test`), else `ops/pyenv`.
+fn python() -> Result<PathBuf> {
+    if let Ok(p) = std::env::var("WAL2DELTA_PYTHON") {
+        return Ok(PathBuf::from(p));
+    }
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = Command::new(root.join("ops/pyenv"))
+        .output()
+        .context("running ops/pyenv")?;
+    if !out.status.success() {
+        bail!("ops/pyenv failed: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()))
+}
+
+fn run(mode: &str, arg: &str) -> Result<Value> {
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/lake.py");
+    let out = Command::new(python()?)
+        .arg(script)
+        .args([mode, arg])
+        .output()
+        .context("running tests/py/lake.py")?;
+    if !out.status.success() {
+        bail!(
+            "lake.py {mode} failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("lake.py printed no JSON")
+}
+
+/// Rows of a DuckDB query (tables are read with `delta_scan('path')`).
+pub fn duckdb(sql: &str) -> Result<Vec<Vec<Value>>> {
+    let v = run("duckdb", sql)?;
+    Ok(serde_json::from_value(v)?)
+}
+
+/// One integer from a DuckDB query returning one row with one column.
+pub fn duckdb_i64(sql: &str) -> Result<i64> {
+    let rows = duckdb(sql)?;
+    rows.first()
+        .and_then(|r| r.first())
+        .and_then(Value::as_i64)
+        .with_context(|| format!("no integer from {sql}: {rows:?}"))
+}
+
+/// The table as the `deltalake` package sees it: version, rows, partition columns.
+pub fn deltalake_info(path: &Path) -> Result<Value> {
+    run("deltalake", &path.display().to_string())
+}
+
+/// `delta_scan('{path}')`.
+pub fn scan(path: &Path) -> String {
+    format!("delta_scan('{}')", path.display())
+}
+
+/// Parquet files under a table directory that no commit of its log references: files a
+/// writer wrote but did not commit.
+pub fn uncommitted_files(table: &Path) -> Result<Vec<String>> {
+    let mut referenced = std::collections::HashSet::new();
+    let log = table.join("_delta_log");
+    if let Ok(entries) = std::fs::read_dir(&log) {
+        for e in entries.flatten() {
+            let p = e.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                let text = std::fs::read_to_string(&p)?;
+                for line in text.lines() {
+                    let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
+                    if let Some(path) = v.get("add").and_then(|a| a.get("path")).and_then(Value::as_str) {
+                        referenced.insert(percent_decode(path));
+                    }
+                }
+            }
+        }
+    }
+    let mut out = Vec::new();
+    let mut stack = vec![table.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for e in std::fs::read_dir(&dir)?.flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                if p.file_name().is_some_and(|n| n != "_delta_log") {
+                    stack.push(p);
+                }
+            } else if p.extension().is_some_and(|x| x == "parquet") {
+                let rel = p.strip_prefix(table)?.to_string_lossy().into_owned();
+                if !referenced.contains(&rel) {
+                    out.push(rel);
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}

@@ -1,0 +1,383 @@
+//! The bronze stage: change topics → Bronze Delta tables, exactly once.
+//!
+//! Events are read by a consumer group positioned from the Bronze tables themselves
+//! ([`offsets::LakeOffsets`]), gathered into micro-batches bounded by time, events and
+//! bytes, and appended one commit per table, the commit carrying the last offset of every
+//! partition it covers (`wal2delta_lake::bronze`). An event that cannot be decoded, or
+//! whose schema cannot be merged into its table, goes to the quarantine table first, and
+//! its offset is covered by the Bronze commit that follows, so the stream goes on.
+//!
+//! Progress held only in memory (read positions, buffered events) is disposable: after a
+//! crash, a rebalance, or a commit found stale (another writer stored those offsets first),
+//! partitions are re-read from the offsets the tables hold.
+
+mod batch;
+mod maintenance;
+mod offsets;
+pub mod status;
+
+use std::collections::HashMap;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use anyhow::anyhow;
+use tokio::sync::watch;
+use wal2delta_lake::bronze::{Append, AppendOutcome, BronzeTable};
+use wal2delta_lake::quarantine::QuarantineTable;
+use wal2delta_lake::{Lake, LakeError};
+use wal2delta_model::ErrorClass;
+use wal2delta_quarantine::Stage as QuarantineStage;
+use wal2delta_stream::consumer::{ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage};
+use wal2delta_stream::decode::{DecodeError, EventDecoder};
+use wal2delta_stream::topic::table_topic_pattern;
+use wal2delta_stream::StreamError;
+
+use crate::config::Config;
+use crate::metrics as m;
+use batch::{BufferedEvent, MicroBatch, TopicBuffer};
+use offsets::LakeOffsets;
+
+/// Why a session ended.
+#[derive(Debug, thiserror::Error)]
+enum SessionError {
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    #[error(transparent)]
+    Stream(#[from] StreamError),
+    #[error(transparent)]
+    Decode(#[from] DecodeError),
+    #[error("the consumer stopped: {0}")]
+    Consumer(String),
+}
+
+impl SessionError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            SessionError::Lake(e) => e.class(),
+            SessionError::Stream(e) => e.class(),
+            SessionError::Decode(e) => e.class(),
+            SessionError::Consumer(_) => ErrorClass::Transient,
+        }
+    }
+}
+
+/// Runs the bronze stage until `shutdown` turns true. Transient failures restart the
+/// session (from the offsets the tables hold) with backoff.
+pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let maintenance = maintenance::spawn(config, lake.clone(), shutdown.clone());
+    let mut backoff = Duration::from_millis(500);
+    let result = loop {
+        match session(config, &lake, &mut shutdown).await {
+            Ok(()) => break Ok(()),
+            Err(e) if e.class() == ErrorClass::Transient => {
+                metrics::counter!(m::BRONZE_RESTARTS).increment(1);
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "bronze session ended; restarting from the offsets stored in the Bronze tables");
+                tokio::select! {
+                    _ = tokio::time::sleep(backoff) => {}
+                    _ = shutdown.changed() => break Ok(()),
+                }
+                backoff = (backoff * 2).min(Duration::from_secs(30));
+            }
+            Err(e) => break Err(anyhow!("bronze stage: {e}")),
+        }
+    };
+    if let Some(task) = maintenance {
+        task.abort();
+    }
+    result
+}
+
+/// A partition this process owns.
+struct Owned {
+    /// Messages of other epochs are stale (read before a seek or reassignment).
+    epoch: u64,
+    /// The next offset expected; `None` until the first message after a start from the
+    /// partition's beginning.
+    next: Option<i64>,
+    /// The offset after the last one committed to Bronze (for lag).
+    committed_next: Option<i64>,
+}
+
+/// Waiting for a seek to take effect: no message epoch matches.
+const AWAITING_SEEK: u64 = u64::MAX;
+
+struct Session<'a> {
+    config: &'a Config,
+    lake: &'a Lake,
+    decoder: EventDecoder,
+    consumer: ChangeConsumer,
+    owned: HashMap<(String, i32), Owned>,
+    batch: MicroBatch,
+    tables: HashMap<String, BronzeTable>,
+    quarantine: QuarantineTable,
+}
+
+async fn session(
+    config: &Config,
+    lake: &Lake,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<(), SessionError> {
+    let b = &config.bronze;
+    let prefix = config.kafka.topic_prefix.clone();
+    let settings = ConsumerSettings {
+        brokers: config.kafka.brokers.clone(),
+        group_id: b.group_id.clone(),
+        subscription: vec![table_topic_pattern(&prefix)],
+        metadata_refresh: Duration::from_millis(b.topic_refresh_ms),
+        extra: b.consumer.clone(),
+    };
+    let offsets = LakeOffsets::new(lake.clone(), prefix, tokio::runtime::Handle::current());
+    // Enough queued messages to keep a commit busy without holding much more than a batch.
+    let capacity = b.max_batch_events.clamp(1_000, 100_000);
+    let consumer = ChangeConsumer::start(settings, offsets, capacity)?;
+    let mut s = Session {
+        config,
+        lake,
+        decoder: EventDecoder::new(&config.schema_registry.url)?,
+        consumer,
+        owned: HashMap::new(),
+        batch: MicroBatch::default(),
+        tables: HashMap::new(),
+        quarantine: QuarantineTable::new(lake.quarantine_records()),
+    };
+    tracing::info!(group = %b.group_id, "bronze stage started");
+    let mut lag_tick = tokio::time::interval(Duration::from_secs(5));
+    let max_wait = Duration::from_millis(b.max_batch_ms);
+    loop {
+        let deadline = s
+            .batch
+            .started
+            .map(|t| tokio::time::Instant::from_std(t + max_wait));
+        tokio::select! {
+            _ = shutdown.changed() => {
+                // Commit what was read so a clean stop leaves nothing to re-read.
+                s.flush().await?;
+                s.consumer.shutdown();
+                tracing::info!("bronze stage stopped");
+                return Ok(());
+            }
+            event = s.consumer.next() => match event {
+                None => return Err(SessionError::Consumer("the consumer thread ended".into())),
+                Some(e) => s.on_event(e).await?,
+            },
+            _ = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
+                s.flush().await?;
+            }
+            _ = lag_tick.tick() => s.report_lag(),
+        }
+        if s.batch.events >= b.max_batch_events || s.batch.bytes >= b.max_batch_bytes {
+            s.flush().await?;
+        }
+    }
+}
+
+fn now_us() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
+impl Session<'_> {
+    async fn on_event(&mut self, event: ConsumerEvent) -> Result<(), SessionError> {
+        match event {
+            ConsumerEvent::Assigned(starts) => {
+                for st in starts {
+                    tracing::info!(topic = %st.topic, partition = st.partition, next = ?st.next, "partition assigned");
+                    self.owned.insert(
+                        (st.topic, st.partition),
+                        Owned {
+                            epoch: st.epoch,
+                            next: st.next,
+                            committed_next: st.next,
+                        },
+                    );
+                }
+            }
+            ConsumerEvent::Revoked(parts) => {
+                for (topic, partition) in parts {
+                    self.owned.remove(&(topic.clone(), partition));
+                    self.batch.drop_partition(&topic, partition);
+                    metrics::gauge!(m::BRONZE_CONSUMER_LAG, "topic" => topic, "partition" => partition.to_string()).set(0.0);
+                }
+            }
+            ConsumerEvent::Seeked(st) => {
+                if let Some(o) = self.owned.get_mut(&(st.topic, st.partition)) {
+                    o.epoch = st.epoch;
+                    o.next = st.next;
+                }
+            }
+            ConsumerEvent::Message(msg) => self.on_message(msg).await?,
+            ConsumerEvent::Failed(reason) => return Err(SessionError::Consumer(reason)),
+        }
+        Ok(())
+    }
+
+    async fn on_message(&mut self, msg: RawMessage) -> Result<(), SessionError> {
+        let Some(owned) = self.owned.get_mut(&(msg.topic.clone(), msg.partition)) else {
+            return Ok(()); // revoked meanwhile
+        };
+        if msg.epoch != owned.epoch {
+            return Ok(()); // read before a seek or reassignment
+        }
+        if let Some(next) = owned.next {
+            if msg.offset < next {
+                return Ok(()); // already stored
+            }
+            if msg.offset > next {
+                metrics::counter!(m::BRONZE_OFFSET_GAPS).increment(1);
+                tracing::warn!(topic = %msg.topic, partition = msg.partition, expected = next, got = msg.offset, "offsets skipped: the broker no longer holds them (retention) or they were never written");
+            }
+        }
+        owned.next = Some(msg.offset + 1);
+        let decoded = match &msg.payload {
+            None => Err(("empty_payload", "the message has no value".to_owned())),
+            Some(p) => match self.decoder.decode(p).await {
+                Ok(d) => Ok((d.schema, d.value)),
+                Err(e) if e.class() == ErrorClass::Transient => return Err(e.into()),
+                Err(e) => Err((e.reason_code(), e.to_string())),
+            },
+        };
+        let topic = msg.topic.clone();
+        self.batch.push(&topic, BufferedEvent::new(msg, decoded));
+        Ok(())
+    }
+
+    /// Commits the micro-batch: quarantine records first, then one Bronze commit per table
+    /// (tables in parallel).
+    async fn flush(&mut self) -> Result<(), SessionError> {
+        if self.batch.is_empty() {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        let events = self.batch.events;
+        let topics = self.batch.take();
+        let ingested_at = now_us();
+        let prefix = &self.config.kafka.topic_prefix;
+
+        // Prepare each topic against its table's current schema.
+        let mut work: Vec<(String, TopicBuffer, BronzeTable, batch::Prepared)> = Vec::new();
+        let mut quarantined = Vec::new();
+        for (topic, buf) in topics {
+            let mut table = match self.tables.remove(&topic) {
+                Some(t) => t,
+                None => match LakeOffsets::table_for(self.lake, prefix, &topic) {
+                    Some(t) => t,
+                    None => continue, // not a table topic; the subscription excludes these
+                },
+            };
+            table.refresh().await?;
+            let schema = table.arrow_schema();
+            let prepared = buf.prepare(&topic, table.name(), schema.as_deref(), ingested_at);
+            quarantined.extend(prepared.quarantined.iter().cloned());
+            work.push((topic, buf, table, prepared));
+        }
+        if !quarantined.is_empty() {
+            let mut by_reason: HashMap<String, u64> = HashMap::new();
+            for r in &quarantined {
+                *by_reason.entry(r.reason_code.clone()).or_default() += 1;
+            }
+            let stored = self.quarantine.append(QuarantineStage::Bronze, quarantined).await?;
+            for (reason, n) in by_reason {
+                tracing::warn!(reason = %reason, events = n, "events quarantined");
+                metrics::counter!(m::QUARANTINED, "stage" => "bronze", "reason" => reason).increment(n);
+            }
+            tracing::debug!(stored, "quarantine records appended");
+        }
+
+        let appends = work.into_iter().map(|(topic, buf, mut table, prepared)| async move {
+            let rows: usize = prepared.batches.iter().map(|b| b.num_rows()).sum();
+            let conflicts_before = table.conflicts();
+            let outcome = table
+                .append(Append {
+                    topic: topic.clone(),
+                    batches: prepared.batches,
+                    ranges: buf.ranges.clone(),
+                })
+                .await;
+            let conflicts = table.conflicts() - conflicts_before;
+            (topic, buf, table, rows, prepared.payload_bytes, conflicts, outcome)
+        });
+        let results = futures::future::join_all(appends).await;
+        let mut first_error = None;
+        for (topic, buf, table, rows, bytes, conflicts, outcome) in results {
+            let name = table.name().to_owned();
+            self.tables.insert(topic.clone(), table);
+            if conflicts > 0 {
+                metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone()).increment(conflicts);
+            }
+            match outcome {
+                Ok(AppendOutcome::Committed { version, schema_changed, .. }) => {
+                    metrics::counter!(m::BRONZE_ROWS, "table" => name.clone()).increment(rows as u64);
+                    metrics::counter!(m::BRONZE_BYTES, "table" => name.clone()).increment(bytes as u64);
+                    metrics::counter!(m::BRONZE_COMMITS, "table" => name.clone()).increment(1);
+                    if version == 0 {
+                        tracing::info!(table = %name, "Bronze table created");
+                    } else if schema_changed {
+                        tracing::info!(table = %name, version, "Bronze table schema evolved (columns added)");
+                    }
+                    for (p, r) in &buf.ranges {
+                        if let Some(o) = self.owned.get_mut(&(topic.clone(), *p)) {
+                            o.committed_next = Some(r.last + 1);
+                        }
+                    }
+                    tracing::debug!(table = %name, version, rows, "Bronze commit");
+                }
+                Ok(AppendOutcome::NoTable) => {
+                    // Every event was quarantined and the table does not exist yet: the
+                    // quarantine table's own offsets keep them from being stored twice.
+                }
+                Ok(AppendOutcome::Stale { stored }) => {
+                    metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone()).increment(1);
+                    tracing::info!(table = %name, "another writer stored these offsets first; re-reading from the table's offsets");
+                    for p in buf.ranges.keys() {
+                        let next = stored.get(p).copied().flatten().map(|s| s + 1);
+                        self.reseek(&topic, *p, next);
+                    }
+                }
+                Err(LakeError::SchemaConflict { reason, .. }) => {
+                    // The table changed under us (another writer evolved it): re-read and
+                    // prepare against the new schema.
+                    tracing::info!(table = %name, reason = %reason, "table schema changed during the commit; re-reading");
+                    let stored = match self.tables.get_mut(&topic) {
+                        Some(t) => t.stored_offsets(&topic, &buf.ranges.keys().copied().collect::<Vec<_>>()).await?,
+                        None => Default::default(),
+                    };
+                    for p in buf.ranges.keys() {
+                        self.reseek(&topic, *p, stored.get(p).copied().flatten().map(|s| s + 1));
+                    }
+                }
+                Err(e) => {
+                    first_error.get_or_insert(e);
+                }
+            }
+        }
+        if let Some(e) = first_error {
+            return Err(e.into());
+        }
+        metrics::histogram!(m::BRONZE_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
+        tracing::debug!(events, ms = started.elapsed().as_millis() as u64, "micro-batch committed");
+        self.report_lag();
+        Ok(())
+    }
+
+    /// Re-reads a partition from `next` (its beginning when `None`).
+    fn reseek(&mut self, topic: &str, partition: i32, next: Option<i64>) {
+        if let Some(o) = self.owned.get_mut(&(topic.to_owned(), partition)) {
+            o.epoch = AWAITING_SEEK;
+            o.next = next;
+            o.committed_next = next;
+            self.consumer.seek(topic, partition, next);
+        }
+    }
+
+    fn report_lag(&self) {
+        for ((topic, partition), o) in &self.owned {
+            if let Some(high) = self.consumer.high_watermark(topic, *partition) {
+                let lag = (high - o.committed_next.unwrap_or(0)).max(0);
+                metrics::gauge!(m::BRONZE_CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string())
+                    .set(lag as f64);
+            }
+        }
+    }
+}

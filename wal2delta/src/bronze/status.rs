@@ -1,0 +1,60 @@
+//! Bronze lag for `wal2delta status`: per table, the events Kafka holds that the Bronze
+//! table does not yet (high watermark − stored offset − 1, summed over partitions).
+
+use std::time::Duration;
+
+use serde::Serialize;
+use wal2delta_lake::Lake;
+use wal2delta_stream::consumer::{high_watermarks, list_topics};
+use wal2delta_stream::topic::table_of_topic;
+
+use super::offsets::LakeOffsets;
+use crate::config::Config;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct TableLag {
+    pub table: String,
+    pub topic: String,
+    /// Events in Kafka not yet in Bronze.
+    pub lag_events: i64,
+    /// Latest Bronze table version, when the table exists.
+    pub version: Option<u64>,
+}
+
+/// The Bronze lag of every table topic.
+pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
+    let lake = Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let prefix = config.kafka.topic_prefix.clone();
+    let brokers = config.kafka.brokers.clone();
+    let p = prefix.clone();
+    let marks = tokio::task::spawn_blocking(move || {
+        let timeout = Duration::from_secs(10);
+        let topics = list_topics(&brokers, |t| table_of_topic(&p, t).is_some(), timeout)?;
+        high_watermarks(&brokers, &topics, timeout)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| e.to_string())?;
+    let mut out: Vec<TableLag> = Vec::new();
+    for (topic, partition, high) in marks {
+        let Some(mut table) = LakeOffsets::table_for(&lake, &prefix, &topic) else {
+            continue;
+        };
+        let stored = table
+            .stored_offsets(&topic, &[partition])
+            .await
+            .map_err(|e| e.to_string())?;
+        let next = stored.get(&partition).copied().flatten().map_or(0, |s| s + 1);
+        let lag = (high - next).max(0);
+        match out.iter_mut().find(|l| l.topic == topic) {
+            Some(l) => l.lag_events += lag,
+            None => out.push(TableLag {
+                table: table.name().to_owned(),
+                topic,
+                lag_events: lag,
+                version: table.version(),
+            }),
+        }
+    }
+    Ok(out)
+}
