@@ -13,8 +13,10 @@ use wal2delta_tests::kafka::{field, long, read_topic_to_end, string, AvroDecoder
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
 use wal2delta_tests::{cleanup, unique, Stack};
 
-/// Fast batches and topic discovery for tests.
-const BRONZE_TOML: &str = "[bronze]\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n";
+/// Fast batches and topic discovery, and a consumer group of the test's own.
+fn bronze_toml(name: &str) -> String {
+    format!("[bronze]\ngroup_id = \"{name}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n")
+}
 
 /// Waits until `sql` (one integer) returns at least `want`; the process must keep running.
 fn wait_for(sql: &str, want: i64, timeout: Duration, procs: &mut [&mut StageProcess]) -> Result<i64> {
@@ -49,7 +51,7 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
              ok boolean, ratio float8);"
     ))
     .await?;
-    let mut d = Daemon::new(&stack, &name, BRONZE_TOML)?;
+    let mut d = Daemon::new(&stack, &name, &bronze_toml(&name))?;
     d.env.push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
     d.setup()?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
@@ -147,7 +149,7 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
     let pg = stack.connect().await?;
     pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, a int, b text);"))
         .await?;
-    let d = Daemon::new(&stack, &name, BRONZE_TOML)?;
+    let d = Daemon::new(&stack, &name, &bronze_toml(&name))?;
     d.setup()?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
@@ -197,7 +199,7 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
     let name = unique("brzq");
     let pg = stack.connect().await?;
     pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY);")).await?;
-    let d = Daemon::new(&stack, &name, BRONZE_TOML)?;
+    let d = Daemon::new(&stack, &name, &bronze_toml(&name))?;
     d.setup()?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));

@@ -252,6 +252,11 @@ impl ChangeConsumer {
             high_watermarks: high_watermarks.clone(),
         };
         let mut config = ClientConfig::new();
+        // Defaults the operator may override: a killed member's partitions move to the
+        // others after 10 s instead of librdkafka's 45 s.
+        config
+            .set("session.timeout.ms", "10000")
+            .set("heartbeat.interval.ms", "1000");
         for (k, v) in &settings.extra {
             config.set(k, v);
         }
