@@ -72,7 +72,7 @@ pub fn uncommitted_files(table: &Path) -> Result<Vec<String>> {
         for e in entries.flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "json") {
-                let text = std::fs::read_to_string(&p)?;
+                let Ok(text) = std::fs::read_to_string(&p) else { continue };
                 for line in text.lines() {
                     let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
                     if let Some(path) = v.get("add").and_then(|a| a.get("path")).and_then(Value::as_str) {
@@ -85,7 +85,9 @@ pub fn uncommitted_files(table: &Path) -> Result<Vec<String>> {
     let mut out = Vec::new();
     let mut stack = vec![table.to_path_buf()];
     while let Some(dir) = stack.pop() {
-        for e in std::fs::read_dir(&dir)?.flatten() {
+        // The table (or a partition directory) may not exist yet.
+        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {
                 if p.file_name().is_some_and(|n| n != "_delta_log") {
