@@ -942,6 +942,22 @@ uri = "file:///tmp/lake"
     }
 
     #[test]
+    fn bronze_settings_are_checked_by_name() {
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(c.bronze.max_batch_events, 50_000);
+        let err = load(&format!("{MINIMAL}\n[bronze]\nmax_batch_ms = 10\n"), &[]).unwrap_err();
+        assert!(err.to_string().contains("bronze.max_batch_ms"), "{err}");
+        let err = load(
+            &format!("{MINIMAL}\n[bronze.consumer]\n\"enable.auto.commit\" = \"true\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("enable.auto.commit"), "{err}");
+        let err = load(&MINIMAL.replace("file://", "s3://"), &[]).unwrap_err();
+        assert!(err.to_string().contains("lake.uri"), "{err}");
+    }
+
+    #[test]
     fn missing_section_is_named() {
         let err = load("[source]\ndsn = \"postgres://u@h/d\"\n", &[]).unwrap_err();
         assert!(err.to_string().contains("kafka"), "{err}");
