@@ -8,29 +8,23 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use rand::Rng;
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan, uncommitted_files};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{cleanup, scenario, Stack};
 
 const ROWS: i64 = 200_000;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("brzcrash");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id bigint PRIMARY KEY, v bigint);"))
-        .await?;
-    let mut d = Daemon::new(
+    let (name, pg, d) = scenario(
         &stack,
-        &name,
-        &format!(
-            "[bronze]\ngroup_id = \"{name}\"\nmax_batch_ms = 400\nmax_batch_events = 4000\ntopic_refresh_ms = 500\n\
-             consumer = {{ \"session.timeout.ms\" = \"6000\" }}\n"
-        ),
-    )?;
-    d.env.push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
-    d.setup()?;
+        "brzcrash",
+        "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);",
+        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 400\nmax_batch_events = 4000\ntopic_refresh_ms = 500\n\
+         consumer = { \"session.timeout.ms\" = \"6000\" }\n",
+        3,
+    )
+    .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     let mut bronze = d.spawn_stage("bronze", "bronze-0")?;
 

@@ -5,9 +5,9 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use wal2delta_tests::daemon::{Daemon, StageProcess};
+use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{cleanup, scenario, Stack};
 
 const ROWS: i64 = 60_000;
 
@@ -27,17 +27,14 @@ fn wait_assigned(p: &mut StageProcess, n: usize, since: Instant, timeout: Durati
 #[tokio::test(flavor = "multi_thread")]
 async fn two_writers_in_one_group_store_every_offset_once_across_rebalances() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("brzgrp");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id bigint PRIMARY KEY, v bigint);"))
-        .await?;
-    let mut d = Daemon::new(
+    let (name, pg, d) = scenario(
         &stack,
-        &name,
-        &format!("[bronze]\ngroup_id = \"{name}\"\nmax_batch_ms = 300\nmax_batch_events = 3000\ntopic_refresh_ms = 500\n"),
-    )?;
-    d.env.push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "4".into()));
-    d.setup()?;
+        "brzgrp",
+        "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);",
+        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\nmax_batch_events = 3000\ntopic_refresh_ms = 500\n",
+        4,
+    )
+    .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     // The topic must exist before the writers subscribe for the join timing to mean much.
     pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (0, 0)")).await?;

@@ -8,15 +8,13 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use rdkafka::ClientConfig;
-use wal2delta_tests::daemon::{Daemon, StageProcess};
+use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, string, AvroDecoder};
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{cleanup, scenario, Stack};
 
 /// Fast batches and topic discovery, and a consumer group of the test's own.
-fn bronze_toml(name: &str) -> String {
-    format!("[bronze]\ngroup_id = \"{name}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n")
-}
+const BRONZE_TOML: &str = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n";
 
 /// Waits until `sql` (one integer) returns at least `want`; the process must keep running.
 fn wait_for(sql: &str, want: i64, timeout: Duration, procs: &mut [&mut StageProcess]) -> Result<i64> {
@@ -42,18 +40,17 @@ fn wait_for(sql: &str, want: i64, timeout: Duration, procs: &mut [&mut StageProc
 #[tokio::test(flavor = "multi_thread")]
 async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("brz");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.pay (id bigint PRIMARY KEY, amount numeric(12,2), note text,
+    let (name, pg, d) = scenario(
+        &stack,
+        "brz",
+        "CREATE TABLE {s}.pay (id bigint PRIMARY KEY, amount numeric(12,2), note text,
              at timestamptz, local_at timestamp, day date, tags text[], data jsonb, raw bytea,
-             ok boolean, ratio float8);"
-    ))
+             ok boolean, ratio float8);",
+        // Compaction and checkpoints run beside ingestion every 2 s here.
+        &format!("{BRONZE_TOML}maintenance_interval_s = 2\n"),
+        3,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, &bronze_toml(&name))?;
-    d.env.push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
-    d.setup()?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.pay SELECT g, g * 1.25, 'n' || g, '2024-01-01 00:00:00+00'::timestamptz + g * interval '1 minute',
@@ -123,6 +120,18 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     }
     ensure!(row[13] == false, "not a snapshot row: {row:?}");
 
+    // Maintenance compacted and checkpointed the table while it was written.
+    let log_dir = table.join("_delta_log");
+    let checkpointed = std::fs::read_dir(&log_dir)?
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().ends_with(".checkpoint.parquet"));
+    ensure!(checkpointed, "a checkpoint in {}: {}", log_dir.display(), run.log_text());
+    ensure!(
+        std::fs::read_to_string(&run.log)?.contains("Bronze table compacted and checkpointed"),
+        "maintenance ran: {}",
+        run.log_text()
+    );
+
     // The deltalake package reads the same table, partitioned by ingestion date.
     let info = deltalake_info(&table)?;
     ensure!(info["rows"] == 3400, "deltalake reads {info}");
@@ -145,12 +154,8 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("brzevo");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, a int, b text);"))
-        .await?;
-    let d = Daemon::new(&stack, &name, &bronze_toml(&name))?;
-    d.setup()?;
+    let (name, pg, d) =
+        scenario(&stack, "brzevo", "CREATE TABLE {s}.t (id int PRIMARY KEY, a int, b text);", BRONZE_TOML, 1).await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
     pg.batch_execute(&format!("INSERT INTO {name}.t SELECT g, g, 'b' FROM generate_series(1, 100) g;")).await?;
@@ -196,11 +201,7 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("brzq");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY);")).await?;
-    let d = Daemon::new(&stack, &name, &bronze_toml(&name))?;
-    d.setup()?;
+    let (name, pg, d) = scenario(&stack, "brzq", "CREATE TABLE {s}.t (id int PRIMARY KEY);", BRONZE_TOML, 1).await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
     pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 10);")).await?;
@@ -243,6 +244,16 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
     let out = d.command(&["status"])?;
     let text = String::from_utf8_lossy(&out.stdout);
     ensure!(text.contains("bronze/not_framed: 1"), "status shows quarantine counts: {text}");
+    // Operators list and inspect the records.
+    let out = d.command(&["quarantine", "list"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let id = format!("bronze/{topic}/0/10");
+    ensure!(text.contains(&id) && text.contains("3 records"), "quarantine list: {text}");
+    let out = d.command(&["quarantine", "show", &id])?;
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let hex: String = bad[0].1.iter().map(|b| format!("{b:02x}")).collect();
+    ensure!(doc["raw_hex"] == hex.as_str() && doc["reason_code"] == "not_framed", "quarantine show: {doc}");
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

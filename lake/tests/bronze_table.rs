@@ -165,3 +165,29 @@ async fn quarantine_records_are_stored_once_per_offset() {
     assert_eq!(all[0].raw.as_deref(), Some(&[1u8, 2, 3][..]));
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test]
+async fn maintenance_compacts_small_files_and_checkpoints_without_losing_rows() {
+    let (lake, dir) = lake();
+    let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    for i in 0..5i64 {
+        t.append(Append {
+            topic: "cdc.public.t".into(),
+            batches: vec![batch(vec![("id", DataType::Int64)], &[i * 2, i * 2 + 1])],
+            ranges: ranges(0, i * 2, i * 2 + 1),
+        })
+        .await
+        .unwrap();
+    }
+    let report = wal2delta_lake::maintenance::maintain("public.t", t.url(), 64 << 20).await.unwrap();
+    assert_eq!(report.files_removed, 5, "{report:?}");
+    assert_eq!(report.files_added, 1, "{report:?}");
+    let version = report.checkpoint_version.unwrap();
+    let checkpoint = dir.join(format!("bronze/public/t/_delta_log/{version:020}.checkpoint.parquet"));
+    assert!(checkpoint.exists(), "checkpoint at {}", checkpoint.display());
+    assert_eq!(single_i64(&rows(&t, "select count(*) from t").await), 10);
+    assert_eq!(single_i64(&rows(&t, "select sum(kafka_offset) from t").await), 45);
+    // Offsets survive compaction: the next append continues after them.
+    assert_eq!(t.stored_offsets("cdc.public.t", &[0]).await.unwrap()[&0], Some(9));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -176,21 +176,7 @@ listen = "127.0.0.1:0"
 
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
-        let Some(mut c) = self.child.take() else {
-            bail!("not running")
-        };
-        unsafe_sigterm(c.id());
-        let start = Instant::now();
-        loop {
-            if let Some(status) = c.try_wait()? {
-                return Ok(status);
-            }
-            if start.elapsed() > Duration::from_secs(60) {
-                let _ = c.kill();
-                bail!("wal2delta did not exit within 60 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        terminate(self.child.take())
     }
 
     /// Waits up to `timeout` for the daemon to exit on its own; its exit status.
@@ -255,21 +241,7 @@ impl StageProcess {
 
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
-        let Some(mut c) = self.child.take() else {
-            bail!("not running")
-        };
-        unsafe_sigterm(c.id());
-        let start = Instant::now();
-        loop {
-            if let Some(status) = c.try_wait()? {
-                return Ok(status);
-            }
-            if start.elapsed() > Duration::from_secs(60) {
-                let _ = c.kill();
-                bail!("wal2delta did not exit within 60 s of SIGTERM");
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        terminate(self.child.take())
     }
 
     /// Fails (with the log) if the process exited.
@@ -308,6 +280,25 @@ fn clear_overrides(cmd: &mut Command) {
         if k.starts_with("WAL2DELTA__") {
             cmd.env_remove(k);
         }
+    }
+}
+
+/// SIGTERM, then waits up to 60 s for the exit status.
+fn terminate(child: Option<Child>) -> Result<std::process::ExitStatus> {
+    let Some(mut c) = child else {
+        bail!("not running")
+    };
+    unsafe_sigterm(c.id());
+    let start = Instant::now();
+    loop {
+        if let Some(status) = c.try_wait()? {
+            return Ok(status);
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            let _ = c.kill();
+            bail!("wal2delta did not exit within 60 s of SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
 

@@ -65,6 +65,29 @@ pub async fn connect(dsn: &str) -> Result<Client> {
     Ok(client)
 }
 
+/// One test's world: a schema of its own holding `tables` (SQL where `{s}` stands for the
+/// schema), a daemon config capturing it (`extra_toml` may use `{s}` too, e.g. for a
+/// consumer group id), topics with `partitions` partitions, and `wal2delta setup` done.
+pub async fn scenario(
+    stack: &Stack,
+    prefix: &str,
+    tables: &str,
+    extra_toml: &str,
+    partitions: u32,
+) -> Result<(String, Client, daemon::Daemon)> {
+    let name = unique(prefix);
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!("CREATE SCHEMA {name}; {}", tables.replace("{s}", &name)))
+        .await?;
+    let mut d = daemon::Daemon::new(stack, &name, &extra_toml.replace("{s}", &name))?;
+    d.env.push((
+        "WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(),
+        partitions.to_string(),
+    ));
+    d.setup()?;
+    Ok((name, pg, d))
+}
+
 /// A name unique to this test run, usable as schema, slot, publication and topic prefix.
 pub fn unique(prefix: &str) -> String {
     let nanos = std::time::SystemTime::now()

@@ -6,9 +6,9 @@ use anyhow::{anyhow, bail};
 use tokio::sync::watch;
 use wal2delta_cdc::{setup, slot, source};
 
-use crate::cli::{Cli, Command, Stage};
+use crate::cli::{Cli, Command, QuarantineAction, Stage};
 use crate::config::Config;
-use crate::{bronze, capture, health, metrics, telemetry};
+use crate::{bronze, capture, health, metrics, quarantine, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = Config::load(&cli.config)?;
@@ -19,10 +19,14 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Status { json } => status(&config, json).await,
         Command::Reconcile { .. } => not_built("reconcile", "it compares the source with Silver, and the Silver stage is not built yet"),
         Command::Replay { .. } => not_built("replay", "it rebuilds Silver/Gold from Bronze, and those stages are not built yet"),
-        Command::Quarantine { .. } => not_built(
-            "quarantine",
-            "the quarantine table is not built yet; capture's dead letters are on the Kafka DLQ topic ([kafka] dlq_topic)",
-        ),
+        Command::Quarantine { action } => match action {
+            QuarantineAction::List => quarantine::list(&config).await,
+            QuarantineAction::Show { id } => quarantine::show(&config, &id).await,
+            QuarantineAction::Replay { .. } | QuarantineAction::Resolve { .. } => not_built(
+                "quarantine replay/resolve",
+                "re-driving records comes with the Silver stage; `quarantine list` and `show` work, and capture's dead letters are on the Kafka DLQ topic ([kafka] dlq_topic)",
+            ),
+        },
         Command::Rules { .. } => not_built("rules", "the rules stage is not built yet"),
     }
 }

@@ -82,8 +82,8 @@ pub struct BronzeConfig {
     /// Target size of the files compaction writes.
     #[serde(default = "BronzeConfig::default_target_file_bytes")]
     pub target_file_bytes: u64,
-    /// Extra librdkafka consumer properties. `group.id`, `bootstrap.servers` and the
-    /// offset-commit settings are fixed and refused here.
+    /// Extra librdkafka consumer properties. `group.id`, `bootstrap.servers`, the
+    /// offset-commit settings and the (eager) assignment strategy are fixed and refused here.
     #[serde(default)]
     pub consumer: BTreeMap<String, String>,
 }
@@ -138,6 +138,7 @@ impl BronzeConfig {
             "enable.auto.commit",
             "enable.auto.offset.store",
             "auto.offset.reset",
+            "partition.assignment.strategy",
         ] {
             if self.consumer.contains_key(fixed) {
                 return Err(invalid(

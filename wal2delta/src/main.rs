@@ -7,6 +7,7 @@ mod commands;
 mod config;
 mod health;
 mod metrics;
+mod quarantine;
 mod telemetry;
 
 use std::process::ExitCode;

@@ -32,6 +32,8 @@ use arrow::array::{
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
 
+use super::types::value_kind;
+
 /// Why a schema or value has no Arrow form. Messages name types and paths, never values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArrowMappingError {
@@ -138,37 +140,6 @@ pub fn present(v: &Value) -> Option<&Value> {
         Value::Null => None,
         Value::Union(_, inner) => present(inner),
         other => Some(other),
-    }
-}
-
-fn value_kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Boolean(_) => "boolean",
-        Value::Int(_) => "int",
-        Value::Long(_) => "long",
-        Value::Float(_) => "float",
-        Value::Double(_) => "double",
-        Value::Bytes(_) => "bytes",
-        Value::String(_) => "string",
-        Value::Fixed(..) => "fixed",
-        Value::Enum(..) => "enum",
-        Value::Union(..) => "union",
-        Value::Array(_) => "array",
-        Value::Map(_) => "map",
-        Value::Record(_) => "record",
-        Value::Date(_) => "date",
-        Value::Decimal(_) | Value::BigDecimal(_) => "decimal",
-        Value::TimeMillis(_) => "time-millis",
-        Value::TimeMicros(_) => "time-micros",
-        Value::TimestampMillis(_) => "timestamp-millis",
-        Value::TimestampMicros(_) => "timestamp-micros",
-        Value::TimestampNanos(_) => "timestamp-nanos",
-        Value::LocalTimestampMillis(_) => "local-timestamp-millis",
-        Value::LocalTimestampMicros(_) => "local-timestamp-micros",
-        Value::LocalTimestampNanos(_) => "local-timestamp-nanos",
-        Value::Duration(_) => "duration",
-        Value::Uuid(_) => "uuid",
     }
 }
 

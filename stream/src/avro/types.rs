@@ -324,7 +324,8 @@ fn datum_kind(d: &Datum) -> &'static str {
     }
 }
 
-fn value_kind(v: &Value) -> &'static str {
+/// A short name of an Avro value's kind, for error messages (never the value).
+pub(crate) fn value_kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Boolean(_) => "boolean",
