@@ -1,5 +1,10 @@
 //! The micro-batch: events read since the last commit, per topic, with the offset range of
 //! every partition they cover.
+//!
+//! Decoded Avro values are large (a tree of boxed values per event), so a topic's events
+//! are turned into Arrow record batches every [`CHUNK`] events as they arrive, and the
+//! values dropped. A micro-batch then holds its events as Arrow columns plus each event's
+//! raw bytes (kept so that any event can still be quarantined as it arrived).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,19 +19,51 @@ use wal2delta_stream::avro::columns::envelope_columns;
 use wal2delta_stream::consumer::RawMessage;
 use wal2delta_stream::decode::AvroSchema;
 
-/// One event read from Kafka: decoded, or with the reason it could not be.
+/// Events converted to Arrow at a time.
+pub const CHUNK: usize = 4_096;
+
+/// What became of an event's payload.
+pub enum Payload {
+    /// Decoded, not yet converted to Arrow.
+    Decoded(Arc<AvroSchema>, Value),
+    /// Cannot be stored: reason code and detail.
+    Failed(&'static str, String),
+    /// Converted: its row is in one of the topic's runs.
+    Converted,
+}
+
+/// One event read from Kafka.
 pub struct BufferedEvent {
     pub coordinates: KafkaCoordinates,
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
-    pub decoded: Result<(Arc<AvroSchema>, Value), (&'static str, String)>,
+    pub source_lsn: Option<i64>,
+    pub state: Payload,
+}
+
+fn source_lsn(v: &Value) -> Option<i64> {
+    let Value::Record(fields) = v else { return None };
+    let (_, Value::Record(s)) = fields.iter().find(|(n, _)| n == "source")? else {
+        return None;
+    };
+    match s.iter().find(|(n, _)| n == "lsn").map(|(_, v)| v) {
+        Some(Value::Union(_, v)) => match v.as_ref() {
+            Value::Long(l) => Some(*l),
+            _ => None,
+        },
+        _ => None,
+    }
 }
 
 impl BufferedEvent {
-    pub fn new(
-        m: RawMessage,
-        decoded: Result<(Arc<AvroSchema>, Value), (&'static str, String)>,
-    ) -> Self {
+    pub fn new(m: RawMessage, decoded: Result<(Arc<AvroSchema>, Value), (&'static str, String)>) -> Self {
+        let (state, source_lsn) = match decoded {
+            Ok((schema, value)) => {
+                let lsn = source_lsn(&value);
+                (Payload::Decoded(schema, value), lsn)
+            }
+            Err((code, detail)) => (Payload::Failed(code, detail), None),
+        };
         BufferedEvent {
             coordinates: KafkaCoordinates {
                 partition: m.partition,
@@ -35,22 +72,8 @@ impl BufferedEvent {
             },
             key: m.key,
             payload: m.payload,
-            decoded,
-        }
-    }
-
-    fn source_lsn(&self) -> Option<i64> {
-        let Ok((_, Value::Record(fields))) = &self.decoded else {
-            return None;
-        };
-        let source = fields.iter().find(|(n, _)| n == "source")?;
-        let Value::Record(s) = &source.1 else { return None };
-        match s.iter().find(|(n, _)| n == "lsn").map(|(_, v)| v) {
-            Some(Value::Union(_, v)) => match v.as_ref() {
-                Value::Long(l) => Some(*l),
-                _ => None,
-            },
-            _ => None,
+            source_lsn,
+            state,
         }
     }
 
@@ -66,7 +89,7 @@ impl BufferedEvent {
             topic: Some(topic.to_owned()),
             partition: Some(c.partition),
             offset: Some(c.offset),
-            source_lsn: self.source_lsn(),
+            source_lsn: self.source_lsn,
             key: self.key.clone(),
             raw: self.payload.clone(),
             quarantined_at_us: at_us,
@@ -74,10 +97,21 @@ impl BufferedEvent {
     }
 }
 
+/// Consecutive events of one topic and what they became.
+struct Run {
+    start: usize,
+    end: usize,
+    outcome: Result<RecordBatch, (&'static str, String)>,
+}
+
 /// Events of one topic.
-#[derive(Default)]
 pub struct TopicBuffer {
-    pub events: Vec<BufferedEvent>,
+    topic: String,
+    table: String,
+    events: Vec<BufferedEvent>,
+    runs: Vec<Run>,
+    /// Events before this index are in `runs`.
+    converted: usize,
     pub ranges: BTreeMap<i32, OffsetRange>,
 }
 
@@ -88,7 +122,25 @@ pub struct Prepared {
     pub payload_bytes: usize,
 }
 
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_micros() as i64)
+        .unwrap_or(0)
+}
+
 impl TopicBuffer {
+    pub fn new(topic: &str, table: &str) -> Self {
+        TopicBuffer {
+            topic: topic.to_owned(),
+            table: table.to_owned(),
+            events: Vec::new(),
+            runs: Vec::new(),
+            converted: 0,
+            ranges: BTreeMap::new(),
+        }
+    }
+
     fn push(&mut self, event: BufferedEvent) {
         let c = event.coordinates;
         self.ranges
@@ -99,82 +151,105 @@ impl TopicBuffer {
                 last: c.offset,
             });
         self.events.push(event);
+        if self.events.len() - self.converted >= CHUNK {
+            self.convert();
+        }
     }
 
-    /// Drops the events of `partition` (it was revoked before they were committed).
-    pub fn drop_partition(&mut self, partition: i32) {
-        self.events.retain(|e| e.coordinates.partition != partition);
-        self.ranges.remove(&partition);
-    }
-
-    /// Builds record batches (one per run of events with the same schema version) whose
-    /// schemas merge into `table_schema`; every other event becomes a quarantine record.
-    pub fn prepare(
-        &self,
-        topic: &str,
-        table: &str,
-        table_schema: Option<&Schema>,
-        ingested_at_us: i64,
-    ) -> Prepared {
-        let mut batches = Vec::new();
-        let mut quarantined = Vec::new();
-        let mut current: Option<Schema> = table_schema.cloned();
-        let mut i = 0;
-        let events = &self.events;
-        let payload_bytes = events
-            .iter()
-            .map(|e| e.payload.as_ref().map_or(0, Vec::len))
-            .sum();
-        while i < events.len() {
-            let (schema, _) = match &events[i].decoded {
-                Ok(d) => d,
-                Err((code, detail)) => {
-                    quarantined.push(events[i].quarantine(topic, table, code, detail, ingested_at_us));
+    /// Turns the events not yet converted into runs: one record batch per stretch of events
+    /// written with the same schema version, one quarantine run per event that failed.
+    fn convert(&mut self) {
+        let ingested_at = now_us();
+        let mut i = self.converted;
+        while i < self.events.len() {
+            let schema = match &self.events[i].state {
+                Payload::Decoded(schema, _) => schema.clone(),
+                Payload::Failed(code, detail) => {
+                    self.runs.push(Run {
+                        start: i,
+                        end: i + 1,
+                        outcome: Err((code, detail.clone())),
+                    });
+                    i += 1;
+                    continue;
+                }
+                Payload::Converted => {
                     i += 1;
                     continue;
                 }
             };
-            // The run of decoded events written with the same schema id.
             let mut j = i;
-            while j < events.len()
-                && matches!(&events[j].decoded, Ok((s, _)) if s.id == schema.id)
+            while j < self.events.len()
+                && matches!(&self.events[j].state, Payload::Decoded(s, _) if s.id == schema.id)
             {
                 j += 1;
             }
-            let run = &events[i..j];
-            let quarantine_run = |code: &str, detail: &str, out: &mut Vec<QuarantineRecord>| {
-                out.extend(run.iter().map(|e| e.quarantine(topic, table, code, detail, ingested_at_us)));
-            };
-            let values: Vec<&Value> = run
+            let events = &self.events[i..j];
+            let values: Vec<&Value> = events
                 .iter()
-                .filter_map(|e| e.decoded.as_ref().ok().map(|(_, v)| v))
+                .filter_map(|e| match &e.state {
+                    Payload::Decoded(_, v) => Some(v),
+                    _ => None,
+                })
                 .collect();
-            let coordinates: Vec<KafkaCoordinates> = run.iter().map(|e| e.coordinates).collect();
-            match envelope_columns(&schema.parsed, schema.id, &values) {
-                Err(e) => quarantine_run("unsupported_schema", &e.to_string(), &mut quarantined),
-                Ok(cols) => match bronze_batch(table, topic, cols.fields, cols.arrays, &coordinates, ingested_at_us) {
-                    Err(e) => quarantine_run("unsupported_schema", &e.to_string(), &mut quarantined),
-                    Ok(batch) => {
-                        let merged = match &current {
-                            None => Ok(batch.schema().as_ref().clone()),
-                            Some(c) => merge_schemas(c, &batch.schema()),
-                        };
-                        match merged {
-                            Ok(m) => {
-                                current = Some(m);
-                                batches.push(batch);
-                            }
-                            Err(reason) => quarantine_run("schema_conflict", &reason, &mut quarantined),
-                        }
-                    }
-                },
+            let coordinates: Vec<KafkaCoordinates> = events.iter().map(|e| e.coordinates).collect();
+            let outcome = envelope_columns(&schema.parsed, schema.id, &values)
+                .map_err(|e| ("unsupported_schema", e.to_string()))
+                .and_then(|cols| {
+                    bronze_batch(&self.table, &self.topic, cols.fields, cols.arrays, &coordinates, ingested_at)
+                        .map_err(|e| ("unsupported_schema", e.to_string()))
+                });
+            for e in &mut self.events[i..j] {
+                e.state = Payload::Converted;
             }
+            self.runs.push(Run { start: i, end: j, outcome });
             i = j;
+        }
+        self.converted = self.events.len();
+    }
+
+    /// The record batches whose schemas merge into `table_schema`, in order; every other
+    /// event becomes a quarantine record.
+    pub fn prepare(&mut self, table_schema: Option<&Schema>) -> Prepared {
+        self.convert();
+        let at = now_us();
+        let mut batches = Vec::new();
+        let mut quarantined = Vec::new();
+        let mut current: Option<Schema> = table_schema.cloned();
+        let (topic, table) = (&self.topic, &self.table);
+        let quarantine = |run: &Run, code: &str, detail: &str, out: &mut Vec<QuarantineRecord>| {
+            out.extend(
+                self.events[run.start..run.end]
+                    .iter()
+                    .map(|e| e.quarantine(topic, table, code, detail, at)),
+            );
+        };
+        for run in &self.runs {
+            match &run.outcome {
+                Err((code, detail)) => quarantine(run, code, detail, &mut quarantined),
+                Ok(batch) => {
+                    let merged = match &current {
+                        None => Ok(batch.schema().as_ref().clone()),
+                        Some(c) => merge_schemas(c, &batch.schema()),
+                    };
+                    match merged {
+                        Ok(m) => {
+                            current = Some(m);
+                            batches.push(batch.clone());
+                        }
+                        Err(reason) => quarantine(run, "schema_conflict", &reason, &mut quarantined),
+                    }
+                }
+            }
         }
         Prepared {
             batches,
             quarantined,
-            payload_bytes,
+            payload_bytes: self
+                .events
+                .iter()
+                .map(|e| e.payload.as_ref().map_or(0, Vec::len))
+                .sum(),
         }
     }
 }
@@ -189,30 +264,36 @@ pub struct MicroBatch {
 }
 
 impl MicroBatch {
-    pub fn push(&mut self, topic: &str, event: BufferedEvent) {
+    pub fn push(&mut self, topic: &str, table: &str, event: BufferedEvent) {
         self.events += 1;
         self.bytes += event.payload.as_ref().map_or(0, Vec::len) + event.key.as_ref().map_or(0, Vec::len);
         self.started.get_or_insert_with(Instant::now);
-        self.topics.entry(topic.to_owned()).or_default().push(event);
+        self.topics
+            .entry(topic.to_owned())
+            .or_insert_with(|| TopicBuffer::new(topic, table))
+            .push(event);
     }
 
     pub fn is_empty(&self) -> bool {
         self.events == 0
     }
 
-    /// Drops the uncommitted events of a revoked partition.
-    pub fn drop_partition(&mut self, topic: &str, partition: i32) {
-        if let Some(buf) = self.topics.get_mut(topic) {
-            let before = buf.events.len();
-            buf.drop_partition(partition);
-            self.events -= before - buf.events.len();
-            if buf.events.is_empty() {
-                self.topics.remove(topic);
-            }
-        }
+    /// Drops the uncommitted events of `topic`; the partitions of it in the batch.
+    pub fn drop_topic(&mut self, topic: &str) -> Vec<i32> {
+        let Some(buf) = self.topics.remove(topic) else {
+            return Vec::new();
+        };
+        self.events -= buf.events.len();
+        self.bytes = self.bytes.saturating_sub(
+            buf.events
+                .iter()
+                .map(|e| e.payload.as_ref().map_or(0, Vec::len) + e.key.as_ref().map_or(0, Vec::len))
+                .sum(),
+        );
         if self.topics.is_empty() {
             *self = MicroBatch::default();
         }
+        buf.ranges.keys().copied().collect()
     }
 
     pub fn take(&mut self) -> BTreeMap<String, TopicBuffer> {

@@ -17,7 +17,7 @@ mod offsets;
 pub mod status;
 
 use std::collections::HashMap;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use anyhow::anyhow;
 use tokio::sync::watch;
@@ -28,7 +28,7 @@ use wal2delta_model::ErrorClass;
 use wal2delta_quarantine::Stage as QuarantineStage;
 use wal2delta_stream::consumer::{ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage};
 use wal2delta_stream::decode::{DecodeError, EventDecoder};
-use wal2delta_stream::topic::table_topic_pattern;
+use wal2delta_stream::topic::{table_of_topic, table_topic_pattern};
 use wal2delta_stream::StreamError;
 
 use crate::config::Config;
@@ -127,8 +127,9 @@ async fn session(
         extra: b.consumer.clone(),
     };
     let offsets = LakeOffsets::new(lake.clone(), prefix, tokio::runtime::Handle::current());
-    // Enough queued messages to keep a commit busy without holding much more than a batch.
-    let capacity = b.max_batch_events.clamp(1_000, 100_000);
+    // Enough queued messages to keep the stage busy while a commit runs; more would only
+    // hold memory.
+    let capacity = b.max_batch_events.clamp(1_000, 10_000);
     let consumer = ChangeConsumer::start(settings, offsets, capacity)?;
     let mut s = Session {
         config,
@@ -171,12 +172,6 @@ async fn session(
     }
 }
 
-fn now_us() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
 
 impl Session<'_> {
     async fn on_event(&mut self, event: ConsumerEvent) -> Result<(), SessionError> {
@@ -195,10 +190,18 @@ impl Session<'_> {
                 }
             }
             ConsumerEvent::Revoked(parts) => {
-                for (topic, partition) in parts {
-                    self.owned.remove(&(topic.clone(), partition));
-                    self.batch.drop_partition(&topic, partition);
-                    metrics::gauge!(m::BRONZE_CONSUMER_LAG, "topic" => topic, "partition" => partition.to_string()).set(0.0);
+                for (topic, partition) in &parts {
+                    self.owned.remove(&(topic.clone(), *partition));
+                    metrics::gauge!(m::BRONZE_CONSUMER_LAG, "topic" => topic.clone(), "partition" => partition.to_string()).set(0.0);
+                }
+                // The uncommitted events of an affected topic are dropped; partitions of it
+                // this process keeps are re-read from what the table holds.
+                let topics: std::collections::BTreeSet<&String> = parts.iter().map(|(t, _)| t).collect();
+                for topic in topics {
+                    for p in self.batch.drop_topic(topic) {
+                        let next = self.owned.get(&(topic.clone(), p)).and_then(|o| o.committed_next);
+                        self.reseek(topic, p, next);
+                    }
                 }
             }
             ConsumerEvent::Seeked(st) => {
@@ -239,7 +242,11 @@ impl Session<'_> {
             },
         };
         let topic = msg.topic.clone();
-        self.batch.push(&topic, BufferedEvent::new(msg, decoded));
+        let Some((schema, table)) = table_of_topic(&self.config.kafka.topic_prefix, &topic) else {
+            return Ok(()); // not a table topic; the subscription pattern excludes these
+        };
+        let table = format!("{schema}.{table}");
+        self.batch.push(&topic, &table, BufferedEvent::new(msg, decoded));
         Ok(())
     }
 
@@ -252,13 +259,12 @@ impl Session<'_> {
         let started = std::time::Instant::now();
         let events = self.batch.events;
         let topics = self.batch.take();
-        let ingested_at = now_us();
         let prefix = &self.config.kafka.topic_prefix;
 
         // Prepare each topic against its table's current schema.
         let mut work: Vec<(String, TopicBuffer, BronzeTable, batch::Prepared)> = Vec::new();
         let mut quarantined = Vec::new();
-        for (topic, buf) in topics {
+        for (topic, mut buf) in topics {
             let mut table = match self.tables.remove(&topic) {
                 Some(t) => t,
                 None => match LakeOffsets::table_for(self.lake, prefix, &topic) {
@@ -268,7 +274,7 @@ impl Session<'_> {
             };
             table.refresh().await?;
             let schema = table.arrow_schema();
-            let prepared = buf.prepare(&topic, table.name(), schema.as_deref(), ingested_at);
+            let prepared = buf.prepare(schema.as_deref());
             quarantined.extend(prepared.quarantined.iter().cloned());
             work.push((topic, buf, table, prepared));
         }
