@@ -194,6 +194,7 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
     ensure!(detail[0][1] == true && detail[0][2] == 102, "raw bytes and offset kept: {detail:?}");
     ensure!(duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 102, "the conflicting event is not in Bronze");
     run.assert_running()?;
+    run.kill9(); // the slot must be inactive to be dropped
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
@@ -254,6 +255,41 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
         .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
     let hex: String = bad[0].1.iter().map(|b| format!("{b:02x}")).collect();
     ensure!(doc["raw_hex"] == hex.as_str() && doc["reason_code"] == "not_framed", "quarantine show: {doc}");
+    run.kill9(); // the slot must be inactive to be dropped
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unreachable_registry_stalls_bronze_without_quarantining_anything() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, mut d) = scenario(&stack, "brzreg", "CREATE TABLE {s}.t (id int PRIMARY KEY);", BRONZE_TOML, 1).await?;
+    let mut capture = d.spawn_stage("capture", "capture")?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 50);")).await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    // The bronze writer alone sees a registry nobody listens on.
+    d.env.push(("WAL2DELTA__SCHEMA_REGISTRY__URL".into(), "http://127.0.0.1:9".into()));
+    let mut bronze = d.spawn_stage("bronze", "bronze-noregistry")?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !std::fs::read_to_string(&bronze.log)?.contains("restarting from the offsets stored") {
+        bronze.assert_running()?;
+        ensure!(Instant::now() < deadline, "no restart on an unreachable registry: {}", bronze.log_text());
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    bronze.assert_running()?;
+    ensure!(!d.bronze("t").join("_delta_log").exists(), "nothing stored without the registry");
+    ensure!(
+        !d.lake().join("quarantine/records/_delta_log").exists(),
+        "a registry outage is not a record problem: nothing quarantined"
+    );
+    // The registry is back: everything lands, once.
+    bronze.kill9();
+    d.env.pop();
+    let mut bronze = d.spawn_stage("bronze", "bronze")?;
+    let t = scan(&d.bronze("t"));
+    wait_for(&format!("SELECT count(*) FROM {t}"), 50, Duration::from_secs(60), &mut [&mut bronze])?;
+    ensure!(duckdb_i64(&format!("SELECT count(DISTINCT kafka_offset) FROM {t}"))? == 50, "each event once");
+    capture.kill9(); // the slot must be inactive to be dropped
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

@@ -164,7 +164,13 @@ impl GroupContext {
         let next = match self.start_offsets(&parts) {
             Ok(n) => n,
             Err(e) => {
-                // Assign nothing: the stage stops on `Failed` and starts a new consumer.
+                // Complete the rebalance so librdkafka's group state stays sane (closing a
+                // consumer mid-rebalance can hang), but report no `Assigned`: the stage
+                // drops messages of partitions it does not own, stops on `Failed` and starts
+                // a new consumer.
+                if let Err(err) = consumer.assign(tpl) {
+                    tracing::warn!(error = %err, "assign after a failed offset lookup failed");
+                }
                 let _ = self.events.blocking_send(ConsumerEvent::Failed(e));
                 return;
             }
