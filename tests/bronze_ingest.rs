@@ -236,7 +236,9 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
         ensure!(row[1] == hex.as_str() && row[2] == "bronze", "raw bytes kept as they arrived: {row:?}");
     }
     // A restart re-reads nothing twice: Bronze and the quarantine hold what they held.
-    run.kill9();
+    // (Stopped, not killed: a killed member keeps its partition until the broker evicts it;
+    // bronze_crash covers SIGKILL.)
+    ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
     let mut run = d.spawn_stage("capture,bronze", "run2")?;
     pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (21);")).await?;
     wait_for(&format!("SELECT count(*) FROM {t}"), 21, Duration::from_secs(60), &mut [&mut run])?;
@@ -283,7 +285,7 @@ async fn an_unreachable_registry_stalls_bronze_without_quarantining_anything() -
         "a registry outage is not a record problem: nothing quarantined"
     );
     // The registry is back: everything lands, once.
-    bronze.kill9();
+    ensure!(bronze.stop()?.success(), "a stage retrying a registry outage stops cleanly: {}", bronze.log_text());
     d.env.pop();
     let mut bronze = d.spawn_stage("bronze", "bronze")?;
     let t = scan(&d.bronze("t"));
