@@ -13,6 +13,7 @@ pub mod producer;
 pub mod registry;
 pub mod snapshots;
 pub mod topic;
+pub mod transactions;
 
 pub use error::StreamError;
 

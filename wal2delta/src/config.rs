@@ -414,6 +414,10 @@ pub struct KafkaConfig {
     /// Compacted topic recording snapshot progress; default `{topic_prefix}.snapshots`.
     #[serde(default)]
     pub snapshots_topic: Option<String>,
+    /// Topic of transaction END records (per-table event counts of every source
+    /// transaction); default `{topic_prefix}.transactions`.
+    #[serde(default)]
+    pub transactions_topic: Option<String>,
     /// How long one produce may wait for the broker before capture restarts from the
     /// slot's confirmed position (nothing is acknowledged meanwhile).
     #[serde(default = "KafkaConfig::default_delivery_timeout_ms")]
@@ -446,6 +450,13 @@ impl KafkaConfig {
         self.positions_topic
             .clone()
             .unwrap_or_else(|| format!("{}.positions", self.topic_prefix))
+    }
+
+    /// The topic of transaction END records.
+    pub fn transactions_topic(&self) -> String {
+        self.transactions_topic
+            .clone()
+            .unwrap_or_else(|| format!("{}.transactions", self.topic_prefix))
     }
 
     pub fn dlq_topic(&self) -> String {

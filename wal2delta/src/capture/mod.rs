@@ -154,12 +154,14 @@ async fn session(
         registry,
         config.kafka.topic_prefix.clone(),
         config.kafka.dlq_topic(),
+        config.kafka.transactions_topic(),
         SourceInfo {
             name: config.kafka.topic_prefix.clone(),
             db: params.dbname.clone(),
         },
     );
     publisher.ensure_dlq_topic().await?;
+    publisher.ensure_transactions_topic().await?;
     let positions_topic = config.kafka.positions_topic();
     let snapshots_topic = config.kafka.snapshots_topic();
     publisher

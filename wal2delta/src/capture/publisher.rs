@@ -1,7 +1,7 @@
 //! Publishing decoded changes: schemas registered per table version, events encoded in
 //! the Confluent wire format, dead letters for what cannot be published.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use apache_avro::writer::datum::GenericDatumWriter;
@@ -13,6 +13,7 @@ use wal2delta_stream::dlq::DeadLetter;
 use wal2delta_stream::producer::EventProducer;
 use wal2delta_stream::registry::{frame_with, Registry};
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
+use wal2delta_stream::transactions::TransactionEnd;
 use wal2delta_stream::StreamError;
 
 use crate::metrics as m;
@@ -72,8 +73,19 @@ pub struct Publisher {
     registry: Registry,
     prefix: String,
     dlq_topic: String,
+    transactions_topic: String,
     source: SourceInfo,
     tables: HashMap<u32, Published>,
+    /// Table-topic messages of the source transaction being published.
+    open_tx: Option<OpenTransaction>,
+}
+
+/// What the END record of the transaction being published will say.
+struct OpenTransaction {
+    xid: u32,
+    commit_lsn: u64,
+    commit_ts_us: i64,
+    counts: BTreeMap<String, u64>,
 }
 
 impl Publisher {
@@ -82,6 +94,7 @@ impl Publisher {
         registry: Registry,
         prefix: String,
         dlq_topic: String,
+        transactions_topic: String,
         source: SourceInfo,
     ) -> Self {
         Publisher {
@@ -89,9 +102,62 @@ impl Publisher {
             registry,
             prefix,
             dlq_topic,
+            transactions_topic,
             source,
             tables: HashMap::new(),
+            open_tx: None,
         }
+    }
+
+    /// Counts `n` messages of `change` on its table topic for the transaction's END record.
+    /// Snapshot reads belong to no source transaction and are not counted.
+    fn count(&mut self, change: &Change, n: u64) {
+        if change.op == ChangeOp::Read {
+            return;
+        }
+        let pos = &change.position;
+        let tx = self.open_tx.get_or_insert_with(|| OpenTransaction {
+            xid: pos.xid,
+            commit_lsn: pos.commit_lsn.0,
+            commit_ts_us: pos.commit_ts_us,
+            counts: BTreeMap::new(),
+        });
+        *tx.counts.entry(change.table.to_string()).or_insert(0) += n;
+    }
+
+    /// Publishes the END record of the transaction whose changes were just published, under
+    /// its token (so the slot does not move past it before Kafka holds the record). A
+    /// transaction with no message on a table topic has no END record.
+    pub async fn transaction_end(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+    ) -> Result<(), StreamError> {
+        let Some(tx) = self.open_tx.take() else {
+            return Ok(());
+        };
+        let end = TransactionEnd::new(
+            tx.xid,
+            tx.commit_lsn,
+            tx.commit_ts_us.div_euclid(1000),
+            &tx.counts,
+        );
+        self.producer
+            .send(
+                &self.transactions_topic,
+                Some(0),
+                Some(end.id.as_bytes()),
+                &end.to_json(),
+                token,
+            )
+            .await?;
+        tracker.sent(token);
+        Ok(())
+    }
+
+    pub async fn ensure_transactions_topic(&mut self) -> Result<(), StreamError> {
+        let t = self.transactions_topic.clone();
+        self.producer.ensure_topic(&t).await
     }
 
     /// Writes `lsn` to the position log; its delivery comes back with [`POSITION_TOKEN`].
@@ -244,6 +310,9 @@ impl Publisher {
             }
         };
         let topic = p.topic.clone();
+        if let Some(c) = p.counters.get(change.op.code()) {
+            c.increment(1);
+        }
         if change.op == ChangeOp::Truncate {
             // A TRUNCATE goes to every partition so it is ordered against the rows of each.
             let n = self.producer.partition_count(&topic)?;
@@ -253,14 +322,13 @@ impl Publisher {
                     .await?;
                 tracker.sent(token);
             }
+            self.count(change, n.max(0) as u64);
         } else {
             self.producer
                 .send(&topic, None, key.as_deref(), &value, token)
                 .await?;
             tracker.sent(token);
-        }
-        if let Some(c) = p.counters.get(change.op.code()) {
-            c.increment(1);
+            self.count(change, 1);
         }
         Ok(())
     }

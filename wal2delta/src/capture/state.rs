@@ -58,6 +58,7 @@ impl State {
             Decoded::Begin { .. } => self.token = Some(self.tracker.begin()),
             Decoded::Commit { end_lsn, .. } => {
                 let token = self.open_token()?;
+                publisher.transaction_end(&mut self.tracker, token).await?;
                 let before = self.tracker.open_transactions();
                 self.tracker.seal(token, end_lsn);
                 let released = before - self.tracker.open_transactions();

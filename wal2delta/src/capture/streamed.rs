@@ -54,6 +54,7 @@ pub(super) async fn replay_streamed(
         }
     }
     let token = state.open_token()?;
+    publisher.transaction_end(&mut state.tracker, token).await?;
     state.tracker.seal(token, tx.end_lsn);
     state.token = None;
     Ok(())
