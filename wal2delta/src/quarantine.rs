@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use anyhow::{anyhow, Result};
 use wal2delta_lake::quarantine::QuarantineTable;
 use wal2delta_lake::Lake;
+use wal2delta_cdc::value::render_text;
+use wal2delta_model::{BaseType, ColumnType, Datum, Special, TypeKind};
 use wal2delta_quarantine::QuarantineRecord;
 
 use crate::config::Config;
@@ -20,25 +22,15 @@ async fn records(config: &Config) -> Result<Vec<QuarantineRecord>> {
     Ok(records)
 }
 
+/// A quarantine time as PostgreSQL prints a `timestamptz` in UTC.
 fn time(us: i64) -> String {
-    let secs = us.div_euclid(1_000_000);
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    )
+    let ty = ColumnType {
+        oid: 1184,
+        typmod: -1,
+        name: "timestamp with time zone".into(),
+        kind: TypeKind::Base(BaseType::TimestampTz),
+    };
+    render_text(&ty, &Datum::TimestampTz(Special::Value(us)))
 }
 
 /// One line per record: id, stage, reason, table, time.
@@ -94,9 +86,9 @@ pub async fn show(config: &Config, id: &str) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     #[test]
-    fn times_are_utc_iso() {
-        assert_eq!(super::time(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::time(1_700_000_000_123_456), "2023-11-14T22:13:20Z");
-        assert_eq!(super::time(951_782_400_000_000), "2000-02-29T00:00:00Z");
+    fn times_are_printed_like_postgresql_timestamptz_in_utc() {
+        assert_eq!(super::time(0), "1970-01-01 00:00:00+00");
+        assert_eq!(super::time(1_700_000_000_123_456), "2023-11-14 22:13:20.123456+00");
+        assert_eq!(super::time(951_782_400_000_000), "2000-02-29 00:00:00+00");
     }
 }
