@@ -33,7 +33,8 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
     // writer with no partition (docs/bronze.md). Rebalances are tested in bronze_group.
     let restart = |d: &mut wal2delta_tests::daemon::Daemon, n: usize| {
         d.env.retain(|(k, _)| k != "WAL2DELTA__BRONZE__GROUP_ID");
-        d.env.push(("WAL2DELTA__BRONZE__GROUP_ID".into(), format!("{name}-{n}")));
+        d.env
+            .push(("WAL2DELTA__BRONZE__GROUP_ID".into(), format!("{name}-{n}")));
         d.spawn_stage("bronze", &format!("bronze-{n}"))
     };
 
@@ -63,12 +64,16 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
     let mut kills = 0;
     let mut kills_mid_commit = 0;
     let mut known_orphans: HashSet<String> = HashSet::new();
-    let mut next_random_kill = Instant::now() + Duration::from_millis(rand::rng().random_range(2_000..5_000));
+    let mut next_random_kill =
+        Instant::now() + Duration::from_millis(rand::rng().random_range(2_000..5_000));
     // Kill until at least three random kills and two mid-commit kills happened, then let
     // the writer finish.
     while kills < 3 || kills_mid_commit < 2 {
         if started.elapsed() > Duration::from_secs(300) {
-            bail!("only {kills} random and {kills_mid_commit} mid-commit kills in 300 s: {}", bronze.log_text());
+            bail!(
+                "only {kills} random and {kills_mid_commit} mid-commit kills in 300 s: {}",
+                bronze.log_text()
+            );
         }
         bronze.assert_running()?;
         capture.assert_running()?;
@@ -87,7 +92,10 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
                     .collect();
                 if !still.is_empty() {
                     kills_mid_commit += 1;
-                    eprintln!("killed between file write and commit ({} orphan files)", still.len());
+                    eprintln!(
+                        "killed between file write and commit ({} orphan files)",
+                        still.len()
+                    );
                 }
                 known_orphans.extend(uncommitted_files(&table)?);
                 bronze = restart(&mut d, kills + kills_mid_commit + 1)?;
@@ -100,12 +108,14 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
             known_orphans.extend(uncommitted_files(&table)?);
             eprintln!("random kill {kills} at {:?}", started.elapsed());
             bronze = restart(&mut d, kills + kills_mid_commit + 1)?;
-            next_random_kill = Instant::now() + Duration::from_millis(rand::rng().random_range(2_000..6_000));
+            next_random_kill =
+                Instant::now() + Duration::from_millis(rand::rng().random_range(2_000..6_000));
         }
         std::thread::sleep(Duration::from_millis(5));
     }
     writer.await??;
-    pg.batch_execute(&format!("UPDATE {name}.t SET v = -v WHERE id % 1000 = 0")).await?;
+    pg.batch_execute(&format!("UPDATE {name}.t SET v = -v WHERE id % 1000 = 0"))
+        .await?;
     let expected_events = ROWS + ROWS / 1000;
 
     // Wait for Bronze to hold everything, then check it against Kafka and the source.
@@ -118,7 +128,10 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
             break;
         }
         if Instant::now() > deadline {
-            bail!("Bronze holds {n} of {expected_events} events: {}", bronze.log_text());
+            bail!(
+                "Bronze holds {n} of {expected_events} events: {}",
+                bronze.log_text()
+            );
         }
         std::thread::sleep(Duration::from_secs(2));
     }
@@ -130,17 +143,38 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
          FROM {t}"
     ))?;
     let r = &rows[0];
-    ensure!(r[0] == expected_events, "Bronze rows {} vs {expected_events} events", r[0]);
-    ensure!(r[1] == r[0], "each (partition, offset) exactly once: {} distinct of {}", r[1], r[0]);
-    ensure!(r[2] == ROWS && r[3] == ROWS * (ROWS + 1) / 2, "every source row inserted once: {r:?}");
+    ensure!(
+        r[0] == expected_events,
+        "Bronze rows {} vs {expected_events} events",
+        r[0]
+    );
+    ensure!(
+        r[1] == r[0],
+        "each (partition, offset) exactly once: {} distinct of {}",
+        r[1],
+        r[0]
+    );
+    ensure!(
+        r[2] == ROWS && r[3] == ROWS * (ROWS + 1) / 2,
+        "every source row inserted once: {r:?}"
+    );
     ensure!(r[4] == ROWS / 1000, "every update: {r:?}");
-    ensure!(r[5] == 0 && r[6] == 3, "offsets from 0 on all partitions: {r:?}");
+    ensure!(
+        r[5] == 0 && r[6] == 3,
+        "offsets from 0 on all partitions: {r:?}"
+    );
     // Per partition, the offsets are exactly 0..n (no gap, nothing twice).
     let gaps = duckdb(&format!(
         "SELECT kafka_partition, count(*), max(kafka_offset) FROM {t} GROUP BY 1 HAVING count(*) <> max(kafka_offset) + 1"
     ))?;
-    ensure!(gaps.is_empty(), "offsets contiguous per partition: {gaps:?}");
-    let source: i64 = pg.query_one(&format!("SELECT count(*) FROM {name}.t"), &[]).await?.get(0);
+    ensure!(
+        gaps.is_empty(),
+        "offsets contiguous per partition: {gaps:?}"
+    );
+    let source: i64 = pg
+        .query_one(&format!("SELECT count(*) FROM {name}.t"), &[])
+        .await?
+        .get(0);
     ensure!(source == ROWS, "source rows {source}");
     eprintln!(
         "{kills} random kills, {kills_mid_commit} kills between file write and commit; {} orphan files left for vacuum",

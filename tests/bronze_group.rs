@@ -12,7 +12,12 @@ use wal2delta_tests::{cleanup, scenario, Stack};
 const ROWS: i64 = 60_000;
 
 /// Time until the process logged its `n`-th "partitions assigned".
-fn wait_assigned(p: &mut StageProcess, n: usize, since: Instant, timeout: Duration) -> Result<Duration> {
+fn wait_assigned(
+    p: &mut StageProcess,
+    n: usize,
+    since: Instant,
+    timeout: Duration,
+) -> Result<Duration> {
     while since.elapsed() < timeout {
         p.assert_running()?;
         let text = std::fs::read_to_string(&p.log).unwrap_or_default();
@@ -21,7 +26,10 @@ fn wait_assigned(p: &mut StageProcess, n: usize, since: Instant, timeout: Durati
         }
         std::thread::sleep(Duration::from_millis(20));
     }
-    bail!("no partition assignment within {timeout:?}: {}", p.log_text())
+    bail!(
+        "no partition assignment within {timeout:?}: {}",
+        p.log_text()
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -37,7 +45,8 @@ async fn two_writers_in_one_group_store_every_offset_once_across_rebalances() ->
     .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     // The topic must exist before the writers subscribe for the join timing to mean much.
-    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (0, 0)")).await?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (0, 0)"))
+        .await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
 
     let writer = {
@@ -64,7 +73,11 @@ async fn two_writers_in_one_group_store_every_offset_once_across_rebalances() ->
     let deadline = Instant::now() + Duration::from_secs(60);
     while duckdb_i64(&format!("SELECT count(*) FROM {t}")).unwrap_or(0) < 5_000 {
         a.assert_running()?;
-        ensure!(Instant::now() < deadline, "writer A stored nothing: {}", a.log_text());
+        ensure!(
+            Instant::now() < deadline,
+            "writer A stored nothing: {}",
+            a.log_text()
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
     // B joins: the group rebalances and both own partitions.
@@ -84,14 +97,21 @@ async fn two_writers_in_one_group_store_every_offset_once_across_rebalances() ->
         if n >= expected {
             break;
         }
-        ensure!(Instant::now() < deadline, "Bronze holds {n} of {expected}: {}", b.log_text());
+        ensure!(
+            Instant::now() < deadline,
+            "Bronze holds {n} of {expected}: {}",
+            b.log_text()
+        );
         std::thread::sleep(Duration::from_secs(1));
     }
     std::thread::sleep(Duration::from_secs(2));
     let r = &duckdb(&format!(
         "SELECT count(*), count(DISTINCT (kafka_partition, kafka_offset)), count(DISTINCT after.id), count(DISTINCT kafka_partition) FROM {t}"
     ))?[0];
-    ensure!(r[0] == expected && r[1] == expected && r[2] == expected, "every offset exactly once: {r:?}");
+    ensure!(
+        r[0] == expected && r[1] == expected && r[2] == expected,
+        "every offset exactly once: {r:?}"
+    );
     ensure!(r[3] == 4, "all partitions: {r:?}");
     let b_log = std::fs::read_to_string(&b.log)?;
     ensure!(

@@ -14,10 +14,16 @@ use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
 use wal2delta_tests::{cleanup, scenario, Stack};
 
 /// Fast batches and topic discovery, and a consumer group of the test's own.
-const BRONZE_TOML: &str = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n";
+const BRONZE_TOML: &str =
+    "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n";
 
 /// Waits until `sql` (one integer) returns at least `want`; the process must keep running.
-fn wait_for(sql: &str, want: i64, timeout: Duration, procs: &mut [&mut StageProcess]) -> Result<i64> {
+fn wait_for(
+    sql: &str,
+    want: i64,
+    timeout: Duration,
+    procs: &mut [&mut StageProcess],
+) -> Result<i64> {
     let start = Instant::now();
     let mut last = -1;
     while start.elapsed() < timeout {
@@ -34,7 +40,10 @@ fn wait_for(sql: &str, want: i64, timeout: Duration, procs: &mut [&mut StageProc
         std::thread::sleep(Duration::from_millis(500));
     }
     let logs: Vec<String> = procs.iter().map(|p| p.log_text()).collect();
-    bail!("{sql} reached {last}, wanted {want} within {timeout:?}; logs: {}", logs.join("\n---\n"))
+    bail!(
+        "{sql} reached {last}, wanted {want} within {timeout:?}; logs: {}",
+        logs.join("\n---\n")
+    )
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -63,10 +72,19 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     d.wait_caught_up(&pg, Duration::from_secs(120)).await?;
     let topic = format!("{name}.{name}.pay");
     let kafka = read_topic_to_end(&stack.brokers, &topic)?;
-    ensure!(kafka.len() == 3400, "capture published {} events", kafka.len());
+    ensure!(
+        kafka.len() == 3400,
+        "capture published {} events",
+        kafka.len()
+    );
     let table = d.bronze("pay");
     let t = scan(&table);
-    wait_for(&format!("SELECT count(*) FROM {t}"), 3400, Duration::from_secs(120), &mut [&mut run])?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        3400,
+        Duration::from_secs(120),
+        &mut [&mut run],
+    )?;
 
     // Exactly once: one row per Kafka offset, and nothing else.
     let rows = duckdb(&format!(
@@ -77,12 +95,19 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     let mut expected = BTreeMap::new();
     for r in &kafka {
         let v = dec.decode(&r.payload)?;
-        let present = |name| field(&v, name).filter(|i| !matches!(i, apache_avro::types::Value::Null));
-        let image = present("after").or_else(|| present("before")).context("no image")?;
+        let present =
+            |name| field(&v, name).filter(|i| !matches!(i, apache_avro::types::Value::Null));
+        let image = present("after")
+            .or_else(|| present("before"))
+            .context("no image")?;
         let after_note = present("after").and_then(|a| string(field(a, "note")));
         expected.insert(
             (r.partition as i64, r.offset),
-            (string(field(&v, "op")).unwrap_or_default(), long(field(image, "id")), after_note),
+            (
+                string(field(&v, "op")).unwrap_or_default(),
+                long(field(image, "id")),
+                after_note,
+            ),
         );
     }
     let mut seen = BTreeSet::new();
@@ -94,10 +119,17 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
             row[3].as_i64(),
             row[4].as_str().map(str::to_owned),
         );
-        ensure!(expected.get(&key) == Some(&got), "row at {key:?}: Bronze {got:?}, Kafka {:?}", expected.get(&key));
+        ensure!(
+            expected.get(&key) == Some(&got),
+            "row at {key:?}: Bronze {got:?}, Kafka {:?}",
+            expected.get(&key)
+        );
     }
     let partitions: BTreeSet<i64> = seen.iter().map(|(p, _)| *p).collect();
-    ensure!(partitions.len() == 3, "events from all 3 partitions: {partitions:?}");
+    ensure!(
+        partitions.len() == 3,
+        "events from all 3 partitions: {partitions:?}"
+    );
 
     // Types as DESIGN promises, read by DuckDB.
     let typed = duckdb(&format!(
@@ -108,24 +140,53 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     ))?;
     let row = typed.first().context("row 2")?;
     ensure!(row[0] == "2.50", "numeric exact as text: {:?}", row[0]);
-    ensure!(row[1].as_str().is_some_and(|s| s.starts_with("2024-01-01 00:02:00")), "timestamptz: {:?}", row[1]);
+    ensure!(
+        row[1]
+            .as_str()
+            .is_some_and(|s| s.starts_with("2024-01-01 00:02:00")),
+        "timestamptz: {:?}",
+        row[1]
+    );
     ensure!(row[2] == "infinity", "timestamp infinity: {:?}", row[2]);
     ensure!(row[3] == "2024-02-29", "date: {:?}", row[3]);
-    ensure!(row[4] == "['a', None, 'c']", "array with NULL: {:?}", row[4]);
+    ensure!(
+        row[4] == "['a', None, 'c']",
+        "array with NULL: {:?}",
+        row[4]
+    );
     ensure!(row[5] == "{\"k\": 2}", "jsonb text: {:?}", row[5]);
     ensure!(row[6] == "00FF", "bytea: {:?}", row[6]);
-    ensure!(row[7] == true && row[8].as_f64().is_some_and(|r| (r - 2.0 / 3.0).abs() < 1e-12), "bool, float8: {row:?}");
-    for (i, what) in [(9, "commit_lsn"), (10, "lsn"), (11, "ordinal"), (12, "tx_id"), (14, "ingest_date")] {
+    ensure!(
+        row[7] == true
+            && row[8]
+                .as_f64()
+                .is_some_and(|r| (r - 2.0 / 3.0).abs() < 1e-12),
+        "bool, float8: {row:?}"
+    );
+    for (i, what) in [
+        (9, "commit_lsn"),
+        (10, "lsn"),
+        (11, "ordinal"),
+        (12, "tx_id"),
+        (14, "ingest_date"),
+    ] {
         ensure!(row[i] == true, "{what} set: {row:?}");
     }
     ensure!(row[13] == false, "not a snapshot row: {row:?}");
 
     // Maintenance compacted and checkpointed the table while it was written.
     let log_dir = table.join("_delta_log");
-    let checkpointed = std::fs::read_dir(&log_dir)?
-        .flatten()
-        .any(|e| e.file_name().to_string_lossy().ends_with(".checkpoint.parquet"));
-    ensure!(checkpointed, "a checkpoint in {}: {}", log_dir.display(), run.log_text());
+    let checkpointed = std::fs::read_dir(&log_dir)?.flatten().any(|e| {
+        e.file_name()
+            .to_string_lossy()
+            .ends_with(".checkpoint.parquet")
+    });
+    ensure!(
+        checkpointed,
+        "a checkpoint in {}: {}",
+        log_dir.display(),
+        run.log_text()
+    );
     ensure!(
         std::fs::read_to_string(&run.log)?.contains("Bronze table compacted and checkpointed"),
         "maintenance ran: {}",
@@ -135,15 +196,23 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     // The deltalake package reads the same table, partitioned by ingestion date.
     let info = deltalake_info(&table)?;
     ensure!(info["rows"] == 3400, "deltalake reads {info}");
-    ensure!(info["partition_columns"] == serde_json::json!(["ingest_date"]), "partitioned by ingest_date: {info}");
+    ensure!(
+        info["partition_columns"] == serde_json::json!(["ingest_date"]),
+        "partitioned by ingest_date: {info}"
+    );
 
     // status reports the table with no lag.
     let out = d.command(&["status", "--json"])?;
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
         .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
-    let tables = doc["stages"]["bronze"]["tables"].as_array().context("bronze status")?.clone();
+    let tables = doc["stages"]["bronze"]["tables"]
+        .as_array()
+        .context("bronze status")?
+        .clone();
     ensure!(
-        tables.iter().any(|t| t["table"] == format!("{name}.pay") && t["lag_events"] == 0),
+        tables
+            .iter()
+            .any(|t| t["table"] == format!("{name}.pay") && t["lag_events"] == 0),
         "status shows the table caught up: {tables:?}"
     );
     ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
@@ -154,20 +223,41 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) =
-        scenario(&stack, "brzevo", "CREATE TABLE {s}.t (id int PRIMARY KEY, a int, b text);", BRONZE_TOML, 1).await?;
+    let (name, pg, d) = scenario(
+        &stack,
+        "brzevo",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, a int, b text);",
+        BRONZE_TOML,
+        1,
+    )
+    .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
-    pg.batch_execute(&format!("INSERT INTO {name}.t SELECT g, g, 'b' FROM generate_series(1, 100) g;")).await?;
-    wait_for(&format!("SELECT count(*) FROM {t}"), 100, Duration::from_secs(90), &mut [&mut run])?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t SELECT g, g, 'b' FROM generate_series(1, 100) g;"
+    ))
+    .await?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        100,
+        Duration::from_secs(90),
+        &mut [&mut run],
+    )?;
     // Added and dropped columns merge without a restart.
     pg.batch_execute(&format!(
         "ALTER TABLE {name}.t ADD COLUMN c boolean; INSERT INTO {name}.t VALUES (101, 101, 'b', true);
          ALTER TABLE {name}.t DROP COLUMN b; INSERT INTO {name}.t VALUES (102, 102, false);"
     ))
     .await?;
-    wait_for(&format!("SELECT count(*) FROM {t}"), 102, Duration::from_secs(60), &mut [&mut run])?;
-    let rows = duckdb(&format!("SELECT after.id, after.b, after.c FROM {t} WHERE after.id IN (1, 101, 102) ORDER BY 1"))?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        102,
+        Duration::from_secs(60),
+        &mut [&mut run],
+    )?;
+    let rows = duckdb(&format!(
+        "SELECT after.id, after.b, after.c FROM {t} WHERE after.id IN (1, 101, 102) ORDER BY 1"
+    ))?;
     ensure!(
         rows == vec![
             vec![1.into(), "b".into(), serde_json::Value::Null],
@@ -188,11 +278,24 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
         Duration::from_secs(60),
         &mut [&mut run],
     )?;
-    let detail = duckdb(&format!("SELECT detail, raw IS NOT NULL, kafka_offset FROM {q} WHERE table_name = '{name}.t'"))?;
+    let detail = duckdb(&format!(
+        "SELECT detail, raw IS NOT NULL, kafka_offset FROM {q} WHERE table_name = '{name}.t'"
+    ))?;
     ensure!(detail.len() == 1, "one record quarantined: {detail:?}");
-    ensure!(detail[0][0].as_str().is_some_and(|s| s.contains(".a is Int32 in the table but Int64")), "reason names the column: {detail:?}");
-    ensure!(detail[0][1] == true && detail[0][2] == 102, "raw bytes and offset kept: {detail:?}");
-    ensure!(duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 102, "the conflicting event is not in Bronze");
+    ensure!(
+        detail[0][0]
+            .as_str()
+            .is_some_and(|s| s.contains(".a is Int32 in the table but Int64")),
+        "reason names the column: {detail:?}"
+    );
+    ensure!(
+        detail[0][1] == true && detail[0][2] == 102,
+        "raw bytes and offset kept: {detail:?}"
+    );
+    ensure!(
+        duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 102,
+        "the conflicting event is not in Bronze"
+    );
     run.assert_running()?;
     run.kill9(); // the slot must be inactive to be dropped
     cleanup(&pg, &d.slot, &d.publication).await;
@@ -202,15 +305,32 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(&stack, "brzq", "CREATE TABLE {s}.t (id int PRIMARY KEY);", BRONZE_TOML, 1).await?;
+    let (name, pg, d) = scenario(
+        &stack,
+        "brzq",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
+        BRONZE_TOML,
+        1,
+    )
+    .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
-    pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 10);")).await?;
-    wait_for(&format!("SELECT count(*) FROM {t}"), 10, Duration::from_secs(90), &mut [&mut run])?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t SELECT generate_series(1, 10);"
+    ))
+    .await?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        10,
+        Duration::from_secs(90),
+        &mut [&mut run],
+    )?;
 
     // Garbage, a frame naming a schema id the registry never issued, and a truncated datum.
     let topic = format!("{name}.{name}.t");
-    let producer: BaseProducer = ClientConfig::new().set("bootstrap.servers", &stack.brokers).create()?;
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &stack.brokers)
+        .create()?;
     let good = read_topic_to_end(&stack.brokers, &topic)?.remove(0).payload;
     let bad: Vec<(&str, Vec<u8>)> = vec![
         ("not_framed", b"definitely not avro".to_vec()),
@@ -223,40 +343,77 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
             .map_err(|(e, _)| e)?;
     }
     producer.flush(Duration::from_secs(10))?;
-    pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(11, 20);")).await?;
-    wait_for(&format!("SELECT count(*) FROM {t}"), 20, Duration::from_secs(60), &mut [&mut run])?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t SELECT generate_series(11, 20);"
+    ))
+    .await?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        20,
+        Duration::from_secs(60),
+        &mut [&mut run],
+    )?;
     let q = scan(&d.lake().join("quarantine/records"));
     let rows = duckdb(&format!(
         "SELECT reason_code, hex(raw), stage, kafka_topic FROM {q} WHERE kafka_topic = '{topic}' ORDER BY kafka_offset"
     ))?;
     let codes: Vec<&str> = rows.iter().filter_map(|r| r[0].as_str()).collect();
-    ensure!(codes == ["not_framed", "unknown_schema", "corrupt_payload"], "quarantined with reasons: {rows:?}");
+    ensure!(
+        codes == ["not_framed", "unknown_schema", "corrupt_payload"],
+        "quarantined with reasons: {rows:?}"
+    );
     for (row, (_, payload)) in rows.iter().zip(&bad) {
         let hex: String = payload.iter().map(|b| format!("{b:02X}")).collect();
-        ensure!(row[1] == hex.as_str() && row[2] == "bronze", "raw bytes kept as they arrived: {row:?}");
+        ensure!(
+            row[1] == hex.as_str() && row[2] == "bronze",
+            "raw bytes kept as they arrived: {row:?}"
+        );
     }
     // A restart re-reads nothing twice: Bronze and the quarantine hold what they held.
     // (Stopped, not killed: a killed member keeps its partition until the broker evicts it;
     // bronze_crash covers SIGKILL.)
     ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
     let mut run = d.spawn_stage("capture,bronze", "run2")?;
-    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (21);")).await?;
-    wait_for(&format!("SELECT count(*) FROM {t}"), 21, Duration::from_secs(60), &mut [&mut run])?;
-    ensure!(duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 21, "no duplicates after restart");
-    ensure!(duckdb_i64(&format!("SELECT count(*) FROM {q} WHERE kafka_topic = '{topic}'"))? == 3, "quarantine unchanged");
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (21);"))
+        .await?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        21,
+        Duration::from_secs(60),
+        &mut [&mut run],
+    )?;
+    ensure!(
+        duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 21,
+        "no duplicates after restart"
+    );
+    ensure!(
+        duckdb_i64(&format!(
+            "SELECT count(*) FROM {q} WHERE kafka_topic = '{topic}'"
+        ))? == 3,
+        "quarantine unchanged"
+    );
     let out = d.command(&["status"])?;
     let text = String::from_utf8_lossy(&out.stdout);
-    ensure!(text.contains("bronze/not_framed: 1"), "status shows quarantine counts: {text}");
+    ensure!(
+        text.contains("bronze/not_framed: 1"),
+        "status shows quarantine counts: {text}"
+    );
     // Operators list and inspect the records.
     let out = d.command(&["quarantine", "list"])?;
     let text = String::from_utf8_lossy(&out.stdout);
     let id = format!("bronze/{topic}/0/10");
-    ensure!(text.contains(&id) && text.contains("3 records"), "quarantine list: {text}");
+    ensure!(
+        text.contains(&id) && text.contains("3 records"),
+        "quarantine list: {text}"
+    );
     let out = d.command(&["quarantine", "show", &id])?;
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout)
         .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
     let hex: String = bad[0].1.iter().map(|b| format!("{b:02x}")).collect();
-    ensure!(doc["raw_hex"] == hex.as_str() && doc["reason_code"] == "not_framed", "quarantine show: {doc}");
+    ensure!(
+        doc["raw_hex"] == hex.as_str() && doc["reason_code"] == "not_framed",
+        "quarantine show: {doc}"
+    );
     run.kill9(); // the slot must be inactive to be dropped
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
@@ -265,32 +422,64 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_registry_stalls_bronze_without_quarantining_anything() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(&stack, "brzreg", "CREATE TABLE {s}.t (id int PRIMARY KEY);", BRONZE_TOML, 1).await?;
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "brzreg",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
+        BRONZE_TOML,
+        1,
+    )
+    .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
-    pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 50);")).await?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t SELECT generate_series(1, 50);"
+    ))
+    .await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
     // The bronze writer alone sees a registry nobody listens on.
-    d.env.push(("WAL2DELTA__SCHEMA_REGISTRY__URL".into(), "http://127.0.0.1:9".into()));
+    d.env.push((
+        "WAL2DELTA__SCHEMA_REGISTRY__URL".into(),
+        "http://127.0.0.1:9".into(),
+    ));
     let mut bronze = d.spawn_stage("bronze", "bronze-noregistry")?;
     let deadline = Instant::now() + Duration::from_secs(30);
     while !std::fs::read_to_string(&bronze.log)?.contains("restarting from the offsets stored") {
         bronze.assert_running()?;
-        ensure!(Instant::now() < deadline, "no restart on an unreachable registry: {}", bronze.log_text());
+        ensure!(
+            Instant::now() < deadline,
+            "no restart on an unreachable registry: {}",
+            bronze.log_text()
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
     bronze.assert_running()?;
-    ensure!(!d.bronze("t").join("_delta_log").exists(), "nothing stored without the registry");
+    ensure!(
+        !d.bronze("t").join("_delta_log").exists(),
+        "nothing stored without the registry"
+    );
     ensure!(
         !d.lake().join("quarantine/records/_delta_log").exists(),
         "a registry outage is not a record problem: nothing quarantined"
     );
     // The registry is back: everything lands, once.
-    ensure!(bronze.stop()?.success(), "a stage retrying a registry outage stops cleanly: {}", bronze.log_text());
+    ensure!(
+        bronze.stop()?.success(),
+        "a stage retrying a registry outage stops cleanly: {}",
+        bronze.log_text()
+    );
     d.env.pop();
     let mut bronze = d.spawn_stage("bronze", "bronze")?;
     let t = scan(&d.bronze("t"));
-    wait_for(&format!("SELECT count(*) FROM {t}"), 50, Duration::from_secs(60), &mut [&mut bronze])?;
-    ensure!(duckdb_i64(&format!("SELECT count(DISTINCT kafka_offset) FROM {t}"))? == 50, "each event once");
+    wait_for(
+        &format!("SELECT count(*) FROM {t}"),
+        50,
+        Duration::from_secs(60),
+        &mut [&mut bronze],
+    )?;
+    ensure!(
+        duckdb_i64(&format!("SELECT count(DISTINCT kafka_offset) FROM {t}"))? == 50,
+        "each event once"
+    );
     capture.kill9(); // the slot must be inactive to be dropped
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())

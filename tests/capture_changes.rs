@@ -272,10 +272,16 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
         "BEGIN; INSERT INTO {name}.a SELECT generate_series(1, 7); INSERT INTO {name}.b VALUES (1), (2); COMMIT;"
     ))
     .await?;
-    pg.batch_execute(&format!("UPDATE {name}.b SET id = id + 10")).await?;
+    pg.batch_execute(&format!("UPDATE {name}.b SET id = id + 10"))
+        .await?;
     pg.batch_execute(&format!("TRUNCATE {name}.a")).await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
-    let recs = read_topic(&stack.brokers, &format!("{name}.transactions"), Some(3), Duration::from_secs(10))?;
+    let recs = read_topic(
+        &stack.brokers,
+        &format!("{name}.transactions"),
+        Some(3),
+        Duration::from_secs(10),
+    )?;
     let ends: Vec<serde_json::Value> = recs
         .iter()
         .map(|r| serde_json::from_slice(&r.payload))
@@ -286,29 +292,57 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
             .as_array()
             .into_iter()
             .flatten()
-            .map(|c| (c["data_collection"].as_str().unwrap_or("").to_owned(), c["event_count"].as_u64().unwrap_or(0)))
+            .map(|c| {
+                (
+                    c["data_collection"].as_str().unwrap_or("").to_owned(),
+                    c["event_count"].as_u64().unwrap_or(0),
+                )
+            })
             .collect()
     };
     let (a, b) = (format!("{name}.a"), format!("{name}.b"));
-    anyhow::ensure!(counts(&ends[0]) == vec![(a.clone(), 7), (b.clone(), 2)] && ends[0]["event_count"] == 9, "{:?}", ends[0]);
+    anyhow::ensure!(
+        counts(&ends[0]) == vec![(a.clone(), 7), (b.clone(), 2)] && ends[0]["event_count"] == 9,
+        "{:?}",
+        ends[0]
+    );
     anyhow::ensure!(counts(&ends[1]) == vec![(b.clone(), 2)], "{:?}", ends[1]);
-    anyhow::ensure!(counts(&ends[2]) == vec![(a.clone(), 3)], "TRUNCATE on 3 partitions: {:?}", ends[2]);
+    anyhow::ensure!(
+        counts(&ends[2]) == vec![(a.clone(), 3)],
+        "TRUNCATE on 3 partitions: {:?}",
+        ends[2]
+    );
     // The counts match the table topics, transaction by transaction.
     let mut dec = AvroDecoder::new(&stack.registry);
     let mut per_tx = std::collections::BTreeMap::<(i64, String), u64>::new();
     for (table, n) in [(&a, 10), (&b, 4)] {
-        for r in read_topic(&stack.brokers, &format!("{name}.{table}"), Some(n), Duration::from_secs(10))? {
+        for r in read_topic(
+            &stack.brokers,
+            &format!("{name}.{table}"),
+            Some(n),
+            Duration::from_secs(10),
+        )? {
             let v = dec.decode(&r.payload)?;
-            let lsn = long(field(field(&v, "source").unwrap_or(&Value::Null), "commit_lsn")).unwrap_or(-1);
+            let lsn = long(field(
+                field(&v, "source").unwrap_or(&Value::Null),
+                "commit_lsn",
+            ))
+            .unwrap_or(-1);
             *per_tx.entry((lsn, table.to_string())).or_default() += 1;
         }
     }
     for e in &ends {
         let lsn = e["commit_lsn"].as_i64().unwrap_or(-2);
         for (table, n) in counts(e) {
-            anyhow::ensure!(per_tx.get(&(lsn, table.clone())) == Some(&n), "{table} at {lsn}: {per_tx:?}");
+            anyhow::ensure!(
+                per_tx.get(&(lsn, table.clone())) == Some(&n),
+                "{table} at {lsn}: {per_tx:?}"
+            );
         }
-        anyhow::ensure!(e["id"] == format!("{}:{lsn}", e["tx_id"]), "Debezium-style id: {e}");
+        anyhow::ensure!(
+            e["id"] == format!("{}:{lsn}", e["tx_id"]),
+            "Debezium-style id: {e}"
+        );
     }
     d.stop()?;
     cleanup(&pg, &d.slot, &d.publication).await;

@@ -191,6 +191,9 @@ fn stages_not_built_yet_say_so() -> Result<()> {
     let (ok, stderr, _) = run_with_config(GOOD, &["reconcile"])?;
     ensure!(!ok && stderr.contains("not available"), "{stderr}");
     let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "silver"])?;
-    ensure!(!ok && stderr.contains("silver") && stderr.contains("not built"), "{stderr}");
+    ensure!(
+        !ok && stderr.contains("silver") && stderr.contains("not built"),
+        "{stderr}"
+    );
     Ok(())
 }

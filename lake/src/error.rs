@@ -31,7 +31,9 @@ impl LakeError {
         }
     }
 
-    pub(crate) fn delta(table: &impl std::fmt::Display) -> impl FnOnce(deltalake::DeltaTableError) -> LakeError + '_ {
+    pub(crate) fn delta(
+        table: &impl std::fmt::Display,
+    ) -> impl FnOnce(deltalake::DeltaTableError) -> LakeError + '_ {
         move |source| LakeError::Delta {
             table: table.to_string(),
             source,

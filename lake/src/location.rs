@@ -83,7 +83,13 @@ impl Lake {
         };
         for schema in dirs(root.join("bronze")) {
             for table in dirs(root.join("bronze").join(&schema)) {
-                if root.join("bronze").join(&schema).join(&table).join("_delta_log").is_dir() {
+                if root
+                    .join("bronze")
+                    .join(&schema)
+                    .join(&table)
+                    .join("_delta_log")
+                    .is_dir()
+                {
                     let url = self.bronze(&schema, &table);
                     out.push((schema.clone(), table, url));
                 }
@@ -129,7 +135,10 @@ mod tests {
         );
         assert!(lake.table(&["..", "x"]).as_str().ends_with("/__/x/"));
         assert!(matches!(Lake::new("s3://b/p"), Err(LakeError::Uri { .. })));
-        assert!(matches!(Lake::new("relative/dir"), Err(LakeError::Uri { .. })));
+        assert!(matches!(
+            Lake::new("relative/dir"),
+            Err(LakeError::Uri { .. })
+        ));
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -20,7 +20,11 @@ pub struct MaintenanceReport {
 
 /// Compacts the table's small files (into files of about `target_bytes`) and writes a
 /// checkpoint of its log. A table that does not exist yet is left alone.
-pub async fn maintain(name: &str, url: &Url, target_bytes: u64) -> Result<MaintenanceReport, LakeError> {
+pub async fn maintain(
+    name: &str,
+    url: &Url,
+    target_bytes: u64,
+) -> Result<MaintenanceReport, LakeError> {
     let Some(table) = delta::open(name, url).await? else {
         return Ok(MaintenanceReport::default());
     };

@@ -26,7 +26,10 @@ pub struct QuarantineTable {
 
 /// The `txn` application id for events of `topic/partition` quarantined by `stage`.
 pub fn quarantine_app_id(stage: Stage, topic: &str, partition: i32) -> String {
-    format!("wal2delta-quarantine/{}/{topic}/{partition}", stage.as_str())
+    format!(
+        "wal2delta-quarantine/{}/{topic}/{partition}",
+        stage.as_str()
+    )
 }
 
 impl QuarantineTable {
@@ -37,7 +40,11 @@ impl QuarantineTable {
     /// Appends the records not already stored; returns how many were appended. Records
     /// with Kafka coordinates are deduplicated by the per-partition `txn` versions; records
     /// without are always appended.
-    pub async fn append(&mut self, stage: Stage, records: Vec<QuarantineRecord>) -> Result<usize, LakeError> {
+    pub async fn append(
+        &mut self,
+        stage: Stage,
+        records: Vec<QuarantineRecord>,
+    ) -> Result<usize, LakeError> {
         for _ in 0..8 {
             delta::refresh(NAME, &self.url, &mut self.table).await?;
             let mut last: BTreeMap<(String, i32), i64> = BTreeMap::new();
@@ -107,7 +114,9 @@ impl QuarantineTable {
         }
         Err(LakeError::Delta {
             table: NAME.into(),
-            source: deltalake::DeltaTableError::Generic("commit conflicted 8 times in a row".into()),
+            source: deltalake::DeltaTableError::Generic(
+                "commit conflicted 8 times in a row".into(),
+            ),
         })
     }
 
@@ -134,10 +143,12 @@ impl QuarantineTable {
             .map_err(|e| LakeError::delta(&NAME)(e.into()))?;
         let mut out = Vec::new();
         for b in &batches {
-            out.extend(QuarantineRecord::from_batch(b).map_err(|e| LakeError::Rows {
-                table: NAME.into(),
-                reason: e.to_string(),
-            })?);
+            out.extend(
+                QuarantineRecord::from_batch(b).map_err(|e| LakeError::Rows {
+                    table: NAME.into(),
+                    reason: e.to_string(),
+                })?,
+            );
         }
         Ok(out)
     }

@@ -5,7 +5,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use wal2delta_lake::bronze::{Append, AppendOutcome, BronzeTable, OffsetRange};
-use wal2delta_lake::deltalake::arrow::array::{Array, Int64Array, RecordBatch, StringArray, StructArray};
+use wal2delta_lake::deltalake::arrow::array::{
+    Array, Int64Array, RecordBatch, StringArray, StructArray,
+};
 use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
 use wal2delta_lake::deltalake::datafusion::prelude::SessionContext;
 use wal2delta_lake::quarantine::QuarantineTable;
@@ -16,7 +18,10 @@ fn lake() -> (Lake, std::path::PathBuf) {
     let dir = std::env::temp_dir().join(format!(
         "w2d-bronze-{}-{}",
         std::process::id(),
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
     ));
     (Lake::new(dir.to_str().unwrap()).unwrap(), dir)
 }
@@ -24,7 +29,10 @@ fn lake() -> (Lake, std::path::PathBuf) {
 /// A batch shaped like Bronze's: op, after{...}, kafka_offset, ingest_date-free.
 fn batch(after_fields: Vec<(&str, DataType)>, offsets: &[i64]) -> RecordBatch {
     let n = offsets.len();
-    let fields: Vec<Field> = after_fields.iter().map(|(n, t)| Field::new(*n, t.clone(), true)).collect();
+    let fields: Vec<Field> = after_fields
+        .iter()
+        .map(|(n, t)| Field::new(*n, t.clone(), true))
+        .collect();
     let children: Vec<Arc<dyn Array>> = after_fields
         .iter()
         .map(|(_, t)| match t {
@@ -58,20 +66,31 @@ fn ranges(p: i32, first: i64, last: i64) -> BTreeMap<i32, OffsetRange> {
 
 async fn rows(table: &BronzeTable, sql: &str) -> Vec<RecordBatch> {
     let ctx = SessionContext::new();
-    let t = wal2delta_lake::deltalake::open_table(table.url().clone()).await.unwrap();
-    ctx.register_table("t", t.table_provider().await.unwrap()).unwrap();
+    let t = wal2delta_lake::deltalake::open_table(table.url().clone())
+        .await
+        .unwrap();
+    ctx.register_table("t", t.table_provider().await.unwrap())
+        .unwrap();
     ctx.sql(sql).await.unwrap().collect().await.unwrap()
 }
 
 fn single_i64(batches: &[RecordBatch]) -> i64 {
-    batches[0].column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(0)
+    batches[0]
+        .column(0)
+        .as_any()
+        .downcast_ref::<Int64Array>()
+        .unwrap()
+        .value(0)
 }
 
 #[tokio::test]
 async fn offsets_commit_with_rows_and_stale_batches_are_refused() {
     let (lake, dir) = lake();
     let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));
-    assert_eq!(t.stored_offsets("cdc.public.t", &[0]).await.unwrap()[&0], None);
+    assert_eq!(
+        t.stored_offsets("cdc.public.t", &[0]).await.unwrap()[&0],
+        None
+    );
     let out = t
         .append(Append {
             topic: "cdc.public.t".into(),
@@ -80,7 +99,10 @@ async fn offsets_commit_with_rows_and_stale_batches_are_refused() {
         })
         .await
         .unwrap();
-    assert!(matches!(out, AppendOutcome::Committed { rows: 3, .. }), "{out:?}");
+    assert!(
+        matches!(out, AppendOutcome::Committed { rows: 3, .. }),
+        "{out:?}"
+    );
     // A second writer (its own handle) replays offsets 1..3: stale, nothing written.
     let mut other = BronzeTable::new("public.t", lake.bronze("public", "t"));
     let out = other
@@ -91,14 +113,29 @@ async fn offsets_commit_with_rows_and_stale_batches_are_refused() {
         })
         .await
         .unwrap();
-    assert_eq!(out, AppendOutcome::Stale { stored: BTreeMap::from([(0, Some(2))]) });
+    assert_eq!(
+        out,
+        AppendOutcome::Stale {
+            stored: BTreeMap::from([(0, Some(2))])
+        }
+    );
     // Offsets only (every event of the range quarantined): the position still moves.
     let out = t
-        .append(Append { topic: "cdc.public.t".into(), batches: vec![], ranges: ranges(0, 3, 5) })
+        .append(Append {
+            topic: "cdc.public.t".into(),
+            batches: vec![],
+            ranges: ranges(0, 3, 5),
+        })
         .await
         .unwrap();
-    assert!(matches!(out, AppendOutcome::Committed { rows: 0, .. }), "{out:?}");
-    assert_eq!(t.stored_offsets("cdc.public.t", &[0, 1]).await.unwrap(), BTreeMap::from([(0, Some(5)), (1, None)]));
+    assert!(
+        matches!(out, AppendOutcome::Committed { rows: 0, .. }),
+        "{out:?}"
+    );
+    assert_eq!(
+        t.stored_offsets("cdc.public.t", &[0, 1]).await.unwrap(),
+        BTreeMap::from([(0, Some(5)), (1, None)])
+    );
     assert_eq!(single_i64(&rows(&t, "select count(*) from t").await), 3);
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -108,27 +145,52 @@ async fn added_columns_merge_and_a_type_change_is_a_schema_conflict() {
     let (lake, dir) = lake();
     let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));
     let topic = "cdc.public.t".to_owned();
-    t.append(Append { topic: topic.clone(), batches: vec![batch(vec![("id", DataType::Int64)], &[0])], ranges: ranges(0, 0, 0) })
-        .await
-        .unwrap();
+    t.append(Append {
+        topic: topic.clone(),
+        batches: vec![batch(vec![("id", DataType::Int64)], &[0])],
+        ranges: ranges(0, 0, 0),
+    })
+    .await
+    .unwrap();
     // Version 2 adds after.note; version 3 drops it again; one commit holds both shapes.
     let out = t
         .append(Append {
             topic: topic.clone(),
             batches: vec![
-                batch(vec![("id", DataType::Int64), ("note", DataType::Utf8)], &[1]),
+                batch(
+                    vec![("id", DataType::Int64), ("note", DataType::Utf8)],
+                    &[1],
+                ),
                 batch(vec![("id", DataType::Int64)], &[2]),
             ],
             ranges: ranges(0, 1, 2),
         })
         .await
         .unwrap();
-    assert!(matches!(out, AppendOutcome::Committed { rows: 2, schema_changed: true, .. }), "{out:?}");
+    assert!(
+        matches!(
+            out,
+            AppendOutcome::Committed {
+                rows: 2,
+                schema_changed: true,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
     let notes = rows(&t, "select count(*) from t where after.note is null").await;
-    assert_eq!(single_i64(&notes), 2, "rows written before and after the column read NULL");
+    assert_eq!(
+        single_i64(&notes),
+        2,
+        "rows written before and after the column read NULL"
+    );
     // after.id as text cannot be merged into a long column.
     let err = t
-        .append(Append { topic, batches: vec![batch(vec![("id", DataType::Utf8)], &[3])], ranges: ranges(0, 3, 3) })
+        .append(Append {
+            topic,
+            batches: vec![batch(vec![("id", DataType::Utf8)], &[3])],
+            ranges: ranges(0, 3, 3),
+        })
         .await
         .unwrap_err();
     assert!(matches!(err, LakeError::SchemaConflict { .. }), "{err}");
@@ -154,10 +216,21 @@ async fn quarantine_records_are_stored_once_per_offset() {
         quarantined_at_us: 0,
     };
     let mut q = QuarantineTable::new(lake.quarantine_records());
-    assert_eq!(q.append(Stage::Bronze, vec![record(3), record(7)]).await.unwrap(), 2);
+    assert_eq!(
+        q.append(Stage::Bronze, vec![record(3), record(7)])
+            .await
+            .unwrap(),
+        2
+    );
     // A re-read after a crash offers 3 and 7 again, and 9 for the first time.
     let mut again = QuarantineTable::new(lake.quarantine_records());
-    assert_eq!(again.append(Stage::Bronze, vec![record(3), record(7), record(9)]).await.unwrap(), 1);
+    assert_eq!(
+        again
+            .append(Stage::Bronze, vec![record(3), record(7), record(9)])
+            .await
+            .unwrap(),
+        1
+    );
     let all = q.read_all().await.unwrap();
     let mut offsets: Vec<i64> = all.iter().filter_map(|r| r.offset).collect();
     offsets.sort();
@@ -179,15 +252,29 @@ async fn maintenance_compacts_small_files_and_checkpoints_without_losing_rows() 
         .await
         .unwrap();
     }
-    let report = wal2delta_lake::maintenance::maintain("public.t", t.url(), 64 << 20).await.unwrap();
+    let report = wal2delta_lake::maintenance::maintain("public.t", t.url(), 64 << 20)
+        .await
+        .unwrap();
     assert_eq!(report.files_removed, 5, "{report:?}");
     assert_eq!(report.files_added, 1, "{report:?}");
     let version = report.checkpoint_version.unwrap();
-    let checkpoint = dir.join(format!("bronze/public/t/_delta_log/{version:020}.checkpoint.parquet"));
-    assert!(checkpoint.exists(), "checkpoint at {}", checkpoint.display());
+    let checkpoint = dir.join(format!(
+        "bronze/public/t/_delta_log/{version:020}.checkpoint.parquet"
+    ));
+    assert!(
+        checkpoint.exists(),
+        "checkpoint at {}",
+        checkpoint.display()
+    );
     assert_eq!(single_i64(&rows(&t, "select count(*) from t").await), 10);
-    assert_eq!(single_i64(&rows(&t, "select sum(kafka_offset) from t").await), 45);
+    assert_eq!(
+        single_i64(&rows(&t, "select sum(kafka_offset) from t").await),
+        45
+    );
     // Offsets survive compaction: the next append continues after them.
-    assert_eq!(t.stored_offsets("cdc.public.t", &[0]).await.unwrap()[&0], Some(9));
+    assert_eq!(
+        t.stored_offsets("cdc.public.t", &[0]).await.unwrap()[&0],
+        Some(9)
+    );
     let _ = std::fs::remove_dir_all(dir);
 }

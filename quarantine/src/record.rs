@@ -98,8 +98,18 @@ impl QuarantineRecord {
             Arc::new(records.iter().map(|r| r.partition).collect::<Int32Array>()),
             Arc::new(records.iter().map(|r| r.offset).collect::<Int64Array>()),
             Arc::new(records.iter().map(|r| r.source_lsn).collect::<Int64Array>()),
-            Arc::new(records.iter().map(|r| r.key.as_deref()).collect::<BinaryArray>()),
-            Arc::new(records.iter().map(|r| r.raw.as_deref()).collect::<BinaryArray>()),
+            Arc::new(
+                records
+                    .iter()
+                    .map(|r| r.key.as_deref())
+                    .collect::<BinaryArray>(),
+            ),
+            Arc::new(
+                records
+                    .iter()
+                    .map(|r| r.raw.as_deref())
+                    .collect::<BinaryArray>(),
+            ),
             Arc::new(
                 records
                     .iter()
@@ -118,7 +128,10 @@ impl QuarantineRecord {
                 .column_by_name(name)
                 .ok_or(RecordsError::MissingColumn(name))
         };
-        fn cast<'a, T: 'static>(a: &'a ArrayRef, name: &'static str) -> Result<&'a T, RecordsError> {
+        fn cast<'a, T: 'static>(
+            a: &'a ArrayRef,
+            name: &'static str,
+        ) -> Result<&'a T, RecordsError> {
             a.as_any()
                 .downcast_ref::<T>()
                 .ok_or(RecordsError::WrongType(name))
@@ -128,13 +141,17 @@ impl QuarantineRecord {
             let a = arrow::compute::cast(a, &DataType::Utf8)
                 .map_err(|_| RecordsError::WrongType(name))?;
             let a = cast::<StringArray>(&a, name)?;
-            Ok((0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i).to_owned())).collect())
+            Ok((0..a.len())
+                .map(|i| a.is_valid(i).then(|| a.value(i).to_owned()))
+                .collect())
         };
         let bytes = |name: &'static str| -> Result<Vec<Option<Vec<u8>>>, RecordsError> {
             let a = arrow::compute::cast(col(name)?, &DataType::Binary)
                 .map_err(|_| RecordsError::WrongType(name))?;
             let a = cast::<BinaryArray>(&a, name)?;
-            Ok((0..a.len()).map(|i| a.is_valid(i).then(|| a.value(i).to_vec())).collect())
+            Ok((0..a.len())
+                .map(|i| a.is_valid(i).then(|| a.value(i).to_vec()))
+                .collect())
         };
         let ids = text("id")?;
         let stages = text("stage")?;

@@ -185,15 +185,23 @@ impl GroupContext {
                 return;
             }
             let epoch = self.next_epoch(&topic, partition);
-            starts.push(PartitionStart { topic, partition, epoch, next });
+            starts.push(PartitionStart {
+                topic,
+                partition,
+                epoch,
+                next,
+            });
         }
         if let Err(e) = consumer.assign(tpl) {
-            let _ = self
-                .events
-                .blocking_send(ConsumerEvent::Failed(format!("cannot assign partitions: {e}")));
+            let _ = self.events.blocking_send(ConsumerEvent::Failed(format!(
+                "cannot assign partitions: {e}"
+            )));
             return;
         }
-        tracing::info!(partitions = starts.len(), "partitions assigned; positions read from the lake");
+        tracing::info!(
+            partitions = starts.len(),
+            "partitions assigned; positions read from the lake"
+        );
         let _ = self.events.blocking_send(ConsumerEvent::Assigned(starts));
     }
 }
@@ -363,7 +371,12 @@ fn poll_loop(
             .unwrap_or(0)
     };
     while !stop.load(Ordering::Relaxed) {
-        while let Ok(Command::Seek { topic, partition, offset }) = commands.try_recv() {
+        while let Ok(Command::Seek {
+            topic,
+            partition,
+            offset,
+        }) = commands.try_recv()
+        {
             let event = match consumer.seek(
                 &topic,
                 partition,
@@ -401,7 +414,10 @@ fn poll_loop(
             Some(Err(e)) => {
                 // Partition EOF and transient broker errors are reported by librdkafka and
                 // retried by it; only fatal errors end the consumer.
-                if matches!(e.rdkafka_error_code(), Some(rdkafka::types::RDKafkaErrorCode::Fatal)) {
+                if matches!(
+                    e.rdkafka_error_code(),
+                    Some(rdkafka::types::RDKafkaErrorCode::Fatal)
+                ) {
                     ConsumerEvent::Failed(format!("fatal Kafka consumer error: {e}"))
                 } else {
                     tracing::debug!(error = %e, "consumer error (librdkafka retries)");

@@ -92,7 +92,10 @@ impl EventDecoder {
             }),
             Ok(None) => Err(DecodeError::NotFramed),
             Err(e) if e.retriable => Err(DecodeError::RegistryUnavailable { reason: e.error }),
-            Err(e) => Err(DecodeError::Corrupt { id, reason: e.error }),
+            Err(e) => Err(DecodeError::Corrupt {
+                id,
+                reason: e.error,
+            }),
         }
     }
 

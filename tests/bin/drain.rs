@@ -17,7 +17,10 @@ fn main() -> anyhow::Result<()> {
         std::env::var("WAL2DELTA__KAFKA__BROKERS").unwrap_or_else(|_| "127.0.0.1:9092".into());
     let consumer: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", &brokers)
-        .set("group.id", format!("wal2delta-drain-{}", std::process::id()))
+        .set(
+            "group.id",
+            format!("wal2delta-drain-{}", std::process::id()),
+        )
         .set("enable.auto.commit", "false")
         .create()?;
     let started = Instant::now();

@@ -258,7 +258,9 @@ impl StageProcess {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         // The tail is what matters; logs of long runs are large.
         let start = text.len().saturating_sub(8_000);
-        let start = (start..text.len()).find(|i| text.is_char_boundary(*i)).unwrap_or(0);
+        let start = (start..text.len())
+            .find(|i| text.is_char_boundary(*i))
+            .unwrap_or(0);
         text[start..].to_owned()
     }
 }

@@ -72,10 +72,16 @@ pub fn uncommitted_files(table: &Path) -> Result<Vec<String>> {
         for e in entries.flatten() {
             let p = e.path();
             if p.extension().is_some_and(|x| x == "json") {
-                let Ok(text) = std::fs::read_to_string(&p) else { continue };
+                let Ok(text) = std::fs::read_to_string(&p) else {
+                    continue;
+                };
                 for line in text.lines() {
                     let v: Value = serde_json::from_str(line).unwrap_or(Value::Null);
-                    if let Some(path) = v.get("add").and_then(|a| a.get("path")).and_then(Value::as_str) {
+                    if let Some(path) = v
+                        .get("add")
+                        .and_then(|a| a.get("path"))
+                        .and_then(Value::as_str)
+                    {
                         referenced.insert(percent_decode(path));
                     }
                 }
@@ -86,7 +92,9 @@ pub fn uncommitted_files(table: &Path) -> Result<Vec<String>> {
     let mut stack = vec![table.to_path_buf()];
     while let Some(dir) = stack.pop() {
         // The table (or a partition directory) may not exist yet.
-        let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
         for e in entries.flatten() {
             let p = e.path();
             if p.is_dir() {

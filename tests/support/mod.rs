@@ -77,8 +77,11 @@ pub async fn scenario(
 ) -> Result<(String, Client, daemon::Daemon)> {
     let name = unique(prefix);
     let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; {}", tables.replace("{s}", &name)))
-        .await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; {}",
+        tables.replace("{s}", &name)
+    ))
+    .await?;
     let mut d = daemon::Daemon::new(stack, &name, &extra_toml.replace("{s}", &name))?;
     d.env.push((
         "WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(),

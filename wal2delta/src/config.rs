@@ -118,7 +118,10 @@ impl BronzeConfig {
             return Err(invalid("bronze.group_id", "must not be empty"));
         }
         if !(50..=600_000).contains(&self.max_batch_ms) {
-            return Err(invalid("bronze.max_batch_ms", "must be between 50 and 600000"));
+            return Err(invalid(
+                "bronze.max_batch_ms",
+                "must be between 50 and 600000",
+            ));
         }
         if self.max_batch_events == 0 {
             return Err(invalid("bronze.max_batch_events", "must be greater than 0"));
@@ -127,10 +130,16 @@ impl BronzeConfig {
             return Err(invalid("bronze.max_batch_bytes", "must be at least 1024"));
         }
         if !(100..=3_600_000).contains(&self.topic_refresh_ms) {
-            return Err(invalid("bronze.topic_refresh_ms", "must be between 100 and 3600000"));
+            return Err(invalid(
+                "bronze.topic_refresh_ms",
+                "must be between 100 and 3600000",
+            ));
         }
         if self.target_file_bytes < (1 << 20) {
-            return Err(invalid("bronze.target_file_bytes", "must be at least 1048576 (1 MiB)"));
+            return Err(invalid(
+                "bronze.target_file_bytes",
+                "must be at least 1048576 (1 MiB)",
+            ));
         }
         for fixed in [
             "group.id",

@@ -6,9 +6,9 @@
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
+use wal2delta_cdc::value::render_text;
 use wal2delta_lake::quarantine::QuarantineTable;
 use wal2delta_lake::Lake;
-use wal2delta_cdc::value::render_text;
 use wal2delta_model::{BaseType, ColumnType, Datum, Special, TypeKind};
 use wal2delta_quarantine::QuarantineRecord;
 
@@ -18,7 +18,11 @@ async fn records(config: &Config) -> Result<Vec<QuarantineRecord>> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let mut table = QuarantineTable::new(lake.quarantine_records());
     let mut records = table.read_all().await?;
-    records.sort_by(|a, b| a.quarantined_at_us.cmp(&b.quarantined_at_us).then(a.id.cmp(&b.id)));
+    records.sort_by(|a, b| {
+        a.quarantined_at_us
+            .cmp(&b.quarantined_at_us)
+            .then(a.id.cmp(&b.id))
+    });
     Ok(records)
 }
 
@@ -58,7 +62,9 @@ pub async fn list(config: &Config) -> Result<ExitCode> {
 pub async fn show(config: &Config, id: &str) -> Result<ExitCode> {
     let records = records(config).await?;
     let Some(r) = records.iter().find(|r| r.id == id) else {
-        eprintln!("wal2delta: no quarantine record {id:?} (`wal2delta quarantine list` shows the ids)");
+        eprintln!(
+            "wal2delta: no quarantine record {id:?} (`wal2delta quarantine list` shows the ids)"
+        );
         return Ok(ExitCode::from(1));
     };
     let hex = |b: &Option<Vec<u8>>| {
@@ -88,7 +94,10 @@ mod tests {
     #[test]
     fn times_are_printed_like_postgresql_timestamptz_in_utc() {
         assert_eq!(super::time(0), "1970-01-01 00:00:00+00");
-        assert_eq!(super::time(1_700_000_000_123_456), "2023-11-14 22:13:20.123456+00");
+        assert_eq!(
+            super::time(1_700_000_000_123_456),
+            "2023-11-14 22:13:20.123456+00"
+        );
         assert_eq!(super::time(951_782_400_000_000), "2000-02-29 00:00:00+00");
     }
 }

@@ -44,11 +44,21 @@ pub fn bronze_batch(
         ),
         (
             Field::new("kafka_partition", DataType::Int32, true),
-            Arc::new(coordinates.iter().map(|c| Some(c.partition)).collect::<Int32Array>()),
+            Arc::new(
+                coordinates
+                    .iter()
+                    .map(|c| Some(c.partition))
+                    .collect::<Int32Array>(),
+            ),
         ),
         (
             Field::new("kafka_offset", DataType::Int64, true),
-            Arc::new(coordinates.iter().map(|c| Some(c.offset)).collect::<Int64Array>()),
+            Arc::new(
+                coordinates
+                    .iter()
+                    .map(|c| Some(c.offset))
+                    .collect::<Int64Array>(),
+            ),
         ),
         (
             Field::new("kafka_timestamp", utc(), true),

@@ -21,11 +21,7 @@ fn merge_fields(table: &Fields, batch: &Fields, path: &str) -> Result<Fields, St
     for t in table.iter() {
         match batch.iter().find(|b| b.name() == t.name()) {
             Some(b) => {
-                let ty = merge_type(
-                    t.data_type(),
-                    b.data_type(),
-                    &format!("{path}{}", t.name()),
-                )?;
+                let ty = merge_type(t.data_type(), b.data_type(), &format!("{path}{}", t.name()))?;
                 out.push(Field::new(t.name(), ty, true).with_metadata(t.metadata().clone()));
             }
             None => out.push(t.as_ref().clone().with_nullable(true)),
@@ -120,7 +116,9 @@ mod tests {
             ),
         ]);
         let m = merge_schemas(&v1, &v2).unwrap();
-        let DataType::Struct(after) = m.field(1).data_type() else { panic!() };
+        let DataType::Struct(after) = m.field(1).data_type() else {
+            panic!()
+        };
         let names: Vec<&str> = after.iter().map(|f| f.name().as_str()).collect();
         assert_eq!(names, ["id", "old", "new"]);
         assert!(!adds_nothing(&v1, &m));

@@ -54,7 +54,11 @@ pub struct Append {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum AppendOutcome {
     /// Rows and offsets are committed at this table version.
-    Committed { version: u64, rows: usize, schema_changed: bool },
+    Committed {
+        version: u64,
+        rows: usize,
+        schema_changed: bool,
+    },
     /// Another writer stored some of these offsets first: nothing was written. Each
     /// partition of the batch with the last offset the table now holds for it.
     Stale { stored: BTreeMap<i32, Option<i64>> },
@@ -125,7 +129,8 @@ impl BronzeTable {
         partitions: &[i32],
     ) -> Result<BTreeMap<i32, Option<i64>>, LakeError> {
         self.refresh().await?;
-        self.stored_at_loaded(topic, partitions.iter().copied()).await
+        self.stored_at_loaded(topic, partitions.iter().copied())
+            .await
     }
 
     /// The loaded table's Arrow schema.
@@ -147,10 +152,13 @@ impl BronzeTable {
             let stored = self
                 .stored_at_loaded(&append.topic, append.ranges.keys().copied())
                 .await?;
-            let stale = append
-                .ranges
-                .iter()
-                .any(|(p, r)| stored.get(p).copied().flatten().is_some_and(|s| s >= r.first));
+            let stale = append.ranges.iter().any(|(p, r)| {
+                stored
+                    .get(p)
+                    .copied()
+                    .flatten()
+                    .is_some_and(|s| s >= r.first)
+            });
             if stale {
                 return Ok(AppendOutcome::Stale { stored });
             }
@@ -166,7 +174,10 @@ impl BronzeTable {
                 .with_application_transactions(txns)
                 .with_metadata([
                     ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
-                    ("wal2delta.topic".to_owned(), serde_json::json!(append.topic)),
+                    (
+                        "wal2delta.topic".to_owned(),
+                        serde_json::json!(append.topic),
+                    ),
                 ]);
             let result = if rows == 0 {
                 self.commit_offsets_only(props, &append).await

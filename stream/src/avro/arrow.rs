@@ -204,16 +204,13 @@ pub fn build_array(
                 out.push(match v {
                     None => None,
                     Some(
-                        Value::TimestampMicros(t)
-                        | Value::LocalTimestampMicros(t)
-                        | Value::Long(t),
+                        Value::TimestampMicros(t) | Value::LocalTimestampMicros(t) | Value::Long(t),
                     ) => Some(*t),
                     Some(Value::TimestampMillis(t) | Value::LocalTimestampMillis(t)) => Some(
                         t.checked_mul(1000)
                             .ok_or_else(|| ArrowMappingError::Build {
                                 path: path.to_owned(),
-                                reason: "millisecond timestamp out of the microsecond range"
-                                    .into(),
+                                reason: "millisecond timestamp out of the microsecond range".into(),
                             })?,
                     ),
                     Some(other) => return Err(mismatch(other)),
@@ -268,7 +265,10 @@ pub fn build_array(
             for (i, field) in fields.iter().enumerate() {
                 let column: Vec<Option<&Value>> = records
                     .iter()
-                    .map(|r| r.and_then(|fs| record_field(fs, i, field.name())).and_then(present))
+                    .map(|r| {
+                        r.and_then(|fs| record_field(fs, i, field.name()))
+                            .and_then(present)
+                    })
                     .collect();
                 children.push(build_array(
                     field.data_type(),
@@ -332,9 +332,13 @@ mod tests {
         let before = types.data_type(&r.fields[0].schema, "before").unwrap();
         let after = types.data_type(&r.fields[1].schema, "after").unwrap();
         assert_eq!(before, after, "the reference resolves to the same record");
-        let DataType::Struct(fields) = before else { panic!("{before}") };
+        let DataType::Struct(fields) = before else {
+            panic!("{before}")
+        };
         assert_eq!(fields[0].data_type(), &DataType::Int64);
-        assert!(matches!(fields[1].data_type(), DataType::List(f) if f.data_type() == &DataType::Utf8));
+        assert!(
+            matches!(fields[1].data_type(), DataType::List(f) if f.data_type() == &DataType::Utf8)
+        );
         assert_eq!(
             fields[2].data_type(),
             &DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
@@ -361,7 +365,10 @@ mod tests {
                     ])),
                 ),
             ),
-            ("at".into(), Value::Union(1, Box::new(Value::TimestampMicros(i64::MAX)))),
+            (
+                "at".into(),
+                Value::Union(1, Box::new(Value::TimestampMicros(i64::MAX))),
+            ),
             ("day".into(), Value::Union(0, Box::new(Value::Null))),
             (
                 "iv".into(),
@@ -384,15 +391,27 @@ mod tests {
         let tags = s.column(1).as_any().downcast_ref::<ListArray>().unwrap();
         assert_eq!(tags.value(0).len(), 2);
         assert!(tags.value(0).is_null(1));
-        let at = s.column(2).as_any().downcast_ref::<TimestampMicrosecondArray>().unwrap();
-        assert_eq!(at.value(0), i64::MAX, "infinity keeps PostgreSQL's sentinel");
+        let at = s
+            .column(2)
+            .as_any()
+            .downcast_ref::<TimestampMicrosecondArray>()
+            .unwrap();
+        assert_eq!(
+            at.value(0),
+            i64::MAX,
+            "infinity keeps PostgreSQL's sentinel"
+        );
         assert!(s.column(3).is_null(0));
     }
 
     #[test]
     fn a_value_of_the_wrong_kind_is_an_error_naming_the_path() {
-        let err = build_array(&DataType::Int64, &[Some(&Value::String("x".into()))], "after.id")
-            .unwrap_err();
+        let err = build_array(
+            &DataType::Int64,
+            &[Some(&Value::String("x".into()))],
+            "after.id",
+        )
+        .unwrap_err();
         assert_eq!(
             err,
             ArrowMappingError::Mismatch {

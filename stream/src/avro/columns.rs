@@ -78,9 +78,8 @@ pub fn envelope_columns(
             _ => return Err(not_envelope("value is not a record")),
         }
     }
-    let image = |name: &str| -> Vec<Option<&Value>> {
-        records.iter().map(|fs| field(fs, name)).collect()
-    };
+    let image =
+        |name: &str| -> Vec<Option<&Value>> { records.iter().map(|fs| field(fs, name)).collect() };
     let source: Vec<Option<&[(String, Value)]>> = records
         .iter()
         .map(|fs| match field(fs, "source") {
@@ -115,7 +114,10 @@ pub fn envelope_columns(
     }
     let before = super::arrow::build_array(&before_ty, &image("before"), "before")?;
     let after = super::arrow::build_array(&after_ty, &image("after"), "after")?;
-    let ordinal: Int64Array = records.iter().map(|fs| long_of(field(fs, "ordinal"))).collect();
+    let ordinal: Int64Array = records
+        .iter()
+        .map(|fs| long_of(field(fs, "ordinal")))
+        .collect();
     let commit_ts: TimestampMicrosecondArray = source
         .iter()
         .map(|s| long_of(s.and_then(|s| field(s, "ts_ms"))).and_then(|ms| ms.checked_mul(1000)))
@@ -154,10 +156,12 @@ pub fn envelope_columns(
                 }
             }
         }
-        offsets.push(i32::try_from(names.len()).map_err(|_| ArrowMappingError::Build {
-            path: "unchanged_toast_columns".into(),
-            reason: "too many items in one batch".into(),
-        })?);
+        offsets.push(
+            i32::try_from(names.len()).map_err(|_| ArrowMappingError::Build {
+                path: "unchanged_toast_columns".into(),
+                reason: "too many items in one batch".into(),
+            })?,
+        );
     }
     let item = Arc::new(Field::new(LIST_ITEM, DataType::Utf8, true));
     let toast = ListArray::try_new(
@@ -175,22 +179,46 @@ pub fn envelope_columns(
         (Field::new("op", DataType::Utf8, true), Arc::new(op)),
         (Field::new("before", before_ty, true), before),
         (Field::new("after", after_ty, true), after),
-        (Field::new("lsn", DataType::Int64, true), Arc::new(source_long("lsn"))),
+        (
+            Field::new("lsn", DataType::Int64, true),
+            Arc::new(source_long("lsn")),
+        ),
         (
             Field::new("commit_lsn", DataType::Int64, true),
             Arc::new(source_long("commit_lsn")),
         ),
-        (Field::new("ordinal", DataType::Int64, true), Arc::new(ordinal)),
-        (Field::new("tx_id", DataType::Int64, true), Arc::new(source_long("txId"))),
-        (Field::new("commit_ts", utc_micros(), true), Arc::new(commit_ts)),
-        (Field::new("snapshot", DataType::Boolean, true), Arc::new(snapshot)),
+        (
+            Field::new("ordinal", DataType::Int64, true),
+            Arc::new(ordinal),
+        ),
+        (
+            Field::new("tx_id", DataType::Int64, true),
+            Arc::new(source_long("txId")),
+        ),
+        (
+            Field::new("commit_ts", utc_micros(), true),
+            Arc::new(commit_ts),
+        ),
+        (
+            Field::new("snapshot", DataType::Boolean, true),
+            Arc::new(snapshot),
+        ),
         (
             Field::new("unchanged_toast_columns", DataType::List(item), true),
             Arc::new(toast),
         ),
-        (Field::new("token_key_id", DataType::Utf8, true), Arc::new(token_key_id)),
-        (Field::new("event_ts", utc_micros(), true), Arc::new(event_ts)),
-        (Field::new("schema_id", DataType::Int32, true), Arc::new(schema_ids)),
+        (
+            Field::new("token_key_id", DataType::Utf8, true),
+            Arc::new(token_key_id),
+        ),
+        (
+            Field::new("event_ts", utc_micros(), true),
+            Arc::new(event_ts),
+        ),
+        (
+            Field::new("schema_id", DataType::Int32, true),
+            Arc::new(schema_ids),
+        ),
     ];
     let (fields, arrays) = columns.into_iter().unzip();
     Ok(EnvelopeColumns { fields, arrays })
@@ -217,8 +245,16 @@ mod tests {
             table: TableName::new("public", "t"),
             relation_oid: 1,
             columns: vec![
-                Column { name: "id".into(), ty: ty(BaseType::Int8, "int8"), is_key: true },
-                Column { name: "note".into(), ty: ty(BaseType::Text, "text"), is_key: false },
+                Column {
+                    name: "id".into(),
+                    ty: ty(BaseType::Int8, "int8"),
+                    is_key: true,
+                },
+                Column {
+                    name: "note".into(),
+                    ty: ty(BaseType::Text, "text"),
+                    is_key: false,
+                },
             ],
             replica_identity: ReplicaIdentity::Default,
         }
@@ -228,7 +264,10 @@ mod tests {
     fn encoded_changes_become_envelope_columns() {
         let t = table();
         let schemas = table_schemas("cdc", &t).unwrap();
-        let source = SourceInfo { name: "cdc".into(), db: "app".into() };
+        let source = SourceInfo {
+            name: "cdc".into(),
+            db: "app".into(),
+        };
         let change = |op, after: Option<Vec<ColumnValue>>, ordinal| Change {
             table: t.table.clone(),
             op,
@@ -243,15 +282,26 @@ mod tests {
             },
         };
         let events: Vec<Value> = [
-            change(ChangeOp::Insert, Some(vec![ColumnValue::Value(Datum::Int64(1)), ColumnValue::Null]), 0),
+            change(
+                ChangeOp::Insert,
+                Some(vec![ColumnValue::Value(Datum::Int64(1)), ColumnValue::Null]),
+                0,
+            ),
             change(
                 ChangeOp::Update,
-                Some(vec![ColumnValue::Value(Datum::Int64(1)), ColumnValue::UnchangedToast]),
+                Some(vec![
+                    ColumnValue::Value(Datum::Int64(1)),
+                    ColumnValue::UnchangedToast,
+                ]),
                 1,
             ),
         ]
         .iter()
-        .map(|c| encode_change(&t, &schemas, &source, c, 5, None).unwrap().value)
+        .map(|c| {
+            encode_change(&t, &schemas, &source, c, 5, None)
+                .unwrap()
+                .value
+        })
         .collect();
         let refs: Vec<&Value> = events.iter().collect();
         let cols = envelope_columns(&schemas.value, 42, &refs).unwrap();
@@ -263,30 +313,63 @@ mod tests {
         let ops = ops.as_any().downcast_ref::<StringArray>().unwrap();
         assert_eq!((ops.value(0), ops.value(1)), ("c", "u"));
         let lsn = col("lsn");
-        assert_eq!(lsn.as_any().downcast_ref::<Int64Array>().unwrap().value(1), 101);
+        assert_eq!(
+            lsn.as_any().downcast_ref::<Int64Array>().unwrap().value(1),
+            101
+        );
         let commit_ts = col("commit_ts");
         assert_eq!(
-            commit_ts.as_any().downcast_ref::<TimestampMicrosecondArray>().unwrap().value(0),
+            commit_ts
+                .as_any()
+                .downcast_ref::<TimestampMicrosecondArray>()
+                .unwrap()
+                .value(0),
             1_700_000_000_123_000
         );
         let toast = col("unchanged_toast_columns");
         let toast = toast.as_any().downcast_ref::<ListArray>().unwrap();
         assert_eq!(toast.value(0).len(), 0);
         assert_eq!(
-            toast.value(1).as_any().downcast_ref::<StringArray>().unwrap().value(0),
+            toast
+                .value(1)
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap()
+                .value(0),
             "note"
         );
         let after = col("after");
         let after = after.as_any().downcast_ref::<StructArray>().unwrap();
-        assert_eq!(after.column(0).as_any().downcast_ref::<Int64Array>().unwrap().value(1), 1);
-        assert!(after.column(1).is_null(1), "unchanged TOAST is null in the image, listed above");
+        assert_eq!(
+            after
+                .column(0)
+                .as_any()
+                .downcast_ref::<Int64Array>()
+                .unwrap()
+                .value(1),
+            1
+        );
+        assert!(
+            after.column(1).is_null(1),
+            "unchanged TOAST is null in the image, listed above"
+        );
         assert!(col("before").is_null(0));
-        assert_eq!(col("schema_id").as_any().downcast_ref::<Int32Array>().unwrap().value(0), 42);
+        assert_eq!(
+            col("schema_id")
+                .as_any()
+                .downcast_ref::<Int32Array>()
+                .unwrap()
+                .value(0),
+            42
+        );
     }
 
     #[test]
     fn a_record_that_is_not_an_envelope_is_refused() {
-        let s = Schema::parse_str(r#"{"type":"record","name":"X","fields":[{"name":"a","type":"long"}]}"#).unwrap();
+        let s = Schema::parse_str(
+            r#"{"type":"record","name":"X","fields":[{"name":"a","type":"long"}]}"#,
+        )
+        .unwrap();
         let v = Value::Record(vec![("a".into(), Value::Long(1))]);
         assert!(envelope_columns(&s, 1, &[&v]).is_err());
     }

@@ -42,7 +42,9 @@ pub struct BufferedEvent {
 }
 
 fn source_lsn(v: &Value) -> Option<i64> {
-    let Value::Record(fields) = v else { return None };
+    let Value::Record(fields) = v else {
+        return None;
+    };
     let (_, Value::Record(s)) = fields.iter().find(|(n, _)| n == "source")? else {
         return None;
     };
@@ -56,7 +58,10 @@ fn source_lsn(v: &Value) -> Option<i64> {
 }
 
 impl BufferedEvent {
-    pub fn new(m: RawMessage, decoded: Result<(Arc<AvroSchema>, Value), (&'static str, String)>) -> Self {
+    pub fn new(
+        m: RawMessage,
+        decoded: Result<(Arc<AvroSchema>, Value), (&'static str, String)>,
+    ) -> Self {
         let (state, source_lsn) = match decoded {
             Ok((schema, value)) => {
                 let lsn = source_lsn(&value);
@@ -78,7 +83,14 @@ impl BufferedEvent {
     }
 
     /// The quarantine record of this event.
-    pub fn quarantine(&self, topic: &str, table: &str, code: &str, detail: &str, at_us: i64) -> QuarantineRecord {
+    pub fn quarantine(
+        &self,
+        topic: &str,
+        table: &str,
+        code: &str,
+        detail: &str,
+        at_us: i64,
+    ) -> QuarantineRecord {
         let c = self.coordinates;
         QuarantineRecord {
             id: QuarantineRecord::event_id(Stage::Bronze, topic, c.partition, c.offset),
@@ -196,13 +208,24 @@ impl TopicBuffer {
             let outcome = envelope_columns(&schema.parsed, schema.id, &values)
                 .map_err(|e| ("unsupported_schema", e.to_string()))
                 .and_then(|cols| {
-                    bronze_batch(&self.table, &self.topic, cols.fields, cols.arrays, &coordinates, ingested_at)
-                        .map_err(|e| ("unsupported_schema", e.to_string()))
+                    bronze_batch(
+                        &self.table,
+                        &self.topic,
+                        cols.fields,
+                        cols.arrays,
+                        &coordinates,
+                        ingested_at,
+                    )
+                    .map_err(|e| ("unsupported_schema", e.to_string()))
                 });
             for e in &mut self.events[i..j] {
                 e.state = Payload::Converted;
             }
-            self.runs.push(Run { start: i, end: j, outcome });
+            self.runs.push(Run {
+                start: i,
+                end: j,
+                outcome,
+            });
             i = j;
         }
         self.converted = self.events.len();
@@ -237,7 +260,9 @@ impl TopicBuffer {
                             current = Some(m);
                             batches.push(batch.clone());
                         }
-                        Err(reason) => quarantine(run, "schema_conflict", &reason, &mut quarantined),
+                        Err(reason) => {
+                            quarantine(run, "schema_conflict", &reason, &mut quarantined)
+                        }
                     }
                 }
             }
@@ -266,7 +291,8 @@ pub struct MicroBatch {
 impl MicroBatch {
     pub fn push(&mut self, topic: &str, table: &str, event: BufferedEvent) {
         self.events += 1;
-        self.bytes += event.payload.as_ref().map_or(0, Vec::len) + event.key.as_ref().map_or(0, Vec::len);
+        self.bytes +=
+            event.payload.as_ref().map_or(0, Vec::len) + event.key.as_ref().map_or(0, Vec::len);
         self.started.get_or_insert_with(Instant::now);
         self.topics
             .entry(topic.to_owned())
@@ -287,7 +313,9 @@ impl MicroBatch {
         self.bytes = self.bytes.saturating_sub(
             buf.events
                 .iter()
-                .map(|e| e.payload.as_ref().map_or(0, Vec::len) + e.key.as_ref().map_or(0, Vec::len))
+                .map(|e| {
+                    e.payload.as_ref().map_or(0, Vec::len) + e.key.as_ref().map_or(0, Vec::len)
+                })
                 .sum(),
         );
         if self.topics.is_empty() {

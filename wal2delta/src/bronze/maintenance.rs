@@ -11,7 +11,11 @@ use crate::config::Config;
 use crate::metrics as m;
 
 /// Starts the maintenance task (`None` when `[bronze] maintenance_interval_s = 0`).
-pub fn spawn(config: &Config, lake: Lake, mut shutdown: watch::Receiver<bool>) -> Option<JoinHandle<()>> {
+pub fn spawn(
+    config: &Config,
+    lake: Lake,
+    mut shutdown: watch::Receiver<bool>,
+) -> Option<JoinHandle<()>> {
     let interval = config.bronze.maintenance_interval_s;
     if interval == 0 {
         return None;
@@ -30,11 +34,13 @@ pub fn spawn(config: &Config, lake: Lake, mut shutdown: watch::Receiver<bool>) -
                 let started = std::time::Instant::now();
                 match maintain(&name, &url, target).await {
                     Ok(r) => {
-                        metrics::counter!(m::LAKE_FILES_COMPACTED, "table" => name.clone()).increment(r.files_removed);
+                        metrics::counter!(m::LAKE_FILES_COMPACTED, "table" => name.clone())
+                            .increment(r.files_removed);
                         tracing::info!(table = %name, files_removed = r.files_removed, files_added = r.files_added, checkpoint = ?r.checkpoint_version, ms = started.elapsed().as_millis() as u64, "Bronze table compacted and checkpointed");
                     }
                     Err(e) => {
-                        metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "table" => name.clone()).increment(1);
+                        metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "table" => name.clone())
+                            .increment(1);
                         tracing::warn!(table = %name, error = %e, "Bronze maintenance failed; ingestion is not affected, retrying next interval");
                     }
                 }

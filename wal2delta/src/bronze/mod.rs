@@ -172,7 +172,6 @@ async fn session(
     }
 }
 
-
 impl Session<'_> {
     async fn on_event(&mut self, event: ConsumerEvent) -> Result<(), SessionError> {
         match event {
@@ -196,10 +195,14 @@ impl Session<'_> {
                 }
                 // The uncommitted events of an affected topic are dropped; partitions of it
                 // this process keeps are re-read from what the table holds.
-                let topics: std::collections::BTreeSet<&String> = parts.iter().map(|(t, _)| t).collect();
+                let topics: std::collections::BTreeSet<&String> =
+                    parts.iter().map(|(t, _)| t).collect();
                 for topic in topics {
                     for p in self.batch.drop_topic(topic) {
-                        let next = self.owned.get(&(topic.clone(), p)).and_then(|o| o.committed_next);
+                        let next = self
+                            .owned
+                            .get(&(topic.clone(), p))
+                            .and_then(|o| o.committed_next);
                         self.reseek(topic, p, next);
                     }
                 }
@@ -246,7 +249,8 @@ impl Session<'_> {
             return Ok(()); // not a table topic; the subscription pattern excludes these
         };
         let table = format!("{schema}.{table}");
-        self.batch.push(&topic, &table, BufferedEvent::new(msg, decoded));
+        self.batch
+            .push(&topic, &table, BufferedEvent::new(msg, decoded));
         Ok(())
     }
 
@@ -283,39 +287,60 @@ impl Session<'_> {
             for r in &quarantined {
                 *by_reason.entry(r.reason_code.clone()).or_default() += 1;
             }
-            let stored = self.quarantine.append(QuarantineStage::Bronze, quarantined).await?;
+            let stored = self
+                .quarantine
+                .append(QuarantineStage::Bronze, quarantined)
+                .await?;
             for (reason, n) in by_reason {
                 tracing::warn!(reason = %reason, events = n, "events quarantined");
-                metrics::counter!(m::QUARANTINED, "stage" => "bronze", "reason" => reason).increment(n);
+                metrics::counter!(m::QUARANTINED, "stage" => "bronze", "reason" => reason)
+                    .increment(n);
             }
             tracing::debug!(stored, "quarantine records appended");
         }
 
-        let appends = work.into_iter().map(|(topic, buf, mut table, prepared)| async move {
-            let rows: usize = prepared.batches.iter().map(|b| b.num_rows()).sum();
-            let conflicts_before = table.conflicts();
-            let outcome = table
-                .append(Append {
-                    topic: topic.clone(),
-                    batches: prepared.batches,
-                    ranges: buf.ranges.clone(),
-                })
-                .await;
-            let conflicts = table.conflicts() - conflicts_before;
-            (topic, buf, table, rows, prepared.payload_bytes, conflicts, outcome)
-        });
+        let appends = work
+            .into_iter()
+            .map(|(topic, buf, mut table, prepared)| async move {
+                let rows: usize = prepared.batches.iter().map(|b| b.num_rows()).sum();
+                let conflicts_before = table.conflicts();
+                let outcome = table
+                    .append(Append {
+                        topic: topic.clone(),
+                        batches: prepared.batches,
+                        ranges: buf.ranges.clone(),
+                    })
+                    .await;
+                let conflicts = table.conflicts() - conflicts_before;
+                (
+                    topic,
+                    buf,
+                    table,
+                    rows,
+                    prepared.payload_bytes,
+                    conflicts,
+                    outcome,
+                )
+            });
         let results = futures::future::join_all(appends).await;
         let mut first_error = None;
         for (topic, buf, table, rows, bytes, conflicts, outcome) in results {
             let name = table.name().to_owned();
             self.tables.insert(topic.clone(), table);
             if conflicts > 0 {
-                metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone()).increment(conflicts);
+                metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone())
+                    .increment(conflicts);
             }
             match outcome {
-                Ok(AppendOutcome::Committed { version, schema_changed, .. }) => {
-                    metrics::counter!(m::BRONZE_ROWS, "table" => name.clone()).increment(rows as u64);
-                    metrics::counter!(m::BRONZE_BYTES, "table" => name.clone()).increment(bytes as u64);
+                Ok(AppendOutcome::Committed {
+                    version,
+                    schema_changed,
+                    ..
+                }) => {
+                    metrics::counter!(m::BRONZE_ROWS, "table" => name.clone())
+                        .increment(rows as u64);
+                    metrics::counter!(m::BRONZE_BYTES, "table" => name.clone())
+                        .increment(bytes as u64);
                     metrics::counter!(m::BRONZE_COMMITS, "table" => name.clone()).increment(1);
                     if version == 0 {
                         tracing::info!(table = %name, "Bronze table created");
@@ -334,7 +359,8 @@ impl Session<'_> {
                     // quarantine table's own offsets keep them from being stored twice.
                 }
                 Ok(AppendOutcome::Stale { stored }) => {
-                    metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone()).increment(1);
+                    metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone())
+                        .increment(1);
                     tracing::info!(table = %name, "another writer stored these offsets first; re-reading from the table's offsets");
                     for p in buf.ranges.keys() {
                         let next = stored.get(p).copied().flatten().map(|s| s + 1);
@@ -346,7 +372,13 @@ impl Session<'_> {
                     // prepare against the new schema.
                     tracing::info!(table = %name, reason = %reason, "table schema changed during the commit; re-reading");
                     let stored = match self.tables.get_mut(&topic) {
-                        Some(t) => t.stored_offsets(&topic, &buf.ranges.keys().copied().collect::<Vec<_>>()).await?,
+                        Some(t) => {
+                            t.stored_offsets(
+                                &topic,
+                                &buf.ranges.keys().copied().collect::<Vec<_>>(),
+                            )
+                            .await?
+                        }
                         None => Default::default(),
                     };
                     for p in buf.ranges.keys() {
@@ -362,7 +394,11 @@ impl Session<'_> {
             return Err(e.into());
         }
         metrics::histogram!(m::BRONZE_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
-        tracing::debug!(events, ms = started.elapsed().as_millis() as u64, "micro-batch committed");
+        tracing::debug!(
+            events,
+            ms = started.elapsed().as_millis() as u64,
+            "micro-batch committed"
+        );
         self.report_lag();
         Ok(())
     }

@@ -44,7 +44,11 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             .stored_offsets(&topic, &[partition])
             .await
             .map_err(|e| e.to_string())?;
-        let next = stored.get(&partition).copied().flatten().map_or(0, |s| s + 1);
+        let next = stored
+            .get(&partition)
+            .copied()
+            .flatten()
+            .map_or(0, |s| s + 1);
         let lag = (high - next).max(0);
         match out.iter_mut().find(|l| l.topic == topic) {
             Some(l) => l.lag_events += lag,
