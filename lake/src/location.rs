@@ -46,10 +46,6 @@ impl Lake {
         Ok(Lake { root })
     }
 
-    pub fn root(&self) -> &Url {
-        &self.root
-    }
-
     /// The table at `parts` under the root. Parts are path segments; characters other than
     /// letters, digits, `_` and `-` become `_` so a name can never escape its layer.
     pub fn table(&self, parts: &[&str]) -> Url {

@@ -98,9 +98,4 @@ impl EventDecoder {
             }),
         }
     }
-
-    /// Forgets cached lookup failures (after the registry was repaired).
-    pub fn forget_failures(&self) {
-        self.decoder.remove_errors_from_cache();
-    }
 }

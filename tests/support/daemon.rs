@@ -18,7 +18,7 @@ pub struct Daemon {
     pub schema: String,
     /// Extra environment for the daemon (e.g. `WAL2DELTA__KAFKA__TOPIC_PARTITIONS`).
     pub env: Vec<(String, String)>,
-    child: Option<Child>,
+    process: Option<StageProcess>,
     runs: u32,
 }
 
@@ -77,7 +77,7 @@ listen = "127.0.0.1:0"
             prefix: name.to_owned(),
             schema: name.to_owned(),
             env: Vec::new(),
-            child: None,
+            process: None,
             runs: 0,
         })
     }
@@ -113,33 +113,27 @@ listen = "127.0.0.1:0"
     /// Like [`Daemon::start`] with extra `run` arguments.
     pub fn start_with(&mut self, extra: &[&str]) -> Result<()> {
         self.runs += 1;
-        let log = std::fs::File::create(self.dir.join(format!("capture-{}.log", self.runs)))?;
-        let mut cmd = Command::new(binary());
-        cmd.arg("--config")
-            .arg(&self.config)
-            .args(["run", "--stage", "capture"])
-            .args(extra);
-        clear_overrides(&mut cmd);
-        cmd.envs(self.env.iter().cloned());
-        cmd.env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(log);
-        self.child = Some(cmd.spawn().context("starting wal2delta")?);
+        let log = self.dir.join(format!("capture-{}.log", self.runs));
+        self.process = Some(self.spawn("capture", extra, log)?);
         Ok(())
     }
 
     /// Starts `wal2delta run --stage {stages}` as a separate process (e.g. a bronze writer
     /// beside the capture daemon); its log is `{log}.log` in the test directory.
     pub fn spawn_stage(&self, stages: &str, log: &str) -> Result<StageProcess> {
-        let log_path = self.dir.join(format!("{log}.log"));
+        self.spawn(stages, &[], self.dir.join(format!("{log}.log")))
+    }
+
+    fn spawn(&self, stages: &str, extra: &[&str], log: PathBuf) -> Result<StageProcess> {
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
-            .open(&log_path)?;
+            .open(&log)?;
         let mut cmd = Command::new(binary());
         cmd.arg("--config")
             .arg(&self.config)
-            .args(["run", "--stage", stages]);
+            .args(["run", "--stage", stages])
+            .args(extra);
         clear_overrides(&mut cmd);
         cmd.envs(self.env.iter().cloned());
         cmd.env("RUST_LOG", "info")
@@ -147,7 +141,7 @@ listen = "127.0.0.1:0"
             .stderr(file);
         Ok(StageProcess {
             child: Some(cmd.spawn().context("starting wal2delta")?),
-            log: log_path,
+            log,
         })
     }
 
@@ -163,36 +157,30 @@ listen = "127.0.0.1:0"
 
     /// The running daemon's process id.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.process.as_ref()?.child.as_ref().map(Child::id)
     }
 
     /// SIGKILL: no chance to flush or confirm anything.
     pub fn kill9(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut p) = self.process.take() {
+            p.kill9();
         }
     }
 
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
-        terminate(self.child.take())
+        match self.process.take() {
+            Some(mut p) => p.stop(),
+            None => bail!("not running"),
+        }
     }
 
     /// Waits up to `timeout` for the daemon to exit on its own; its exit status.
     pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
-        let Some(c) = self.child.as_mut() else {
-            bail!("not running")
-        };
-        let start = Instant::now();
-        while start.elapsed() < timeout {
-            if let Some(status) = c.try_wait()? {
-                self.child = None;
-                return Ok(Some(status));
-            }
-            std::thread::sleep(Duration::from_millis(100));
+        match self.process.as_mut() {
+            Some(p) => p.wait_exit(timeout),
+            None => bail!("not running"),
         }
-        Ok(None)
     }
 
     /// Waits until the slot is confirmed past everything written so far on `pg`
@@ -210,12 +198,10 @@ listen = "127.0.0.1:0"
 
     /// Fails if the daemon exited (with its log) — used while waiting for progress.
     pub fn assert_running(&mut self) -> Result<()> {
-        if let Some(c) = self.child.as_mut() {
-            if let Some(status) = c.try_wait()? {
-                bail!("wal2delta exited with {status}: {}", self.last_log());
-            }
+        match self.process.as_mut() {
+            Some(p) => p.assert_running(),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     pub fn last_log(&self) -> String {
@@ -242,6 +228,22 @@ impl StageProcess {
     /// SIGTERM and wait for a clean exit.
     pub fn stop(&mut self) -> Result<std::process::ExitStatus> {
         terminate(self.child.take())
+    }
+
+    /// Waits up to `timeout` for the process to exit on its own; its exit status.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<Option<std::process::ExitStatus>> {
+        let Some(c) = self.child.as_mut() else {
+            bail!("not running")
+        };
+        let start = Instant::now();
+        while start.elapsed() < timeout {
+            if let Some(status) = c.try_wait()? {
+                self.child = None;
+                return Ok(Some(status));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(None)
     }
 
     /// Fails (with the log) if the process exited.

@@ -35,30 +35,34 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
     .await
     .map_err(|e| e.to_string())?
     .map_err(|e| e.to_string())?;
-    let mut out: Vec<TableLag> = Vec::new();
+    // One table read per topic, for all its partitions.
+    let mut by_topic: std::collections::BTreeMap<String, Vec<(i32, i64)>> = Default::default();
     for (topic, partition, high) in marks {
+        by_topic.entry(topic).or_default().push((partition, high));
+    }
+    let mut out: Vec<TableLag> = Vec::new();
+    for (topic, parts) in by_topic {
         let Some(mut table) = LakeOffsets::table_for(&lake, &prefix, &topic) else {
             continue;
         };
+        let ids: Vec<i32> = parts.iter().map(|(p, _)| *p).collect();
         let stored = table
-            .stored_offsets(&topic, &[partition])
+            .stored_offsets(&topic, &ids)
             .await
             .map_err(|e| e.to_string())?;
-        let next = stored
-            .get(&partition)
-            .copied()
-            .flatten()
-            .map_or(0, |s| s + 1);
-        let lag = (high - next).max(0);
-        match out.iter_mut().find(|l| l.topic == topic) {
-            Some(l) => l.lag_events += lag,
-            None => out.push(TableLag {
-                table: table.name().to_owned(),
-                topic,
-                lag_events: lag,
-                version: table.version(),
-            }),
-        }
+        let lag_events = parts
+            .iter()
+            .map(|(p, high)| {
+                let next = stored.get(p).copied().flatten().map_or(0, |s| s + 1);
+                (high - next).max(0)
+            })
+            .sum();
+        out.push(TableLag {
+            table: table.name().to_owned(),
+            topic,
+            lag_events,
+            version: table.version(),
+        });
     }
     Ok(out)
 }
