@@ -6,6 +6,9 @@ use url::Url;
 
 use crate::LakeError;
 
+/// The directory under `bronze/` (and `silver/`) of wal2delta's own tables.
+pub const INTERNAL_SCHEMA: &str = "_wal2delta";
+
 /// The lake root.
 #[derive(Debug, Clone)]
 pub struct Lake {
@@ -60,7 +63,13 @@ impl Lake {
         self.table(&["bronze", schema, table])
     }
 
-    /// Every Bronze table that exists: `(schema, table, url)`, sorted.
+    /// The Bronze table of transaction records (END and WATERMARK, from capture's
+    /// transactions topic). Not a source table: [`Lake::bronze_tables`] leaves it out.
+    pub fn bronze_transactions(&self) -> Url {
+        self.table(&["bronze", INTERNAL_SCHEMA, "transactions"])
+    }
+
+    /// Every Bronze table of a source table that exists: `(schema, table, url)`, sorted.
     pub fn bronze_tables(&self) -> Vec<(String, String, Url)> {
         let mut out = Vec::new();
         let Ok(root) = self.root.to_file_path() else {
@@ -78,6 +87,9 @@ impl Lake {
             names
         };
         for schema in dirs(root.join("bronze")) {
+            if schema == INTERNAL_SCHEMA {
+                continue;
+            }
             for table in dirs(root.join("bronze").join(&schema)) {
                 if root
                     .join("bronze")

@@ -15,6 +15,8 @@
 //! | `token_key_id` | Utf8 | key that tokenized sensitive columns |
 //! | `event_ts` | Timestamp(µs, UTC) | `ts_ms`: when capture produced the event |
 //! | `schema_id` | Int32 | the registry id the event was written with |
+//!
+//! [`key_column`] adds `key`, the decoded Kafka key (the primary key).
 
 use std::sync::Arc;
 
@@ -222,6 +224,18 @@ pub fn envelope_columns(
     ];
     let (fields, arrays) = columns.into_iter().unzip();
     Ok(EnvelopeColumns { fields, arrays })
+}
+
+/// The `key` column: the events' Kafka keys (the primary key, as a struct typed like the
+/// row images), decoded with `schema`; `None` (a TRUNCATE) is null.
+pub fn key_column(
+    schema: &Schema,
+    keys: &[Option<&Value>],
+) -> Result<(Field, ArrayRef), ArrowMappingError> {
+    let types = ArrowTypes::new(schema)?;
+    let ty = types.data_type(schema, "key")?;
+    let array = super::arrow::build_array(&ty, keys, "key")?;
+    Ok((Field::new("key", ty, true), array))
 }
 
 #[cfg(test)]

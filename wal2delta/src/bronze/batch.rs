@@ -15,21 +15,32 @@ use wal2delta_lake::bronze::{bronze_batch, merge_schemas, KafkaCoordinates, Offs
 use wal2delta_lake::deltalake::arrow::array::RecordBatch;
 use wal2delta_lake::deltalake::arrow::datatypes::Schema;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
-use wal2delta_stream::avro::columns::envelope_columns;
+use wal2delta_stream::avro::columns::{envelope_columns, key_column};
 use wal2delta_stream::consumer::RawMessage;
 use wal2delta_stream::decode::AvroSchema;
+use wal2delta_stream::transactions::{transaction_columns, TransactionRecord};
 
 /// Events converted to Arrow at a time.
 pub const CHUNK: usize = 4_096;
 
 /// What became of an event's payload.
 pub enum Payload {
-    /// Decoded, not yet converted to Arrow.
-    Decoded(Arc<AvroSchema>, Value),
+    /// Decoded, not yet converted to Arrow; with the decoded Kafka key (none for a
+    /// TRUNCATE, which has no key).
+    Decoded(Arc<AvroSchema>, Value, Option<(Arc<AvroSchema>, Value)>),
+    /// A record of the transactions topic.
+    Transaction(TransactionRecord),
     /// Cannot be stored: reason code and detail.
     Failed(&'static str, String),
     /// Converted: its row is in one of the topic's runs.
     Converted,
+}
+
+/// An event's value and key, decoded with their writer schemas.
+pub struct DecodedEvent {
+    pub schema: Arc<AvroSchema>,
+    pub value: Value,
+    pub key: Option<(Arc<AvroSchema>, Value)>,
 }
 
 /// One event read from Kafka.
@@ -58,14 +69,41 @@ fn source_lsn(v: &Value) -> Option<i64> {
 }
 
 impl BufferedEvent {
+    /// A record of the transactions topic (JSON; see `wal2delta_stream::transactions`).
+    pub fn transaction(m: RawMessage) -> Self {
+        let state = match m.payload.as_deref().map(TransactionRecord::parse) {
+            Some(Some(r)) => Payload::Transaction(r),
+            Some(None) => Payload::Failed(
+                "not_transaction_record",
+                "the message is not a transaction END or WATERMARK record".into(),
+            ),
+            None => Payload::Failed("empty_payload", "the message has no value".into()),
+        };
+        let source_lsn = match &state {
+            Payload::Transaction(TransactionRecord::End(e)) => i64::try_from(e.commit_lsn).ok(),
+            _ => None,
+        };
+        BufferedEvent {
+            coordinates: KafkaCoordinates {
+                partition: m.partition,
+                offset: m.offset,
+                timestamp_ms: m.timestamp_ms,
+            },
+            key: m.key,
+            payload: m.payload,
+            source_lsn,
+            state,
+        }
+    }
+
     pub fn new(
         m: RawMessage,
-        decoded: Result<(Arc<AvroSchema>, Value), (&'static str, String)>,
+        decoded: Result<DecodedEvent, (&'static str, String)>,
     ) -> Self {
         let (state, source_lsn) = match decoded {
-            Ok((schema, value)) => {
+            Ok(DecodedEvent { schema, value, key }) => {
                 let lsn = source_lsn(&value);
-                (Payload::Decoded(schema, value), lsn)
+                (Payload::Decoded(schema, value, key), lsn)
             }
             Err((code, detail)) => (Payload::Failed(code, detail), None),
         };
@@ -175,7 +213,44 @@ impl TopicBuffer {
         let mut i = self.converted;
         while i < self.events.len() {
             let schema = match &self.events[i].state {
-                Payload::Decoded(schema, _) => schema.clone(),
+                Payload::Decoded(schema, _, _) => schema.clone(),
+                Payload::Transaction(_) => {
+                    let mut j = i;
+                    while j < self.events.len()
+                        && matches!(self.events[j].state, Payload::Transaction(_))
+                    {
+                        j += 1;
+                    }
+                    let records: Vec<&TransactionRecord> = self.events[i..j]
+                        .iter()
+                        .filter_map(|e| match &e.state {
+                            Payload::Transaction(r) => Some(r),
+                            _ => None,
+                        })
+                        .collect();
+                    let (fields, arrays) = transaction_columns(&records);
+                    let coordinates: Vec<KafkaCoordinates> =
+                        self.events[i..j].iter().map(|e| e.coordinates).collect();
+                    let outcome = bronze_batch(
+                        &self.table,
+                        &self.topic,
+                        fields,
+                        arrays,
+                        &coordinates,
+                        ingested_at,
+                    )
+                    .map_err(|e| ("unsupported_schema", e.to_string()));
+                    for e in &mut self.events[i..j] {
+                        e.state = Payload::Converted;
+                    }
+                    self.runs.push(Run {
+                        start: i,
+                        end: j,
+                        outcome,
+                    });
+                    i = j;
+                    continue;
+                }
                 Payload::Failed(code, detail) => {
                     self.runs.push(Run {
                         start: i,
@@ -190,22 +265,44 @@ impl TopicBuffer {
                     continue;
                 }
             };
+            // A run: consecutive events with one value schema and one key schema (events
+            // without a key, i.e. TRUNCATEs, join any run).
+            let mut key_schema: Option<Arc<AvroSchema>> = None;
             let mut j = i;
-            while j < self.events.len()
-                && matches!(&self.events[j].state, Payload::Decoded(s, _) if s.id == schema.id)
-            {
+            while j < self.events.len() {
+                let Payload::Decoded(s, _, key) = &self.events[j].state else {
+                    break;
+                };
+                if s.id != schema.id {
+                    break;
+                }
+                if let Some((ks, _)) = key {
+                    match &key_schema {
+                        Some(current) if current.id != ks.id => break,
+                        Some(_) => {}
+                        None => key_schema = Some(ks.clone()),
+                    }
+                }
                 j += 1;
             }
             let events = &self.events[i..j];
-            let values: Vec<&Value> = events
+            let (values, keys): (Vec<&Value>, Vec<Option<&Value>>) = events
                 .iter()
                 .filter_map(|e| match &e.state {
-                    Payload::Decoded(_, v) => Some(v),
+                    Payload::Decoded(_, v, k) => Some((v, k.as_ref().map(|(_, k)| k))),
                     _ => None,
                 })
-                .collect();
+                .unzip();
             let coordinates: Vec<KafkaCoordinates> = events.iter().map(|e| e.coordinates).collect();
             let outcome = envelope_columns(&schema.parsed, schema.id, &values)
+                .and_then(|mut cols| {
+                    if let Some(ks) = &key_schema {
+                        let (field, array) = key_column(&ks.parsed, &keys)?;
+                        cols.fields.push(field);
+                        cols.arrays.push(array);
+                    }
+                    Ok(cols)
+                })
                 .map_err(|e| ("unsupported_schema", e.to_string()))
                 .and_then(|cols| {
                     bronze_batch(

@@ -28,13 +28,13 @@ use wal2delta_model::ErrorClass;
 use wal2delta_quarantine::Stage as QuarantineStage;
 use wal2delta_stream::consumer::{ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage};
 use wal2delta_stream::decode::{DecodeError, EventDecoder};
-use wal2delta_stream::topic::{table_of_topic, table_topic_pattern};
+use wal2delta_stream::topic::table_topic_pattern;
 use wal2delta_stream::StreamError;
 
 use crate::config::Config;
 use crate::metrics as m;
-use batch::{BufferedEvent, MicroBatch, TopicBuffer};
-use offsets::LakeOffsets;
+use batch::{BufferedEvent, DecodedEvent, MicroBatch, TopicBuffer};
+use offsets::{BronzeTopics, LakeOffsets, TRANSACTIONS_TABLE};
 
 /// Why a session ended.
 #[derive(Debug, thiserror::Error)]
@@ -102,7 +102,6 @@ struct Owned {
 const AWAITING_SEEK: u64 = u64::MAX;
 
 struct Session<'a> {
-    config: &'a Config,
     lake: &'a Lake,
     decoder: EventDecoder,
     consumer: ChangeConsumer,
@@ -110,6 +109,15 @@ struct Session<'a> {
     batch: MicroBatch,
     tables: HashMap<String, BronzeTable>,
     quarantine: QuarantineTable,
+    topics: BronzeTopics,
+}
+
+/// The topics Bronze stores.
+pub fn bronze_topics(config: &Config) -> BronzeTopics {
+    BronzeTopics {
+        prefix: config.kafka.topic_prefix.clone(),
+        transactions: config.kafka.transactions_topic(),
+    }
 }
 
 async fn session(
@@ -118,21 +126,27 @@ async fn session(
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
-    let prefix = config.kafka.topic_prefix.clone();
+    let topics = bronze_topics(config);
     let settings = ConsumerSettings {
         brokers: config.kafka.brokers.clone(),
         group_id: b.group_id.clone(),
-        subscription: vec![table_topic_pattern(&prefix)],
+        subscription: vec![
+            table_topic_pattern(&topics.prefix),
+            topics.transactions.clone(),
+        ],
         metadata_refresh: Duration::from_millis(b.topic_refresh_ms),
         extra: b.consumer.clone(),
     };
-    let offsets = LakeOffsets::new(lake.clone(), prefix, tokio::runtime::Handle::current());
+    let offsets = LakeOffsets::new(
+        lake.clone(),
+        topics.clone(),
+        tokio::runtime::Handle::current(),
+    );
     // Enough queued messages to keep the stage busy while a commit runs; more would only
     // hold memory.
     let capacity = b.max_batch_events.clamp(1_000, 10_000);
     let consumer = ChangeConsumer::start(settings, offsets, capacity)?;
     let mut s = Session {
-        config,
         lake,
         decoder: EventDecoder::new(&config.schema_registry.url)?,
         consumer,
@@ -140,6 +154,7 @@ async fn session(
         batch: MicroBatch::default(),
         tables: HashMap::new(),
         quarantine: QuarantineTable::new(lake.quarantine_records()),
+        topics,
     };
     tracing::info!(group = %b.group_id, "bronze stage started");
     let mut lag_tick = tokio::time::interval(Duration::from_secs(5));
@@ -236,19 +251,39 @@ impl Session<'_> {
             }
         }
         owned.next = Some(msg.offset + 1);
+        let topic = msg.topic.clone();
+        if topic == self.topics.transactions {
+            let table = TRANSACTIONS_TABLE;
+            self.batch
+                .push(&topic, table, BufferedEvent::transaction(msg));
+            return Ok(());
+        }
         let decoded = match &msg.payload {
             None => Err(("empty_payload", "the message has no value".to_owned())),
             Some(p) => match self.decoder.decode(p).await {
-                Ok(d) => Ok((d.schema, d.value)),
+                Ok(d) => match &msg.key {
+                    None => Ok(DecodedEvent {
+                        schema: d.schema,
+                        value: d.value,
+                        key: None,
+                    }),
+                    Some(k) => match self.decoder.decode(k).await {
+                        Ok(key) => Ok(DecodedEvent {
+                            schema: d.schema,
+                            value: d.value,
+                            key: Some((key.schema, key.value)),
+                        }),
+                        Err(e) if e.class() == ErrorClass::Transient => return Err(e.into()),
+                        Err(e) => Err((e.reason_code(), format!("key: {e}"))),
+                    },
+                },
                 Err(e) if e.class() == ErrorClass::Transient => return Err(e.into()),
                 Err(e) => Err((e.reason_code(), e.to_string())),
             },
         };
-        let topic = msg.topic.clone();
-        let Some((schema, table)) = table_of_topic(&self.config.kafka.topic_prefix, &topic) else {
+        let Some(table) = self.topics.table_name(&topic) else {
             return Ok(()); // not a table topic; the subscription pattern excludes these
         };
-        let table = format!("{schema}.{table}");
         self.batch
             .push(&topic, &table, BufferedEvent::new(msg, decoded));
         Ok(())
@@ -263,7 +298,6 @@ impl Session<'_> {
         let started = std::time::Instant::now();
         let events = self.batch.events;
         let topics = self.batch.take();
-        let prefix = &self.config.kafka.topic_prefix;
 
         // Prepare each topic against its table's current schema.
         let mut work: Vec<(String, TopicBuffer, BronzeTable, batch::Prepared)> = Vec::new();
@@ -271,7 +305,7 @@ impl Session<'_> {
         for (topic, mut buf) in topics {
             let mut table = match self.tables.remove(&topic) {
                 Some(t) => t,
-                None => match LakeOffsets::table_for(self.lake, prefix, &topic) {
+                None => match LakeOffsets::table_for(self.lake, &self.topics, &topic) {
                     Some(t) => t,
                     None => continue, // not a table topic; the subscription excludes these
                 },

@@ -14,22 +14,46 @@ use wal2delta_stream::topic::table_of_topic;
 /// handle.
 pub struct LakeOffsets {
     pub lake: Lake,
-    pub prefix: String,
+    pub topics: BronzeTopics,
     pub runtime: Handle,
 }
 
+/// Which Kafka topics Bronze stores, and where.
+#[derive(Debug, Clone)]
+pub struct BronzeTopics {
+    pub prefix: String,
+    /// `[kafka] transactions_topic`, stored in `bronze/_wal2delta/transactions`.
+    pub transactions: String,
+}
+
+impl BronzeTopics {
+    /// The table name quarantine records of `topic` carry.
+    pub fn table_name(&self, topic: &str) -> Option<String> {
+        if topic == self.transactions {
+            return Some(TRANSACTIONS_TABLE.to_owned());
+        }
+        table_of_topic(&self.prefix, topic).map(|(s, t)| format!("{s}.{t}"))
+    }
+}
+
+/// The name of the Bronze table of transaction records.
+pub const TRANSACTIONS_TABLE: &str = "_wal2delta.transactions";
+
 impl LakeOffsets {
-    pub fn new(lake: Lake, prefix: String, runtime: Handle) -> Arc<Self> {
+    pub fn new(lake: Lake, topics: BronzeTopics, runtime: Handle) -> Arc<Self> {
         Arc::new(LakeOffsets {
             lake,
-            prefix,
+            topics,
             runtime,
         })
     }
 
-    /// The Bronze table of a table topic.
-    pub fn table_for(lake: &Lake, prefix: &str, topic: &str) -> Option<BronzeTable> {
-        let (schema, table) = table_of_topic(prefix, topic)?;
+    /// The Bronze table of a topic: a table topic's, or the transaction records'.
+    pub fn table_for(lake: &Lake, topics: &BronzeTopics, topic: &str) -> Option<BronzeTable> {
+        if topic == topics.transactions {
+            return Some(BronzeTable::new(TRANSACTIONS_TABLE, lake.bronze_transactions()));
+        }
+        let (schema, table) = table_of_topic(&topics.prefix, topic)?;
         Some(BronzeTable::new(
             format!("{schema}.{table}"),
             lake.bronze(schema, table),
@@ -46,7 +70,7 @@ impl StartOffsets for LakeOffsets {
         let stored = self.runtime.block_on(async {
             let mut stored: BTreeMap<(String, i32), Option<i64>> = BTreeMap::new();
             for (topic, parts) in by_topic {
-                let Some(mut table) = Self::table_for(&self.lake, &self.prefix, topic) else {
+                let Some(mut table) = Self::table_for(&self.lake, &self.topics, topic) else {
                     // Not a table topic (the subscription pattern excludes these).
                     for p in parts {
                         stored.insert((topic.to_owned(), p), None);

@@ -6,7 +6,6 @@ use std::time::Duration;
 use serde::Serialize;
 use wal2delta_lake::Lake;
 use wal2delta_stream::consumer::{high_watermarks, list_topics};
-use wal2delta_stream::topic::table_of_topic;
 
 use super::offsets::LakeOffsets;
 use crate::config::Config;
@@ -24,12 +23,12 @@ pub struct TableLag {
 /// The Bronze lag of every table topic.
 pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
-    let prefix = config.kafka.topic_prefix.clone();
+    let topics = super::bronze_topics(config);
     let brokers = config.kafka.brokers.clone();
-    let p = prefix.clone();
+    let t = topics.clone();
     let marks = tokio::task::spawn_blocking(move || {
         let timeout = Duration::from_secs(10);
-        let topics = list_topics(&brokers, |t| table_of_topic(&p, t).is_some(), timeout)?;
+        let topics = list_topics(&brokers, |name| t.table_name(name).is_some(), timeout)?;
         high_watermarks(&brokers, &topics, timeout)
     })
     .await
@@ -42,7 +41,7 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
     }
     let mut out: Vec<TableLag> = Vec::new();
     for (topic, parts) in by_topic {
-        let Some(mut table) = LakeOffsets::table_for(&lake, &prefix, &topic) else {
+        let Some(mut table) = LakeOffsets::table_for(&lake, &topics, &topic) else {
             continue;
         };
         let ids: Vec<i32> = parts.iter().map(|(p, _)| *p).collect();

@@ -38,7 +38,7 @@ use wal2delta_stream::StreamError;
 
 use crate::config::Config;
 use crate::metrics as m;
-use publisher::{Publisher, POSITION_TOKEN, PROGRESS_TOKEN};
+use publisher::{Publisher, POSITION_TOKEN, PROGRESS_TOKEN, WATERMARK_TOKEN};
 use snapshot::{SnapshotChunk, SnapshotPlan};
 use tokenize::Tokenizer;
 
@@ -352,7 +352,7 @@ async fn session(
                 if d.token == POSITION_TOKEN {
                     state.position_delivered();
                     state.status(&mut stream, false, status_every).await?;
-                } else if d.token != PROGRESS_TOKEN {
+                } else if d.token != PROGRESS_TOKEN && d.token != WATERMARK_TOKEN {
                     state.ack(d.token);
                     state.record_progress(&publisher).await?;
                 }
@@ -427,6 +427,7 @@ async fn session(
                                     && buffer.open_transactions() == 0
                                 {
                                     state.tracker.idle_advance(wal_end);
+                                    publisher.watermark(wal_end.0).await?;
                                 }
                                 state.handle(decoded, &mut publisher).await?;
                             }

@@ -13,12 +13,14 @@ use wal2delta_stream::dlq::DeadLetter;
 use wal2delta_stream::producer::EventProducer;
 use wal2delta_stream::registry::{frame_with, Registry};
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
-use wal2delta_stream::transactions::TransactionEnd;
+use wal2delta_stream::transactions::{TransactionEnd, Watermark};
 use wal2delta_stream::StreamError;
 
 use crate::metrics as m;
 
 /// The delivery token of position-log records (event tokens count up from 0).
+/// The token of watermark records on the transactions topic: not a transaction's.
+pub const WATERMARK_TOKEN: AckToken = AckToken::MAX - 2;
 pub const POSITION_TOKEN: AckToken = AckToken::MAX;
 
 /// The delivery token of snapshot-progress records.
@@ -153,6 +155,21 @@ impl Publisher {
             .await?;
         tracker.sent(token);
         Ok(())
+    }
+
+    /// Publishes a watermark at `lsn` (see [`Watermark`]). Sent only when nothing is open
+    /// or in flight; its delivery does not hold the slot, so it carries no transaction's
+    /// token.
+    pub async fn watermark(&mut self, lsn: u64) -> Result<(), StreamError> {
+        self.producer
+            .send(
+                &self.transactions_topic,
+                Some(0),
+                None,
+                &Watermark::new(lsn).to_json(),
+                WATERMARK_TOKEN,
+            )
+            .await
     }
 
     pub async fn ensure_transactions_topic(&mut self) -> Result<(), StreamError> {

@@ -143,7 +143,7 @@ impl State {
         }
         if d.token == POSITION_TOKEN {
             self.position_delivered();
-        } else if d.token != PROGRESS_TOKEN {
+        } else if d.token != PROGRESS_TOKEN && d.token != WATERMARK_TOKEN {
             self.ack(d.token);
         }
         Ok(())
