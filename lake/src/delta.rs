@@ -63,6 +63,51 @@ pub(crate) async fn txn_version(
         .map_err(LakeError::delta(&name))
 }
 
+/// Commits `props` (its `txn` actions and metadata) with no data actions: records
+/// progress when a batch added nothing.
+pub(crate) async fn commit_progress_only(
+    table: &DeltaTable,
+    props: deltalake::kernel::transaction::CommitProperties,
+    query_id: &str,
+    epoch_id: i64,
+) -> Result<u64, DeltaTableError> {
+    use deltalake::kernel::transaction::CommitBuilder;
+    use deltalake::kernel::Action;
+    use deltalake::protocol::{DeltaOperation, OutputMode};
+    let finalized = CommitBuilder::from(props)
+        .with_actions(Vec::<Action>::new())
+        .build(
+            Some(table.snapshot()?),
+            table.log_store(),
+            DeltaOperation::StreamingUpdate {
+                output_mode: OutputMode::Append,
+                query_id: query_id.into(),
+                epoch_id,
+            },
+        )
+        .await?;
+    Ok(finalized.version())
+}
+
+/// Runs `sql` against `table` registered as `t`, and collects the result.
+pub(crate) async fn query(
+    name: &str,
+    table: &DeltaTable,
+    sql: &str,
+) -> Result<Vec<deltalake::arrow::array::RecordBatch>, LakeError> {
+    use deltalake::datafusion::prelude::SessionContext;
+    let err = |e: deltalake::datafusion::error::DataFusionError| LakeError::delta(&name)(e.into());
+    let ctx = SessionContext::new();
+    let provider = table.table_provider().await.map_err(err)?;
+    ctx.register_table("t", provider).map_err(err)?;
+    ctx.sql(sql).await.map_err(err)?.collect().await.map_err(err)
+}
+
+/// `name` as a quoted SQL identifier.
+pub(crate) fn ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
 /// A commit refused because another writer committed first.
 pub(crate) fn is_conflict(e: &DeltaTableError) -> bool {
     matches!(

@@ -1,5 +1,5 @@
 //! Delta Lake side of wal2delta: where tables live, the Bronze append with Kafka offsets in
-//! the same commit, and table maintenance. (Silver, Gold and rules follow.)
+//! the same commit, Silver's idempotent MERGE, and table maintenance. (Gold and rules follow.)
 //!
 //! Everything is written with delta-rs; the tables are plain Delta tables that DuckDB's
 //! delta extension, Spark and the `deltalake` Python package read as they are.
@@ -10,7 +10,8 @@ mod error;
 mod location;
 pub mod maintenance;
 pub mod quarantine;
+pub mod silver;
 
 pub use deltalake;
 pub use error::LakeError;
-pub use location::Lake;
+pub use location::{Lake, INTERNAL_SCHEMA};

@@ -63,6 +63,15 @@ impl Lake {
         self.table(&["bronze", schema, table])
     }
 
+    pub fn silver(&self, schema: &str, table: &str) -> Url {
+        self.table(&["silver", schema, table])
+    }
+
+    /// Delete tombstones of a Silver table (see `silver::tombstones`).
+    pub fn silver_tombstones(&self, schema: &str, table: &str) -> Url {
+        self.table(&["silver", INTERNAL_SCHEMA, "tombstones", schema, table])
+    }
+
     /// The Bronze table of transaction records (END and WATERMARK, from capture's
     /// transactions topic). Not a source table: [`Lake::bronze_tables`] leaves it out.
     pub fn bronze_transactions(&self) -> Url {

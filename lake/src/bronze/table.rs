@@ -18,10 +18,10 @@ use std::sync::Arc;
 use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::datatypes::Schema;
 use deltalake::kernel::schema::cast::cast_record_batch;
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
-use deltalake::kernel::{Action, Transaction};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
 use deltalake::operations::write::SchemaMode;
-use deltalake::protocol::{DeltaOperation, OutputMode, SaveMode};
+use deltalake::protocol::SaveMode;
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use url::Url;
 
@@ -270,18 +270,7 @@ impl BronzeTable {
             return Err(DeltaTableError::NotATable(self.name.clone()));
         };
         let epoch = append.ranges.values().map(|r| r.last).max().unwrap_or(0);
-        let finalized = CommitBuilder::from(props)
-            .with_actions(Vec::<Action>::new())
-            .build(
-                Some(table.snapshot()?),
-                table.log_store(),
-                DeltaOperation::StreamingUpdate {
-                    output_mode: OutputMode::Append,
-                    query_id: "wal2delta-bronze".into(),
-                    epoch_id: epoch,
-                },
-            )
-            .await?;
-        Ok((finalized.version(), false))
+        let version = delta::commit_progress_only(table, props, "wal2delta-bronze", epoch).await?;
+        Ok((version, false))
     }
 }

@@ -1,0 +1,155 @@
+use super::*;
+use deltalake::arrow::array::{Int32Array, StringBuilder};
+use deltalake::arrow::datatypes::Fields;
+
+/// One Bronze change: op, key id, value (None = null), unchanged columns, old key.
+struct C {
+    op: &'static str,
+    id: i32,
+    v: Option<&'static str>,
+    lsn: i64,
+    ord: i64,
+    toast: Vec<&'static str>,
+    old_id: Option<i32>,
+}
+
+fn c(op: &'static str, id: i32, v: Option<&'static str>, lsn: i64, ord: i64) -> C {
+    C { op, id, v, lsn, ord, toast: vec![], old_id: None }
+}
+
+fn batch(changes: &[C]) -> RecordBatch {
+    let row_fields = Fields::from(vec![
+        Field::new("id", DataType::Int32, true),
+        Field::new("v", DataType::Utf8, true),
+    ]);
+    let image = |vals: Vec<Option<(i32, Option<&str>)>>| -> ArrayRef {
+        let ids: Int32Array = vals.iter().map(|x| x.map(|(i, _)| i)).collect();
+        let vs: StringArray = vals.iter().map(|x| x.and_then(|(_, v)| v)).collect();
+        let nulls: Vec<bool> = vals.iter().map(Option::is_some).collect();
+        Arc::new(StructArray::new(
+            row_fields.clone(),
+            vec![Arc::new(ids), Arc::new(vs)],
+            Some(nulls.into()),
+        ))
+    };
+    let after = image(changes.iter().map(|c| matches!(c.op, "c" | "u" | "r").then_some((c.id, c.v))).collect());
+    let before = image(changes.iter().map(|c| c.old_id.map(|o| (o, None))).collect());
+    let key_fields = Fields::from(vec![Field::new("id", DataType::Int32, false)]);
+    let key_nulls: Vec<bool> = changes.iter().map(|c| c.op != "t").collect();
+    let key: ArrayRef = Arc::new(StructArray::new(
+        key_fields,
+        vec![Arc::new(Int32Array::from(changes.iter().map(|c| c.id).collect::<Vec<_>>()))],
+        Some(key_nulls.into()),
+    ));
+    let mut toast = deltalake::arrow::array::ListBuilder::new(StringBuilder::new());
+    for c in changes {
+        for t in &c.toast {
+            toast.values().append_value(t);
+        }
+        toast.append(true);
+    }
+    let fields = vec![
+        Field::new("op", DataType::Utf8, true),
+        Field::new("before", before.data_type().clone(), true),
+        Field::new("after", after.data_type().clone(), true),
+        Field::new("key", key.data_type().clone(), true),
+        Field::new("commit_lsn", DataType::Int64, true),
+        Field::new("ordinal", DataType::Int64, true),
+        Field::new("unchanged_toast_columns", DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))), true),
+    ];
+    RecordBatch::try_new(
+        Arc::new(Schema::new(fields)),
+        vec![
+            Arc::new(StringArray::from_iter_values(changes.iter().map(|c| c.op))),
+            before,
+            after,
+            key,
+            Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.lsn))),
+            Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.ord))),
+            Arc::new(toast.finish()),
+        ],
+    )
+    .unwrap()
+}
+
+/// (id, v, op, unchanged) per folded row, sorted by id.
+fn rows(f: &Folded) -> Vec<(i32, Option<String>, String, Vec<String>)> {
+    let Some(b) = &f.rows else { return vec![] };
+    let id = b.column_by_name("id").unwrap().as_primitive::<deltalake::arrow::datatypes::Int32Type>();
+    let v = b.column_by_name("v").unwrap().as_string::<i32>();
+    let op = b.column_by_name(OP).unwrap().as_string::<i32>();
+    let un = b.column_by_name(UNCHANGED).unwrap().as_list::<i32>();
+    let mut out: Vec<_> = (0..b.num_rows())
+        .map(|i| {
+            let l = un.value(i);
+            let l = l.as_string::<i32>();
+            (
+                id.value(i),
+                v.is_valid(i).then(|| v.value(i).to_owned()),
+                op.value(i).to_owned(),
+                (0..l.len()).map(|j| l.value(j).to_owned()).collect(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[test]
+fn highest_position_wins_whatever_the_arrival_order() {
+    let changes = [
+        c("u", 1, Some("b"), 20, 1),
+        c("c", 1, Some("a"), 10, 1),
+        c("c", 2, Some("x"), 10, 2),
+        c("u", 1, Some("b"), 20, 1), // duplicate
+        c("d", 2, None, 30, 1),
+    ];
+    let f = fold(&batch(&changes), None).unwrap();
+    assert_eq!(
+        rows(&f),
+        vec![(1, Some("b".into()), "u".into(), vec![]), (2, None, "d".into(), vec![])]
+    );
+    // The same changes in another order fold to the same result.
+    let mut reversed: Vec<C> = changes.into_iter().collect();
+    reversed.reverse();
+    assert_eq!(rows(&fold(&batch(&reversed), None).unwrap()), rows(&f));
+}
+
+#[test]
+fn truncate_drops_earlier_changes_and_is_reported() {
+    let f = fold(
+        &batch(&[c("c", 1, Some("a"), 10, 1), c("t", 0, None, 20, 1), c("c", 2, Some("b"), 20, 2)]),
+        None,
+    )
+    .unwrap();
+    assert_eq!(f.truncate, Some(Position(20, 1)));
+    assert_eq!(rows(&f), vec![(2, Some("b".into()), "u".into(), vec![])]);
+    // A TRUNCATE applied earlier drops a late duplicate from before it.
+    let late = fold(&batch(&[c("c", 1, Some("a"), 10, 1)]), Some(Position(20, 1))).unwrap();
+    assert!(late.rows.is_none());
+}
+
+#[test]
+fn unchanged_toast_takes_the_batch_value_or_stays_unresolved() {
+    let mut upd = c("u", 1, None, 20, 1);
+    upd.toast = vec!["v"];
+    let f = fold(&batch(&[c("c", 1, Some("big"), 10, 1), upd]), None).unwrap();
+    assert_eq!(rows(&f), vec![(1, Some("big".into()), "u".into(), vec![])]);
+
+    let mut alone = c("u", 1, None, 20, 1);
+    alone.toast = vec!["v"];
+    let f = fold(&batch(&[alone]), None).unwrap();
+    assert_eq!(rows(&f), vec![(1, None, "u".into(), vec!["v".into()])]);
+    assert!(f.unchanged_columns.contains("v"));
+}
+
+#[test]
+fn key_update_deletes_the_old_key() {
+    let mut moved = c("u", 2, Some("a"), 20, 1);
+    moved.old_id = Some(1);
+    let f = fold(&batch(&[c("c", 1, Some("a"), 10, 1), moved]), None).unwrap();
+    assert_eq!(
+        rows(&f),
+        vec![(1, None, "d".into(), vec![]), (2, Some("a".into()), "u".into(), vec![])]
+    );
+}

@@ -1,0 +1,254 @@
+//! Silver's progress through Bronze, and which read changes may be applied now.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use deltalake::arrow::array::{AsArray, BooleanArray, RecordBatch};
+use deltalake::arrow::datatypes::{Int32Type, Int64Type};
+use deltalake::kernel::Transaction;
+use deltalake::DeltaTable;
+
+use super::Position;
+use crate::{delta, LakeError};
+
+/// Where a Silver table stands, stored as `txn` actions in its commits.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Progress {
+    /// Every source transaction with a commit LSN at or below this is applied whole.
+    pub watermark: i64,
+    /// Per Bronze partition (= Kafka partition), the last offset read.
+    pub cursors: BTreeMap<i32, i64>,
+    /// The latest TRUNCATE applied.
+    pub truncated: Option<Position>,
+}
+
+fn app(table: &str, what: &str) -> String {
+    format!("wal2delta-silver/{table}/{what}")
+}
+
+impl Progress {
+    /// Reads the progress recorded in `silver` (the table's loaded state).
+    pub async fn load(table: &str, silver: &DeltaTable) -> Result<Self, LakeError> {
+        let get = |what: &str| delta::txn_version(table, silver, app(table, what));
+        let watermark = get("watermark").await?.unwrap_or(0);
+        let partitions = get("partitions").await?.unwrap_or(0);
+        let mut cursors = BTreeMap::new();
+        for p in 0..partitions {
+            if let Some(o) = get(&format!("offset/{p}")).await? {
+                cursors.insert(p as i32, o);
+            }
+        }
+        let truncated = match (get("truncate_lsn").await?, get("truncate_ordinal").await?) {
+            (Some(l), Some(o)) => Some(Position(l, o)),
+            _ => None,
+        };
+        Ok(Progress {
+            watermark,
+            cursors,
+            truncated,
+        })
+    }
+
+    /// The `txn` actions that record this progress.
+    pub fn transactions(&self, table: &str) -> Vec<Transaction> {
+        let mut out = vec![
+            Transaction::new(app(table, "watermark"), self.watermark),
+            Transaction::new(
+                app(table, "partitions"),
+                self.cursors.keys().max().map_or(0, |p| i64::from(*p) + 1),
+            ),
+        ];
+        for (p, o) in &self.cursors {
+            out.push(Transaction::new(app(table, &format!("offset/{p}")), *o));
+        }
+        if let Some(Position(l, o)) = self.truncated {
+            out.push(Transaction::new(app(table, "truncate_lsn"), l));
+            out.push(Transaction::new(app(table, "truncate_ordinal"), o));
+        }
+        out
+    }
+}
+
+/// What the transaction records say, for one table.
+#[derive(Debug, Clone, Default)]
+pub struct TransactionCounts {
+    /// The highest LSN the records reach: every transaction committed at or below it has
+    /// its END record among them.
+    pub top: i64,
+    /// Events per transaction (commit LSN) for this table.
+    pub events: BTreeMap<i64, u64>,
+}
+
+/// What to do with the rows read in one round.
+#[derive(Debug, Clone)]
+pub struct Plan {
+    /// Which rows may be applied now.
+    pub applicable: BooleanArray,
+    /// The progress after applying them.
+    pub progress: Progress,
+    /// Transactions above the new watermark that Bronze does not hold whole yet.
+    pub waiting: usize,
+}
+
+/// Decides, for `rows` (Bronze rows read after `before`'s cursors: `op`, `commit_lsn`,
+/// `ordinal`, `kafka_partition`, `kafka_offset`), how far the watermark moves and which
+/// rows are applied.
+pub fn plan(rows: &RecordBatch, before: &Progress, counts: &TransactionCounts) -> Result<Plan, String> {
+    let col = |name: &str| {
+        rows.column_by_name(name)
+            .ok_or_else(|| format!("Bronze column `{name}` is missing"))
+    };
+    let op = col("op")?.as_string_opt::<i32>().ok_or("`op` is not text")?;
+    let lsn = col("commit_lsn")?.as_primitive_opt::<Int64Type>().ok_or("`commit_lsn` is not int64")?;
+    let ordinal = col("ordinal")?.as_primitive_opt::<Int64Type>().ok_or("`ordinal` is not int64")?;
+    let partition = col("kafka_partition")?
+        .as_primitive_opt::<Int32Type>()
+        .ok_or("`kafka_partition` is not int32")?;
+    let offset = col("kafka_offset")?.as_primitive_opt::<Int64Type>().ok_or("`kafka_offset` is not int64")?;
+    let n = rows.num_rows();
+    let streamed = |i: usize| op.value(i) != "r";
+
+    // Distinct events Bronze holds per transaction above the watermark.
+    let mut held: HashMap<i64, BTreeSet<(i32, i64)>> = HashMap::new();
+    for i in 0..n {
+        let l = lsn.value(i);
+        if streamed(i) && l > before.watermark && l <= counts.top {
+            held.entry(l).or_default().insert((partition.value(i), ordinal.value(i)));
+        }
+    }
+    let mut watermark = counts.top.max(before.watermark);
+    let mut waiting = 0;
+    for (&l, &need) in counts.events.range(before.watermark + 1..=counts.top) {
+        let have = held.get(&l).map_or(0, |s| s.len() as u64);
+        if have < need {
+            if waiting == 0 {
+                watermark = l - 1;
+            }
+            waiting += 1;
+        }
+    }
+    let applicable: BooleanArray = (0..n)
+        .map(|i| Some(!streamed(i) || lsn.value(i) <= watermark))
+        .collect();
+
+    // Each partition's cursor stops before its first row that waits.
+    let mut cursors = before.cursors.clone();
+    let mut first_waiting: BTreeMap<i32, i64> = BTreeMap::new();
+    let mut last_read: BTreeMap<i32, i64> = BTreeMap::new();
+    for i in 0..n {
+        let (p, o) = (partition.value(i), offset.value(i));
+        let e = last_read.entry(p).or_insert(o);
+        *e = (*e).max(o);
+        if !applicable.value(i) {
+            let w = first_waiting.entry(p).or_insert(o);
+            *w = (*w).min(o);
+        }
+    }
+    for (p, last) in last_read {
+        let next = match first_waiting.get(&p) {
+            Some(w) => w - 1,
+            None => last,
+        };
+        let c = cursors.entry(p).or_insert(-1);
+        *c = (*c).max(next);
+    }
+    let truncated = (0..n)
+        .filter(|&i| applicable.value(i) && op.value(i) == "t")
+        .map(|i| Position(lsn.value(i), ordinal.value(i)))
+        .chain(before.truncated)
+        .max();
+    Ok(Plan {
+        applicable,
+        progress: Progress {
+            watermark,
+            cursors,
+            truncated,
+        },
+        waiting,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int32Array, Int64Array, StringArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use std::sync::Arc;
+
+    /// Rows: (op, commit_lsn, ordinal, partition, offset).
+    fn rows(r: &[(&str, i64, i64, i32, i64)]) -> RecordBatch {
+        let schema = Schema::new(vec![
+            Field::new("op", DataType::Utf8, true),
+            Field::new("commit_lsn", DataType::Int64, true),
+            Field::new("ordinal", DataType::Int64, true),
+            Field::new("kafka_partition", DataType::Int32, true),
+            Field::new("kafka_offset", DataType::Int64, true),
+        ]);
+        RecordBatch::try_new(
+            Arc::new(schema),
+            vec![
+                Arc::new(StringArray::from_iter_values(r.iter().map(|x| x.0))),
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|x| x.1))),
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|x| x.2))),
+                Arc::new(Int32Array::from_iter_values(r.iter().map(|x| x.3))),
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|x| x.4))),
+            ],
+        )
+        .unwrap()
+    }
+
+    fn counts(top: i64, e: &[(i64, u64)]) -> TransactionCounts {
+        TransactionCounts {
+            top,
+            events: e.iter().copied().collect(),
+        }
+    }
+
+    #[test]
+    fn a_transaction_waits_until_every_partition_has_its_events() {
+        // Transaction 100 has 2 events (one per partition), 200 has 2 in partition 0 and
+        // one in partition 1 that has not arrived.
+        let r = rows(&[
+            ("c", 100, 1, 0, 0),
+            ("c", 200, 1, 0, 1),
+            ("c", 200, 2, 0, 2),
+            ("c", 100, 2, 1, 0),
+        ]);
+        let p = plan(&r, &Progress::default(), &counts(200, &[(100, 2), (200, 3)])).unwrap();
+        assert_eq!(p.progress.watermark, 199);
+        assert_eq!(p.waiting, 1);
+        let applied: Vec<bool> = (0..4).map(|i| p.applicable.value(i)).collect();
+        assert_eq!(applied, vec![true, false, false, true]);
+        // Partition 0 is re-read from its first waiting row; partition 1 moved on.
+        assert_eq!(p.progress.cursors, BTreeMap::from([(0, 0), (1, 0)]));
+    }
+
+    #[test]
+    fn duplicates_do_not_complete_a_transaction_and_old_ones_apply() {
+        // The same event twice (re-published) counts once.
+        let r = rows(&[("u", 300, 1, 0, 5), ("u", 300, 1, 0, 6), ("u", 50, 1, 1, 9)]);
+        let before = Progress {
+            watermark: 100,
+            ..Progress::default()
+        };
+        let p = plan(&r, &before, &counts(300, &[(300, 2)])).unwrap();
+        assert_eq!(p.progress.watermark, 299);
+        assert!(p.applicable.value(2), "a duplicate below the watermark applies (idempotent)");
+        assert_eq!(p.progress.cursors[&0], 4);
+    }
+
+    #[test]
+    fn snapshot_rows_apply_at_once_and_watermarks_advance_idle_tables() {
+        let r = rows(&[("r", 10, 0, 0, 0), ("r", 10, 0, 1, 0)]);
+        let p = plan(&r, &Progress::default(), &counts(500, &[])).unwrap();
+        assert_eq!(p.progress.watermark, 500);
+        assert!(p.applicable.value(0) && p.applicable.value(1));
+        assert_eq!(p.progress.cursors, BTreeMap::from([(0, 0), (1, 0)]));
+    }
+
+    #[test]
+    fn truncates_are_remembered() {
+        let r = rows(&[("t", 100, 1, 0, 0), ("t", 100, 1, 1, 0)]);
+        let p = plan(&r, &Progress::default(), &counts(100, &[(100, 2)])).unwrap();
+        assert_eq!(p.progress.truncated, Some(Position(100, 1)));
+    }
+}

@@ -1,0 +1,432 @@
+//! One Silver table: reads its Bronze table after the stored cursors, applies the changes
+//! whose transactions are whole, and commits rows and progress together.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+
+use deltalake::arrow::array::{Array, AsArray, RecordBatch};
+use deltalake::arrow::compute::{concat_batches, filter_record_batch};
+use deltalake::arrow::datatypes::{Field, Schema};
+use deltalake::datafusion::prelude::SessionContext;
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::operations::write::SchemaMode;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use url::Url;
+
+use super::tombstones::{keys_equal, newer, Tombstones};
+use super::{fold, plan, Position, Progress, TransactionCounts};
+use super::{COMMIT_LSN, COMMIT_TS, OP, ORDINAL, UNCHANGED};
+use crate::delta::{self, ident};
+use crate::{Lake, LakeError};
+
+/// What one round did.
+#[derive(Debug, Clone, Default)]
+pub struct ApplyReport {
+    /// Bronze rows read.
+    pub read: usize,
+    /// Keys upserted and deleted (after folding and tombstones).
+    pub upserts: usize,
+    pub deletes: usize,
+    /// Source transactions read but not whole in Bronze yet.
+    pub waiting: usize,
+    pub watermark: i64,
+    /// The Silver version committed, if any.
+    pub version: Option<u64>,
+}
+
+/// The Bronze columns Silver reads.
+const BRONZE_COLUMNS: &[&str] = &[
+    "op",
+    "before",
+    "after",
+    "key",
+    "commit_lsn",
+    "ordinal",
+    "commit_ts",
+    "unchanged_toast_columns",
+    "kafka_partition",
+    "kafka_offset",
+];
+
+pub struct SilverTable {
+    /// `schema.table`.
+    name: String,
+    bronze_url: Url,
+    url: Url,
+    tombstones: Tombstones,
+    /// Most Bronze rows read per partition in one round.
+    window: i64,
+}
+
+impl SilverTable {
+    pub fn new(lake: &Lake, schema: &str, table: &str, window: i64) -> Self {
+        let name = format!("{schema}.{table}");
+        SilverTable {
+            bronze_url: lake.bronze(schema, table),
+            url: lake.silver(schema, table),
+            tombstones: Tombstones::new(&name, lake.silver_tombstones(schema, table)),
+            name,
+            window: window.max(1),
+        }
+    }
+
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The progress the Silver table records (default when it does not exist yet).
+    pub async fn progress(&self) -> Result<Progress, LakeError> {
+        match delta::open(&self.name, &self.url).await? {
+            Some(t) => Progress::load(&self.name, &t).await,
+            None => Ok(Progress::default()),
+        }
+    }
+
+    /// One round: read, plan, fold, write tombstones, MERGE with progress.
+    pub async fn apply(&mut self, counts: &TransactionCounts) -> Result<ApplyReport, LakeError> {
+        let silver = delta::open(&self.name, &self.url).await?;
+        let before = match &silver {
+            Some(t) => Progress::load(&self.name, t).await?,
+            None => Progress::default(),
+        };
+        let Some(bronze) = delta::open(&self.name, &self.bronze_url).await? else {
+            return Ok(ApplyReport::default());
+        };
+        let rows = self.read_bronze(&bronze, &before).await?;
+        let mut report = ApplyReport {
+            read: rows.num_rows(),
+            watermark: before.watermark,
+            ..ApplyReport::default()
+        };
+        let planned = plan(&rows, &before, counts).map_err(|reason| self.rows_error(reason))?;
+        report.waiting = planned.waiting;
+        report.watermark = planned.progress.watermark;
+        if planned.progress == before {
+            return Ok(report);
+        }
+        let applicable = filter_record_batch(&rows, &planned.applicable)
+            .map_err(|e| self.rows_error(e.to_string()))?;
+        let folded = fold(&applicable, before.truncated).map_err(|e| self.rows_error(e.0))?;
+        let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
+
+        let props = CommitProperties::default()
+            .with_application_transactions(planned.progress.transactions(&self.name))
+            .with_metadata([
+                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+                (
+                    "wal2delta.watermark".to_owned(),
+                    serde_json::json!(planned.progress.watermark),
+                ),
+            ]);
+        let Some(source) = folded.rows else {
+            // Nothing to write; the progress still moves (and a TRUNCATE still empties).
+            let version = match (silver, new_truncate) {
+                (Some(t), Some(p)) => Some(self.truncate_only(t, p, props).await?),
+                (Some(t), None) => Some(
+                    delta::commit_progress_only(&t, props, "wal2delta-silver", planned.progress.watermark)
+                        .await
+                        .map_err(LakeError::delta(&self.name))?,
+                ),
+                (None, _) => None,
+            };
+            report.version = version;
+            return Ok(report);
+        };
+        let keys = key_names(&applicable);
+        // Tombstones first: a crash after them only repeats this round.
+        let (deletes, _) = split(&source, "d")?;
+        self.tombstones
+            .record(&keys, project_tombstones(&deletes, &keys).map_err(|e| self.rows_error(e))?)
+            .await?;
+        let survivors = self.tombstones.filter(&keys, source.clone()).await?;
+        let source = concat_batches(&source.schema(), &survivors)
+            .map_err(|e| self.rows_error(e.to_string()))?;
+        report.deletes = deletes.num_rows();
+        report.upserts = source.num_rows() - count_op(&source, "d");
+
+        let value_fields: Vec<Field> = source
+            .schema()
+            .fields()
+            .iter()
+            .filter(|f| f.name() != OP && f.name() != UNCHANGED)
+            .map(|f| f.as_ref().clone())
+            .collect();
+        let target = self.ensure_columns(silver, &value_fields).await?;
+        let version = self
+            .merge(target, source, &keys, &value_fields, &folded.unchanged_columns, new_truncate, props)
+            .await?;
+        report.version = Some(version);
+        Ok(report)
+    }
+
+    fn rows_error(&self, reason: String) -> LakeError {
+        LakeError::Rows {
+            table: self.name.clone(),
+            reason,
+        }
+    }
+
+    async fn read_bronze(&self, bronze: &DeltaTable, p: &Progress) -> Result<RecordBatch, LakeError> {
+        let mut ranges: Vec<String> = p
+            .cursors
+            .iter()
+            .map(|(part, c)| {
+                format!(
+                    "(kafka_partition = {part} AND kafka_offset > {c} AND kafka_offset <= {})",
+                    c + self.window
+                )
+            })
+            .collect();
+        let known: Vec<String> = p.cursors.keys().map(i32::to_string).collect();
+        ranges.push(if known.is_empty() {
+            format!("kafka_offset < {}", self.window)
+        } else {
+            format!(
+                "(kafka_partition NOT IN ({}) AND kafka_offset < {})",
+                known.join(", "),
+                self.window
+            )
+        });
+        let schema = bronze.snapshot().map_err(LakeError::delta(&self.name))?.snapshot().arrow_schema();
+        let missing: Vec<&str> = BRONZE_COLUMNS
+            .iter()
+            .copied()
+            .filter(|c| schema.field_with_name(c).is_err())
+            .collect();
+        if !missing.is_empty() {
+            return Err(self.rows_error(format!(
+                "the Bronze table has no column(s) {}: it was written by an older wal2delta, or the source table has no primary key",
+                missing.join(", ")
+            )));
+        }
+        let sql = format!(
+            "SELECT {} FROM t WHERE {} ORDER BY kafka_partition, kafka_offset",
+            BRONZE_COLUMNS.iter().map(|c| ident(c)).collect::<Vec<_>>().join(", "),
+            ranges.join(" OR ")
+        );
+        let batches = delta::query(&self.name, bronze, &sql).await?;
+        let schema = batches
+            .first()
+            .map(|b| b.schema())
+            .unwrap_or_else(|| Arc::new(Schema::new(bronze_fields(&schema))));
+        concat_batches(&schema, &batches).map_err(|e| self.rows_error(e.to_string()))
+    }
+
+    /// Opens the Silver table with every column of `fields`, creating it or adding
+    /// columns (a commit of its own, without rows) when needed.
+    async fn ensure_columns(
+        &self,
+        silver: Option<DeltaTable>,
+        fields: &[Field],
+    ) -> Result<DeltaTable, LakeError> {
+        let wanted = Arc::new(Schema::new(fields.to_vec()));
+        let needs = match &silver {
+            None => true,
+            Some(t) => {
+                let have = t.snapshot().map_err(LakeError::delta(&self.name))?.snapshot().arrow_schema();
+                fields.iter().any(|f| have.field_with_name(f.name()).is_err())
+            }
+        };
+        let table = match silver {
+            Some(t) => t,
+            None => delta::handle(&self.name, &self.url)?,
+        };
+        if !needs {
+            return Ok(table);
+        }
+        table
+            .write(vec![RecordBatch::new_empty(wanted)])
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(SchemaMode::Merge)
+            .await
+            .map_err(LakeError::delta(&self.name))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn merge(
+        &self,
+        target: DeltaTable,
+        source: RecordBatch,
+        keys: &[String],
+        fields: &[Field],
+        unchanged: &BTreeSet<String>,
+        truncate: Option<Position>,
+        props: CommitProperties,
+    ) -> Result<u64, LakeError> {
+        let err = LakeError::delta(&self.name);
+        let ctx = SessionContext::new();
+        let source = ctx
+            .read_batch(source)
+            .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
+        let newer = newer("source", "target");
+        let value = |name: &str| {
+            let q = ident(name);
+            if unchanged.contains(name) {
+                format!("CASE WHEN array_has(source.{UNCHANGED}, '{}') THEN target.{q} ELSE source.{q} END", name.replace('\'', "''"))
+            } else {
+                format!("source.{q}")
+            }
+        };
+        let mut m = target
+            .merge(source, keys_equal(keys, "target", "source"))
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .with_commit_properties(props)
+            .when_matched_delete(|d| d.predicate(format!("source.{OP} = 'd' AND {newer}")))
+            .and_then(|m| {
+                m.when_matched_update(|u| {
+                    fields.iter().fold(
+                        u.predicate(format!("source.{OP} = 'u' AND {newer}")),
+                        |u, f| u.update(f.name().as_str(), value(f.name())),
+                    )
+                })
+            })
+            .and_then(|m| {
+                m.when_not_matched_insert(|i| {
+                    fields.iter().fold(i.predicate(format!("source.{OP} = 'u'")), |i, f| {
+                        i.set(f.name().as_str(), format!("source.{}", ident(f.name())))
+                    })
+                })
+            })
+            .map_err(LakeError::delta(&self.name))?;
+        if let Some(Position(l, o)) = truncate {
+            m = m
+                .when_not_matched_by_source_delete(|d| {
+                    d.predicate(format!(
+                        "target.{COMMIT_LSN} < {l} OR (target.{COMMIT_LSN} = {l} AND target.{ORDINAL} < {o})"
+                    ))
+                })
+                .map_err(LakeError::delta(&self.name))?;
+        }
+        let (table, _metrics) = m.await.map_err(err)?;
+        Ok(table.version().unwrap_or(0))
+    }
+
+    /// A TRUNCATE with nothing after it in the batch: delete every row before it.
+    async fn truncate_only(
+        &self,
+        table: DeltaTable,
+        Position(l, o): Position,
+        props: CommitProperties,
+    ) -> Result<u64, LakeError> {
+        let (table, _) = table
+            .delete()
+            .with_predicate(format!(
+                "{COMMIT_LSN} < {l} OR ({COMMIT_LSN} = {l} AND {ORDINAL} < {o})"
+            ))
+            .with_commit_properties(props)
+            .await
+            .map_err(LakeError::delta(&self.name))?;
+        Ok(table.version().unwrap_or(0))
+    }
+}
+
+fn bronze_fields(schema: &Schema) -> Vec<Field> {
+    BRONZE_COLUMNS
+        .iter()
+        .filter_map(|c| schema.field_with_name(c).ok().cloned())
+        .collect()
+}
+
+/// The primary-key columns: the fields of Bronze's `key`.
+fn key_names(rows: &RecordBatch) -> Vec<String> {
+    rows.column_by_name("key")
+        .and_then(|k| k.as_struct_opt())
+        .map(|k| k.fields().iter().map(|f| f.name().clone()).collect())
+        .unwrap_or_default()
+}
+
+fn count_op(b: &RecordBatch, op: &str) -> usize {
+    b.column_by_name(OP)
+        .and_then(|a| a.as_string_opt::<i32>())
+        .map_or(0, |a| (0..a.len()).filter(|&i| a.value(i) == op).count())
+}
+
+/// The rows of `b` with `_op = op`, and the rest.
+fn split(b: &RecordBatch, op: &str) -> Result<(RecordBatch, RecordBatch), LakeError> {
+    let ops = b
+        .column_by_name(OP)
+        .and_then(|a| a.as_string_opt::<i32>())
+        .ok_or_else(|| LakeError::Rows {
+            table: "silver".into(),
+            reason: "folded rows have no _op".into(),
+        })?;
+    let is: deltalake::arrow::array::BooleanArray =
+        (0..ops.len()).map(|i| Some(ops.value(i) == op)).collect();
+    let not = deltalake::arrow::compute::not(&is).map_err(|e| LakeError::Rows {
+        table: "silver".into(),
+        reason: e.to_string(),
+    })?;
+    let f = |m| {
+        filter_record_batch(b, m).map_err(|e| LakeError::Rows {
+            table: "silver".into(),
+            reason: e.to_string(),
+        })
+    };
+    Ok((f(&is)?, f(&not)?))
+}
+
+/// Key columns plus position and time: a tombstone row.
+fn project_tombstones(deletes: &RecordBatch, keys: &[String]) -> Result<RecordBatch, String> {
+    let names: Vec<&str> = keys
+        .iter()
+        .map(String::as_str)
+        .chain([COMMIT_LSN, ORDINAL, COMMIT_TS])
+        .collect();
+    let schema = deletes.schema();
+    let idx: Vec<usize> = names
+        .iter()
+        .map(|n| schema.index_of(n).map_err(|e| e.to_string()))
+        .collect::<Result<_, _>>()?;
+    deletes.project(&idx).map_err(|e| e.to_string())
+}
+
+/// The END counts of every table, and how far the records reach, read from
+/// `bronze/_wal2delta/transactions` above `after`.
+pub async fn transaction_counts(
+    lake: &Lake,
+    after: i64,
+) -> Result<(i64, HashMap<String, TransactionCounts>), LakeError> {
+    const NAME: &str = "_wal2delta.transactions";
+    let Some(t) = delta::open(NAME, &lake.bronze_transactions()).await? else {
+        return Ok((after, HashMap::new()));
+    };
+    let batches = delta::query(
+        NAME,
+        &t,
+        &format!("SELECT status, commit_lsn, data_collections FROM t WHERE commit_lsn > {after}"),
+    )
+    .await?;
+    let mut top = after;
+    let mut by_table: HashMap<String, TransactionCounts> = HashMap::new();
+    for b in &batches {
+        let lsn = b.column(1).as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+        let lists = b.column(2).as_list::<i32>();
+        for i in 0..b.num_rows() {
+            if lsn.is_null(i) {
+                continue;
+            }
+            let l = lsn.value(i);
+            top = top.max(l);
+            if lists.is_null(i) {
+                continue; // a watermark
+            }
+            let entries = lists.value(i);
+            let entries = entries.as_struct();
+            let names = entries.column(0).as_string::<i32>();
+            let counts = entries.column(1).as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+            for j in 0..entries.len() {
+                by_table
+                    .entry(names.value(j).to_owned())
+                    .or_default()
+                    .events
+                    .insert(l, counts.value(j) as u64);
+            }
+        }
+    }
+    for c in by_table.values_mut() {
+        c.top = top;
+    }
+    Ok((top, by_table))
+}

@@ -1,0 +1,127 @@
+//! Delete tombstones of one Silver table: the key and position of every delete, so that an
+//! old change delivered again after the delete cannot bring the row back.
+//!
+//! Kept in `silver/_wal2delta/tombstones/{schema}/{table}` (the Silver table itself holds
+//! only live rows). A tombstone is written before the Silver commit that deletes the row;
+//! rewriting it is idempotent (the higher position stays).
+
+use deltalake::arrow::array::RecordBatch;
+use deltalake::datafusion::prelude::SessionContext;
+use deltalake::protocol::SaveMode;
+use deltalake::DeltaTable;
+use url::Url;
+
+use super::{COMMIT_LSN, COMMIT_TS, ORDINAL};
+use crate::delta::{self, ident};
+use crate::LakeError;
+
+/// `a` is positioned after `b` (SQL over aliases).
+pub(crate) fn newer(a: &str, b: &str) -> String {
+    format!(
+        "({a}.{l} > {b}.{l} OR ({a}.{l} = {b}.{l} AND {a}.{o} > {b}.{o}))",
+        l = COMMIT_LSN,
+        o = ORDINAL
+    )
+}
+
+/// `a.k = b.k AND ...` over the key columns.
+pub(crate) fn keys_equal(keys: &[String], a: &str, b: &str) -> String {
+    keys.iter()
+        .map(|k| format!("{a}.{q} = {b}.{q}", q = ident(k)))
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+pub struct Tombstones {
+    name: String,
+    url: Url,
+}
+
+impl Tombstones {
+    pub fn new(table: &str, url: Url) -> Self {
+        Tombstones {
+            name: format!("tombstones of {table}"),
+            url,
+        }
+    }
+
+    async fn open(&self) -> Result<Option<DeltaTable>, LakeError> {
+        delta::open(&self.name, &self.url).await
+    }
+
+    /// Records `deletes` (key columns, `_commit_lsn`, `_ordinal`, `_commit_ts`).
+    pub async fn record(&self, keys: &[String], deletes: RecordBatch) -> Result<(), LakeError> {
+        if deletes.num_rows() == 0 {
+            return Ok(());
+        }
+        let err = LakeError::delta(&self.name);
+        match self.open().await? {
+            None => {
+                delta::handle(&self.name, &self.url)?
+                    .write(vec![deletes])
+                    .with_save_mode(SaveMode::Append)
+                    .await
+                    .map_err(err)?;
+            }
+            Some(table) => {
+                let ctx = SessionContext::new();
+                let source = ctx
+                    .read_batch(deletes)
+                    .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
+                let cols = keys
+                    .iter()
+                    .map(String::as_str)
+                    .chain([COMMIT_LSN, ORDINAL, COMMIT_TS])
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>();
+                let set_cols = cols.clone();
+                table
+                    .merge(source, keys_equal(keys, "target", "source"))
+                    .with_source_alias("source")
+                    .with_target_alias("target")
+                    .when_matched_update(|u| {
+                        [COMMIT_LSN, ORDINAL, COMMIT_TS].into_iter().fold(
+                            u.predicate(newer("source", "target")),
+                            |u, c| u.update(c, format!("source.{}", ident(c))),
+                        )
+                    })
+                    .and_then(|m| {
+                        m.when_not_matched_insert(|i| {
+                            set_cols
+                                .iter()
+                                .fold(i, |i, c| i.set(c.as_str(), format!("source.{}", ident(c))))
+                        })
+                    })
+                    .map_err(LakeError::delta(&self.name))?
+                    .await
+                    .map_err(err)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Drops the upserts of `folded` at or below a tombstone of their key.
+    pub async fn filter(
+        &self,
+        keys: &[String],
+        folded: RecordBatch,
+    ) -> Result<Vec<RecordBatch>, LakeError> {
+        let Some(table) = self.open().await? else {
+            return Ok(vec![folded]);
+        };
+        let err = |e: deltalake::datafusion::error::DataFusionError| LakeError::delta(&self.name)(e.into());
+        let ctx = SessionContext::new();
+        ctx.register_batch("s", folded).map_err(err)?;
+        let provider = table.table_provider().await.map_err(err)?;
+        ctx.register_table("tomb", provider).map_err(err)?;
+        let sql = format!(
+            "SELECT s.* FROM s LEFT JOIN tomb ON {on} WHERE s._op = 'd' OR tomb.{l} IS NULL OR {newer}",
+            on = keys_equal(keys, "s", "tomb"),
+            l = COMMIT_LSN,
+            newer = newer("s", "tomb"),
+        );
+        let batches = ctx.sql(&sql).await.map_err(err)?.collect().await.map_err(err)?;
+        Ok(batches)
+    }
+}
+
