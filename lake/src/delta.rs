@@ -95,12 +95,82 @@ pub(crate) async fn query(
     table: &DeltaTable,
     sql: &str,
 ) -> Result<Vec<deltalake::arrow::array::RecordBatch>, LakeError> {
-    use deltalake::datafusion::prelude::SessionContext;
     let err = |e: deltalake::datafusion::error::DataFusionError| LakeError::delta(&name)(e.into());
-    let ctx = SessionContext::new();
+    let ctx = session();
     let provider = table.table_provider().await.map_err(err)?;
     ctx.register_table("t", provider).map_err(err)?;
-    ctx.sql(sql).await.map_err(err)?.collect().await.map_err(err)
+    let batches = ctx
+        .sql(sql)
+        .await
+        .map_err(err)?
+        .collect()
+        .await
+        .map_err(err)?;
+    batches
+        .iter()
+        .map(without_views)
+        .collect::<Result<_, _>>()
+        .map_err(|e| LakeError::Rows {
+            table: name.to_owned(),
+            reason: e.to_string(),
+        })
+}
+
+/// `ty` with text and binary views replaced by plain `Utf8`/`Binary`, at any depth.
+fn plain(ty: &deltalake::arrow::datatypes::DataType) -> deltalake::arrow::datatypes::DataType {
+    use deltalake::arrow::datatypes::{DataType, Field};
+    use std::sync::Arc;
+    let field = |f: &Field| Arc::new(f.clone().with_data_type(plain(f.data_type())));
+    match ty {
+        DataType::Utf8View => DataType::Utf8,
+        DataType::BinaryView => DataType::Binary,
+        DataType::List(f) => DataType::List(field(f)),
+        DataType::LargeList(f) => DataType::LargeList(field(f)),
+        DataType::Struct(fs) => DataType::Struct(fs.iter().map(|f| field(f)).collect()),
+        DataType::Map(f, sorted) => DataType::Map(field(f), *sorted),
+        other => other.clone(),
+    }
+}
+
+/// The batch with view types cast to the plain types the tables are written with
+/// (DataFusion's Parquet reader hands out views).
+pub(crate) fn without_views(
+    b: &deltalake::arrow::array::RecordBatch,
+) -> Result<deltalake::arrow::array::RecordBatch, deltalake::arrow::error::ArrowError> {
+    use deltalake::arrow::array::RecordBatch;
+    use deltalake::arrow::datatypes::Schema;
+    use std::sync::Arc;
+    let schema = b.schema();
+    if schema
+        .fields()
+        .iter()
+        .all(|f| &plain(f.data_type()) == f.data_type())
+    {
+        return Ok(b.clone());
+    }
+    let mut fields = Vec::new();
+    let mut cols = Vec::new();
+    for (f, c) in schema.fields().iter().zip(b.columns()) {
+        let ty = plain(f.data_type());
+        cols.push(if &ty == c.data_type() {
+            c.clone()
+        } else {
+            deltalake::arrow::compute::cast(c, &ty)?
+        });
+        fields.push(f.as_ref().clone().with_data_type(ty));
+    }
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols)
+}
+
+/// A DataFusion session that reads text as `Utf8` (not `Utf8View`), the type Bronze and
+/// Silver are written with.
+pub(crate) fn session() -> deltalake::datafusion::prelude::SessionContext {
+    use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
+    let config = SessionConfig::new().set_bool(
+        "datafusion.execution.parquet.schema_force_view_types",
+        false,
+    );
+    SessionContext::new_with_config(config)
 }
 
 /// `name` as a quoted SQL identifier.

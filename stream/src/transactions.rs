@@ -13,8 +13,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use arrow::array::{
-    Array, ArrayRef, Int64Array, Int64Builder, ListBuilder, StringArray, StringBuilder, StructBuilder,
-    TimestampMicrosecondArray,
+    Array, ArrayRef, Int64Array, Int64Builder, ListBuilder, StringArray, StringBuilder,
+    StructBuilder, TimestampMicrosecondArray,
 };
 use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
 
@@ -109,7 +109,9 @@ impl TransactionRecord {
         }
         let status: Status = serde_json::from_slice(bytes).ok()?;
         match status.status.as_str() {
-            "END" => serde_json::from_slice(bytes).ok().map(TransactionRecord::End),
+            "END" => serde_json::from_slice(bytes)
+                .ok()
+                .map(TransactionRecord::End),
             "WATERMARK" => serde_json::from_slice(bytes)
                 .ok()
                 .map(TransactionRecord::Watermark),
@@ -161,12 +163,10 @@ pub fn transaction_columns(records: &[&TransactionRecord]) -> (Vec<Field>, Vec<A
         Field::new("data_collection", DataType::Utf8, true),
         Field::new("event_count", DataType::Int64, true),
     ]);
-    let mut collections = ListBuilder::new(StructBuilder::from_fields(entry_fields.clone(), 0))
-        .with_field(Arc::new(Field::new(
-            "element",
-            DataType::Struct(entry_fields.clone()),
-            true,
-        )));
+    let mut collections =
+        ListBuilder::new(StructBuilder::from_fields(entry_fields.clone(), 0)).with_field(Arc::new(
+            Field::new("element", DataType::Struct(entry_fields.clone()), true),
+        ));
     for r in records {
         if let TransactionRecord::End(e) = r {
             let entries = collections.values();

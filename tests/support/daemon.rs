@@ -155,6 +155,11 @@ listen = "127.0.0.1:0"
         self.lake().join("bronze").join(&self.schema).join(table)
     }
 
+    /// The Silver table of `table` in this test's schema.
+    pub fn silver(&self, table: &str) -> PathBuf {
+        self.lake().join("silver").join(&self.schema).join(table)
+    }
+
     /// The running daemon's process id.
     pub fn pid(&self) -> Option<u32> {
         self.process.as_ref()?.child.as_ref().map(Child::id)

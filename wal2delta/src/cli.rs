@@ -29,7 +29,7 @@ pub enum Command {
     Setup,
     /// Run the daemon: every stage this version has, or those named with --stage.
     Run {
-        /// Comma-separated stages: capture, bronze (silver, gold and rules are not built
+        /// Comma-separated stages: capture, bronze, silver (gold and rules are not built
         /// yet). Default: every built stage.
         #[arg(long, value_delimiter = ',')]
         stage: Vec<Stage>,

@@ -8,7 +8,7 @@ use wal2delta_cdc::{setup, slot, source};
 
 use crate::cli::{Cli, Command, QuarantineAction, Stage};
 use crate::config::Config;
-use crate::{bronze, capture, health, metrics, quarantine, telemetry};
+use crate::{bronze, capture, health, metrics, quarantine, silver, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = Config::load(&cli.config)?;
@@ -93,7 +93,7 @@ async fn run_daemon(
     stages: &[Stage],
     allow_slot_ahead: bool,
 ) -> anyhow::Result<ExitCode> {
-    const BUILT: [Stage; 2] = [Stage::Capture, Stage::Bronze];
+    const BUILT: [Stage; 3] = [Stage::Capture, Stage::Bronze, Stage::Silver];
     let stages: Vec<Stage> = if stages.is_empty() {
         BUILT.to_vec()
     } else {
@@ -106,7 +106,7 @@ async fn run_daemon(
         .collect();
     if !unbuilt.is_empty() {
         bail!(
-            "stage(s) {} are not built in this version; run with --stage capture,bronze",
+            "stage(s) {} are not built in this version; run with --stage capture,bronze,silver",
             unbuilt.join(", ")
         );
     }
@@ -132,7 +132,14 @@ async fn run_daemon(
             Ok(())
         }
     };
-    tokio::try_join!(capture, bronze)?;
+    let silver = async {
+        if stages.contains(&Stage::Silver) {
+            silver::run(config, rx.clone()).await
+        } else {
+            Ok(())
+        }
+    };
+    tokio::try_join!(capture, bronze, silver)?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -55,6 +55,38 @@ pub struct Config {
     pub snapshot: SnapshotConfig,
     #[serde(default)]
     pub bronze: BronzeConfig,
+    #[serde(default)]
+    pub silver: SilverConfig,
+}
+
+/// `[silver]`: the Bronze → Silver stage.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SilverConfig {
+    /// Milliseconds between rounds; a round applies what Bronze gained since the last.
+    #[serde(default = "SilverConfig::default_interval_ms")]
+    pub interval_ms: u64,
+    /// Most Bronze rows read per Kafka partition and table in one round (bounds memory).
+    #[serde(default = "SilverConfig::default_max_rows_per_partition")]
+    pub max_rows_per_partition: i64,
+}
+
+impl SilverConfig {
+    fn default_interval_ms() -> u64 {
+        2_000
+    }
+    fn default_max_rows_per_partition() -> i64 {
+        100_000
+    }
+}
+
+impl Default for SilverConfig {
+    fn default() -> Self {
+        SilverConfig {
+            interval_ms: Self::default_interval_ms(),
+            max_rows_per_partition: Self::default_max_rows_per_partition(),
+        }
+    }
 }
 
 /// `[bronze]`: the Kafka → Bronze stage. Offsets live in the Bronze tables' Delta commits;

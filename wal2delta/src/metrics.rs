@@ -60,6 +60,18 @@ pub const SNAPSHOT_THROTTLED: &str = "wal2delta_snapshot_throttled_seconds_total
 pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 
 /// Rows appended to Bronze tables (label `table`).
+/// Keys upserted into Silver, per table.
+pub const SILVER_UPSERTS: &str = "wal2delta_silver_upserts_total";
+/// Keys deleted from Silver, per table.
+pub const SILVER_DELETES: &str = "wal2delta_silver_deletes_total";
+/// Silver's watermark per table: every source transaction at or below it is applied.
+pub const SILVER_WATERMARK_LSN: &str = "wal2delta_silver_watermark_lsn";
+/// Source transactions read from Bronze but not yet whole there, per table.
+pub const SILVER_WAITING_TRANSACTIONS: &str = "wal2delta_silver_waiting_transactions";
+/// Seconds one Silver round of one table took.
+pub const SILVER_ROUND_SECONDS: &str = "wal2delta_silver_round_seconds";
+/// Silver rounds that failed, per table and class.
+pub const SILVER_ERRORS: &str = "wal2delta_silver_errors_total";
 pub const BRONZE_ROWS: &str = "wal2delta_bronze_rows_total";
 /// Payload bytes of the events appended to Bronze (label `table`).
 pub const BRONZE_BYTES: &str = "wal2delta_bronze_bytes_total";

@@ -60,7 +60,10 @@ struct Action {
     pos: Position,
 }
 
-fn struct_col<'a>(batch: &'a RecordBatch, name: &str) -> Result<Option<&'a StructArray>, FoldError> {
+fn struct_col<'a>(
+    batch: &'a RecordBatch,
+    name: &str,
+) -> Result<Option<&'a StructArray>, FoldError> {
     match batch.column_by_name(name) {
         None => Ok(None),
         Some(a) => a
@@ -95,6 +98,11 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
     let toast = batch
         .column_by_name("unchanged_toast_columns")
         .and_then(|a| a.as_list_opt::<i32>());
+    if toast.is_some_and(|l| l.values().as_string_opt::<i32>().is_none()) {
+        return Err(FoldError(
+            "Bronze column `unchanged_toast_columns` is not a list of text".into(),
+        ));
+    }
     let commit_ts = batch.column_by_name("commit_ts");
 
     let pos = |i: usize| Position(lsn.value(i), ordinal.value(i));
@@ -188,7 +196,10 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
             other => return Err(FoldError(format!("unknown op {other:?}"))),
         };
         if key.is_some_and(|k| k.is_null(i)) {
-            return Err(FoldError(format!("a change with op {:?} has no key", op.value(i))));
+            return Err(FoldError(format!(
+                "a change with op {:?} has no key",
+                op.value(i)
+            )));
         }
         let new_key = new_rows.row(i);
         if kind == Kind::Upsert && op.value(i) == "u" {
@@ -233,8 +244,13 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
         match toast {
             Some(l) if l.is_valid(row) => {
                 let v = l.value(row);
-                let s = v.as_string::<i32>();
-                (0..s.len()).filter(|&j| s.is_valid(j)).map(|j| s.value(j).to_owned()).collect()
+                match v.as_string_opt::<i32>() {
+                    Some(s) => (0..s.len())
+                        .filter(|&j| s.is_valid(j))
+                        .map(|j| s.value(j).to_owned())
+                        .collect(),
+                    None => Vec::new(),
+                }
             }
             _ => Vec::new(),
         }
@@ -330,21 +346,30 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
     let meta: Vec<(Field, ArrayRef)> = vec![
         (
             Field::new(COMMIT_LSN, DataType::Int64, true),
-            Arc::new(Int64Array::from_iter_values(winners.iter().map(|w| w.pos.0))),
+            Arc::new(Int64Array::from_iter_values(
+                winners.iter().map(|w| w.pos.0),
+            )),
         ),
         (
             Field::new(ORDINAL, DataType::Int64, true),
-            Arc::new(Int64Array::from_iter_values(winners.iter().map(|w| w.pos.1))),
+            Arc::new(Int64Array::from_iter_values(
+                winners.iter().map(|w| w.pos.1),
+            )),
         ),
         (Field::new(COMMIT_TS, utc, true), ts),
         (
             Field::new(OP, DataType::Utf8, true),
-            Arc::new(StringArray::from_iter_values(winners.iter().map(|w| match w.kind {
-                Kind::Upsert => "u",
-                Kind::Delete => "d",
-            }))),
+            Arc::new(StringArray::from_iter_values(winners.iter().map(
+                |w| match w.kind {
+                    Kind::Upsert => "u",
+                    Kind::Delete => "d",
+                },
+            ))),
         ),
-        (Field::new(UNCHANGED, DataType::List(item), true), Arc::new(unchanged)),
+        (
+            Field::new(UNCHANGED, DataType::List(item), true),
+            Arc::new(unchanged),
+        ),
     ];
     for (f, a) in meta {
         out_fields.push(f);

@@ -92,18 +92,30 @@ pub struct Plan {
 /// Decides, for `rows` (Bronze rows read after `before`'s cursors: `op`, `commit_lsn`,
 /// `ordinal`, `kafka_partition`, `kafka_offset`), how far the watermark moves and which
 /// rows are applied.
-pub fn plan(rows: &RecordBatch, before: &Progress, counts: &TransactionCounts) -> Result<Plan, String> {
+pub fn plan(
+    rows: &RecordBatch,
+    before: &Progress,
+    counts: &TransactionCounts,
+) -> Result<Plan, String> {
     let col = |name: &str| {
         rows.column_by_name(name)
             .ok_or_else(|| format!("Bronze column `{name}` is missing"))
     };
-    let op = col("op")?.as_string_opt::<i32>().ok_or("`op` is not text")?;
-    let lsn = col("commit_lsn")?.as_primitive_opt::<Int64Type>().ok_or("`commit_lsn` is not int64")?;
-    let ordinal = col("ordinal")?.as_primitive_opt::<Int64Type>().ok_or("`ordinal` is not int64")?;
+    let op = col("op")?
+        .as_string_opt::<i32>()
+        .ok_or("`op` is not text")?;
+    let lsn = col("commit_lsn")?
+        .as_primitive_opt::<Int64Type>()
+        .ok_or("`commit_lsn` is not int64")?;
+    let ordinal = col("ordinal")?
+        .as_primitive_opt::<Int64Type>()
+        .ok_or("`ordinal` is not int64")?;
     let partition = col("kafka_partition")?
         .as_primitive_opt::<Int32Type>()
         .ok_or("`kafka_partition` is not int32")?;
-    let offset = col("kafka_offset")?.as_primitive_opt::<Int64Type>().ok_or("`kafka_offset` is not int64")?;
+    let offset = col("kafka_offset")?
+        .as_primitive_opt::<Int64Type>()
+        .ok_or("`kafka_offset` is not int64")?;
     let n = rows.num_rows();
     let streamed = |i: usize| op.value(i) != "r";
 
@@ -112,7 +124,9 @@ pub fn plan(rows: &RecordBatch, before: &Progress, counts: &TransactionCounts) -
     for i in 0..n {
         let l = lsn.value(i);
         if streamed(i) && l > before.watermark && l <= counts.top {
-            held.entry(l).or_default().insert((partition.value(i), ordinal.value(i)));
+            held.entry(l)
+                .or_default()
+                .insert((partition.value(i), ordinal.value(i)));
         }
     }
     let mut watermark = counts.top.max(before.watermark);
@@ -213,7 +227,12 @@ mod tests {
             ("c", 200, 2, 0, 2),
             ("c", 100, 2, 1, 0),
         ]);
-        let p = plan(&r, &Progress::default(), &counts(200, &[(100, 2), (200, 3)])).unwrap();
+        let p = plan(
+            &r,
+            &Progress::default(),
+            &counts(200, &[(100, 2), (200, 3)]),
+        )
+        .unwrap();
         assert_eq!(p.progress.watermark, 199);
         assert_eq!(p.waiting, 1);
         let applied: Vec<bool> = (0..4).map(|i| p.applicable.value(i)).collect();
@@ -232,7 +251,10 @@ mod tests {
         };
         let p = plan(&r, &before, &counts(300, &[(300, 2)])).unwrap();
         assert_eq!(p.progress.watermark, 299);
-        assert!(p.applicable.value(2), "a duplicate below the watermark applies (idempotent)");
+        assert!(
+            p.applicable.value(2),
+            "a duplicate below the watermark applies (idempotent)"
+        );
         assert_eq!(p.progress.cursors[&0], 4);
     }
 

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
 use deltalake::arrow::datatypes::{Field, Schema};
-use deltalake::datafusion::prelude::SessionContext;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
@@ -124,9 +123,14 @@ impl SilverTable {
             let version = match (silver, new_truncate) {
                 (Some(t), Some(p)) => Some(self.truncate_only(t, p, props).await?),
                 (Some(t), None) => Some(
-                    delta::commit_progress_only(&t, props, "wal2delta-silver", planned.progress.watermark)
-                        .await
-                        .map_err(LakeError::delta(&self.name))?,
+                    delta::commit_progress_only(
+                        &t,
+                        props,
+                        "wal2delta-silver",
+                        planned.progress.watermark,
+                    )
+                    .await
+                    .map_err(LakeError::delta(&self.name))?,
                 ),
                 (None, _) => None,
             };
@@ -137,7 +141,10 @@ impl SilverTable {
         // Tombstones first: a crash after them only repeats this round.
         let (deletes, _) = split(&source, "d")?;
         self.tombstones
-            .record(&keys, project_tombstones(&deletes, &keys).map_err(|e| self.rows_error(e))?)
+            .record(
+                &keys,
+                project_tombstones(&deletes, &keys).map_err(|e| self.rows_error(e))?,
+            )
             .await?;
         let survivors = self.tombstones.filter(&keys, source.clone()).await?;
         let source = concat_batches(&source.schema(), &survivors)
@@ -154,7 +161,15 @@ impl SilverTable {
             .collect();
         let target = self.ensure_columns(silver, &value_fields).await?;
         let version = self
-            .merge(target, source, &keys, &value_fields, &folded.unchanged_columns, new_truncate, props)
+            .merge(
+                target,
+                source,
+                &keys,
+                &value_fields,
+                &folded.unchanged_columns,
+                new_truncate,
+                props,
+            )
             .await?;
         report.version = Some(version);
         Ok(report)
@@ -167,7 +182,11 @@ impl SilverTable {
         }
     }
 
-    async fn read_bronze(&self, bronze: &DeltaTable, p: &Progress) -> Result<RecordBatch, LakeError> {
+    async fn read_bronze(
+        &self,
+        bronze: &DeltaTable,
+        p: &Progress,
+    ) -> Result<RecordBatch, LakeError> {
         let mut ranges: Vec<String> = p
             .cursors
             .iter()
@@ -188,7 +207,11 @@ impl SilverTable {
                 self.window
             )
         });
-        let schema = bronze.snapshot().map_err(LakeError::delta(&self.name))?.snapshot().arrow_schema();
+        let schema = bronze
+            .snapshot()
+            .map_err(LakeError::delta(&self.name))?
+            .snapshot()
+            .arrow_schema();
         let missing: Vec<&str> = BRONZE_COLUMNS
             .iter()
             .copied()
@@ -202,7 +225,11 @@ impl SilverTable {
         }
         let sql = format!(
             "SELECT {} FROM t WHERE {} ORDER BY kafka_partition, kafka_offset",
-            BRONZE_COLUMNS.iter().map(|c| ident(c)).collect::<Vec<_>>().join(", "),
+            BRONZE_COLUMNS
+                .iter()
+                .map(|c| ident(c))
+                .collect::<Vec<_>>()
+                .join(", "),
             ranges.join(" OR ")
         );
         let batches = delta::query(&self.name, bronze, &sql).await?;
@@ -224,8 +251,14 @@ impl SilverTable {
         let needs = match &silver {
             None => true,
             Some(t) => {
-                let have = t.snapshot().map_err(LakeError::delta(&self.name))?.snapshot().arrow_schema();
-                fields.iter().any(|f| have.field_with_name(f.name()).is_err())
+                let have = t
+                    .snapshot()
+                    .map_err(LakeError::delta(&self.name))?
+                    .snapshot()
+                    .arrow_schema();
+                fields
+                    .iter()
+                    .any(|f| have.field_with_name(f.name()).is_err())
             }
         };
         let table = match silver {
@@ -255,7 +288,7 @@ impl SilverTable {
         props: CommitProperties,
     ) -> Result<u64, LakeError> {
         let err = LakeError::delta(&self.name);
-        let ctx = SessionContext::new();
+        let ctx = delta::session();
         let source = ctx
             .read_batch(source)
             .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
@@ -284,9 +317,11 @@ impl SilverTable {
             })
             .and_then(|m| {
                 m.when_not_matched_insert(|i| {
-                    fields.iter().fold(i.predicate(format!("source.{OP} = 'u'")), |i, f| {
-                        i.set(f.name().as_str(), format!("source.{}", ident(f.name())))
-                    })
+                    fields
+                        .iter()
+                        .fold(i.predicate(format!("source.{OP} = 'u'")), |i, f| {
+                            i.set(f.name().as_str(), format!("source.{}", ident(f.name())))
+                        })
                 })
             })
             .map_err(LakeError::delta(&self.name))?;
@@ -400,9 +435,20 @@ pub async fn transaction_counts(
     .await?;
     let mut top = after;
     let mut by_table: HashMap<String, TransactionCounts> = HashMap::new();
+    let bad = |what: &str| LakeError::Rows {
+        table: NAME.into(),
+        reason: format!("unexpected type of {what}"),
+    };
+    use deltalake::arrow::datatypes::Int64Type;
     for b in &batches {
-        let lsn = b.column(1).as_primitive::<deltalake::arrow::datatypes::Int64Type>();
-        let lists = b.column(2).as_list::<i32>();
+        let lsn = b
+            .column(1)
+            .as_primitive_opt::<Int64Type>()
+            .ok_or_else(|| bad("commit_lsn"))?;
+        let lists = b
+            .column(2)
+            .as_list_opt::<i32>()
+            .ok_or_else(|| bad("data_collections"))?;
         for i in 0..b.num_rows() {
             if lsn.is_null(i) {
                 continue;
@@ -413,9 +459,17 @@ pub async fn transaction_counts(
                 continue; // a watermark
             }
             let entries = lists.value(i);
-            let entries = entries.as_struct();
-            let names = entries.column(0).as_string::<i32>();
-            let counts = entries.column(1).as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+            let entries = entries
+                .as_struct_opt()
+                .ok_or_else(|| bad("data_collections"))?;
+            let names = entries
+                .column(0)
+                .as_string_opt::<i32>()
+                .ok_or_else(|| bad("data_collection"))?;
+            let counts = entries
+                .column(1)
+                .as_primitive_opt::<Int64Type>()
+                .ok_or_else(|| bad("event_count"))?;
             for j in 0..entries.len() {
                 by_table
                     .entry(names.value(j).to_owned())

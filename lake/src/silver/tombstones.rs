@@ -6,7 +6,6 @@
 //! rewriting it is idempotent (the higher position stays).
 
 use deltalake::arrow::array::RecordBatch;
-use deltalake::datafusion::prelude::SessionContext;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use url::Url;
@@ -64,7 +63,7 @@ impl Tombstones {
                     .map_err(err)?;
             }
             Some(table) => {
-                let ctx = SessionContext::new();
+                let ctx = delta::session();
                 let source = ctx
                     .read_batch(deletes)
                     .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
@@ -80,10 +79,11 @@ impl Tombstones {
                     .with_source_alias("source")
                     .with_target_alias("target")
                     .when_matched_update(|u| {
-                        [COMMIT_LSN, ORDINAL, COMMIT_TS].into_iter().fold(
-                            u.predicate(newer("source", "target")),
-                            |u, c| u.update(c, format!("source.{}", ident(c))),
-                        )
+                        [COMMIT_LSN, ORDINAL, COMMIT_TS]
+                            .into_iter()
+                            .fold(u.predicate(newer("source", "target")), |u, c| {
+                                u.update(c, format!("source.{}", ident(c)))
+                            })
                     })
                     .and_then(|m| {
                         m.when_not_matched_insert(|i| {
@@ -109,8 +109,10 @@ impl Tombstones {
         let Some(table) = self.open().await? else {
             return Ok(vec![folded]);
         };
-        let err = |e: deltalake::datafusion::error::DataFusionError| LakeError::delta(&self.name)(e.into());
-        let ctx = SessionContext::new();
+        let err = |e: deltalake::datafusion::error::DataFusionError| {
+            LakeError::delta(&self.name)(e.into())
+        };
+        let ctx = delta::session();
         ctx.register_batch("s", folded).map_err(err)?;
         let provider = table.table_provider().await.map_err(err)?;
         ctx.register_table("tomb", provider).map_err(err)?;
@@ -120,8 +122,20 @@ impl Tombstones {
             l = COMMIT_LSN,
             newer = newer("s", "tomb"),
         );
-        let batches = ctx.sql(&sql).await.map_err(err)?.collect().await.map_err(err)?;
-        Ok(batches)
+        let batches = ctx
+            .sql(&sql)
+            .await
+            .map_err(err)?
+            .collect()
+            .await
+            .map_err(err)?;
+        batches
+            .iter()
+            .map(delta::without_views)
+            .collect::<Result<_, _>>()
+            .map_err(|e| LakeError::Rows {
+                table: self.name.clone(),
+                reason: e.to_string(),
+            })
     }
 }
-

@@ -96,10 +96,7 @@ impl BufferedEvent {
         }
     }
 
-    pub fn new(
-        m: RawMessage,
-        decoded: Result<DecodedEvent, (&'static str, String)>,
-    ) -> Self {
+    pub fn new(m: RawMessage, decoded: Result<DecodedEvent, (&'static str, String)>) -> Self {
         let (state, source_lsn) = match decoded {
             Ok(DecodedEvent { schema, value, key }) => {
                 let lsn = source_lsn(&value);

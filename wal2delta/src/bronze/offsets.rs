@@ -51,7 +51,10 @@ impl LakeOffsets {
     /// The Bronze table of a topic: a table topic's, or the transaction records'.
     pub fn table_for(lake: &Lake, topics: &BronzeTopics, topic: &str) -> Option<BronzeTable> {
         if topic == topics.transactions {
-            return Some(BronzeTable::new(TRANSACTIONS_TABLE, lake.bronze_transactions()));
+            return Some(BronzeTable::new(
+                TRANSACTIONS_TABLE,
+                lake.bronze_transactions(),
+            ));
         }
         let (schema, table) = table_of_topic(&topics.prefix, topic)?;
         Some(BronzeTable::new(

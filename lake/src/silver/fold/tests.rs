@@ -14,7 +14,15 @@ struct C {
 }
 
 fn c(op: &'static str, id: i32, v: Option<&'static str>, lsn: i64, ord: i64) -> C {
-    C { op, id, v, lsn, ord, toast: vec![], old_id: None }
+    C {
+        op,
+        id,
+        v,
+        lsn,
+        ord,
+        toast: vec![],
+        old_id: None,
+    }
 }
 
 fn batch(changes: &[C]) -> RecordBatch {
@@ -32,13 +40,25 @@ fn batch(changes: &[C]) -> RecordBatch {
             Some(nulls.into()),
         ))
     };
-    let after = image(changes.iter().map(|c| matches!(c.op, "c" | "u" | "r").then_some((c.id, c.v))).collect());
-    let before = image(changes.iter().map(|c| c.old_id.map(|o| (o, None))).collect());
+    let after = image(
+        changes
+            .iter()
+            .map(|c| matches!(c.op, "c" | "u" | "r").then_some((c.id, c.v)))
+            .collect(),
+    );
+    let before = image(
+        changes
+            .iter()
+            .map(|c| c.old_id.map(|o| (o, None)))
+            .collect(),
+    );
     let key_fields = Fields::from(vec![Field::new("id", DataType::Int32, false)]);
     let key_nulls: Vec<bool> = changes.iter().map(|c| c.op != "t").collect();
     let key: ArrayRef = Arc::new(StructArray::new(
         key_fields,
-        vec![Arc::new(Int32Array::from(changes.iter().map(|c| c.id).collect::<Vec<_>>()))],
+        vec![Arc::new(Int32Array::from(
+            changes.iter().map(|c| c.id).collect::<Vec<_>>(),
+        ))],
         Some(key_nulls.into()),
     ));
     let mut toast = deltalake::arrow::array::ListBuilder::new(StringBuilder::new());
@@ -55,7 +75,11 @@ fn batch(changes: &[C]) -> RecordBatch {
         Field::new("key", key.data_type().clone(), true),
         Field::new("commit_lsn", DataType::Int64, true),
         Field::new("ordinal", DataType::Int64, true),
-        Field::new("unchanged_toast_columns", DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))), true),
+        Field::new(
+            "unchanged_toast_columns",
+            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
+            true,
+        ),
     ];
     RecordBatch::try_new(
         Arc::new(Schema::new(fields)),
@@ -75,7 +99,10 @@ fn batch(changes: &[C]) -> RecordBatch {
 /// (id, v, op, unchanged) per folded row, sorted by id.
 fn rows(f: &Folded) -> Vec<(i32, Option<String>, String, Vec<String>)> {
     let Some(b) = &f.rows else { return vec![] };
-    let id = b.column_by_name("id").unwrap().as_primitive::<deltalake::arrow::datatypes::Int32Type>();
+    let id = b
+        .column_by_name("id")
+        .unwrap()
+        .as_primitive::<deltalake::arrow::datatypes::Int32Type>();
     let v = b.column_by_name("v").unwrap().as_string::<i32>();
     let op = b.column_by_name(OP).unwrap().as_string::<i32>();
     let un = b.column_by_name(UNCHANGED).unwrap().as_list::<i32>();
@@ -107,7 +134,10 @@ fn highest_position_wins_whatever_the_arrival_order() {
     let f = fold(&batch(&changes), None).unwrap();
     assert_eq!(
         rows(&f),
-        vec![(1, Some("b".into()), "u".into(), vec![]), (2, None, "d".into(), vec![])]
+        vec![
+            (1, Some("b".into()), "u".into(), vec![]),
+            (2, None, "d".into(), vec![])
+        ]
     );
     // The same changes in another order fold to the same result.
     let mut reversed: Vec<C> = changes.into_iter().collect();
@@ -118,14 +148,22 @@ fn highest_position_wins_whatever_the_arrival_order() {
 #[test]
 fn truncate_drops_earlier_changes_and_is_reported() {
     let f = fold(
-        &batch(&[c("c", 1, Some("a"), 10, 1), c("t", 0, None, 20, 1), c("c", 2, Some("b"), 20, 2)]),
+        &batch(&[
+            c("c", 1, Some("a"), 10, 1),
+            c("t", 0, None, 20, 1),
+            c("c", 2, Some("b"), 20, 2),
+        ]),
         None,
     )
     .unwrap();
     assert_eq!(f.truncate, Some(Position(20, 1)));
     assert_eq!(rows(&f), vec![(2, Some("b".into()), "u".into(), vec![])]);
     // A TRUNCATE applied earlier drops a late duplicate from before it.
-    let late = fold(&batch(&[c("c", 1, Some("a"), 10, 1)]), Some(Position(20, 1))).unwrap();
+    let late = fold(
+        &batch(&[c("c", 1, Some("a"), 10, 1)]),
+        Some(Position(20, 1)),
+    )
+    .unwrap();
     assert!(late.rows.is_none());
 }
 
@@ -150,6 +188,9 @@ fn key_update_deletes_the_old_key() {
     let f = fold(&batch(&[c("c", 1, Some("a"), 10, 1), moved]), None).unwrap();
     assert_eq!(
         rows(&f),
-        vec![(1, None, "d".into(), vec![]), (2, Some("a".into()), "u".into(), vec![])]
+        vec![
+            (1, None, "d".into(), vec![]),
+            (2, Some("a".into()), "u".into(), vec![])
+        ]
     );
 }
