@@ -190,9 +190,9 @@ fn unreachable_database_gives_one_clear_line() -> Result<()> {
 fn stages_not_built_yet_say_so() -> Result<()> {
     let (ok, stderr, _) = run_with_config(GOOD, &["reconcile"])?;
     ensure!(!ok && stderr.contains("not available"), "{stderr}");
-    let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "silver"])?;
+    let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "gold"])?;
     ensure!(
-        !ok && stderr.contains("silver") && stderr.contains("not built"),
+        !ok && stderr.contains("gold") && stderr.contains("not built"),
         "{stderr}"
     );
     Ok(())
