@@ -99,6 +99,16 @@ pub(crate) async fn query(
     let ctx = session();
     let provider = table.table_provider().await.map_err(err)?;
     ctx.register_table("t", provider).map_err(err)?;
+    collect(name, &ctx, sql).await
+}
+
+/// Runs `sql` in `ctx` and collects the result with plain (not view) types.
+pub(crate) async fn collect(
+    name: &str,
+    ctx: &deltalake::datafusion::prelude::SessionContext,
+    sql: &str,
+) -> Result<Vec<deltalake::arrow::array::RecordBatch>, LakeError> {
+    let err = |e: deltalake::datafusion::error::DataFusionError| LakeError::delta(&name)(e.into());
     let batches = ctx
         .sql(sql)
         .await

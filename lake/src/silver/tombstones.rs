@@ -122,20 +122,6 @@ impl Tombstones {
             l = COMMIT_LSN,
             newer = newer("s", "tomb"),
         );
-        let batches = ctx
-            .sql(&sql)
-            .await
-            .map_err(err)?
-            .collect()
-            .await
-            .map_err(err)?;
-        batches
-            .iter()
-            .map(delta::without_views)
-            .collect::<Result<_, _>>()
-            .map_err(|e| LakeError::Rows {
-                table: self.name.clone(),
-                reason: e.to_string(),
-            })
+        delta::collect(&self.name, &ctx, &sql).await
     }
 }

@@ -83,6 +83,10 @@ impl BufferedEvent {
             Payload::Transaction(TransactionRecord::End(e)) => i64::try_from(e.commit_lsn).ok(),
             _ => None,
         };
+        Self::read(m, state, source_lsn)
+    }
+
+    fn read(m: RawMessage, state: Payload, source_lsn: Option<i64>) -> Self {
         BufferedEvent {
             coordinates: KafkaCoordinates {
                 partition: m.partition,
@@ -104,17 +108,7 @@ impl BufferedEvent {
             }
             Err((code, detail)) => (Payload::Failed(code, detail), None),
         };
-        BufferedEvent {
-            coordinates: KafkaCoordinates {
-                partition: m.partition,
-                offset: m.offset,
-                timestamp_ms: m.timestamp_ms,
-            },
-            key: m.key,
-            payload: m.payload,
-            source_lsn,
-            state,
-        }
+        Self::read(m, state, source_lsn)
     }
 
     /// The quarantine record of this event.
