@@ -10,6 +10,10 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod silver;
+
+pub use silver::SilverConfig;
+
 const ENV_PREFIX: &str = "WAL2DELTA__";
 
 /// A configuration problem, always naming the file, variable or field at fault.
@@ -57,36 +61,6 @@ pub struct Config {
     pub bronze: BronzeConfig,
     #[serde(default)]
     pub silver: SilverConfig,
-}
-
-/// `[silver]`: the Bronze → Silver stage.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SilverConfig {
-    /// Milliseconds between rounds; a round applies what Bronze gained since the last.
-    #[serde(default = "SilverConfig::default_interval_ms")]
-    pub interval_ms: u64,
-    /// Most Bronze rows read per Kafka partition and table in one round (bounds memory).
-    #[serde(default = "SilverConfig::default_max_rows_per_partition")]
-    pub max_rows_per_partition: i64,
-}
-
-impl SilverConfig {
-    fn default_interval_ms() -> u64 {
-        2_000
-    }
-    fn default_max_rows_per_partition() -> i64 {
-        100_000
-    }
-}
-
-impl Default for SilverConfig {
-    fn default() -> Self {
-        SilverConfig {
-            interval_ms: Self::default_interval_ms(),
-            max_rows_per_partition: Self::default_max_rows_per_partition(),
-        }
-    }
 }
 
 /// `[bronze]`: the Kafka → Bronze stage. Offsets live in the Bronze tables' Delta commits;
@@ -267,52 +241,17 @@ pub struct TokenizeConfig {
 }
 
 impl TokenizeConfig {
-    const MIN_KEY_BYTES: usize = 16;
-
     fn default_key_id() -> String {
         "k1".into()
     }
 
     /// Reads the key from the environment or the file.
     pub fn load_key(&self) -> Result<Vec<u8>, ConfigError> {
-        let (field, key) = match (&self.key_env, &self.key_file) {
-            (Some(var), None) => (
-                "tokenize.key_env",
-                std::env::var(var)
-                    .map_err(|_| {
-                        invalid(
-                            "tokenize.key_env",
-                            format!("names {var:?}, which is not set"),
-                        )
-                    })?
-                    .into_bytes(),
-            ),
-            (None, Some(path)) => {
-                let mut bytes = std::fs::read(path).map_err(|e| {
-                    invalid(
-                        "tokenize.key_file",
-                        format!("cannot be read ({}): {e}", path.display()),
-                    )
-                })?;
-                if bytes.last() == Some(&b'\n') {
-                    bytes.pop();
-                }
-                ("tokenize.key_file", bytes)
-            }
-            _ => {
-                return Err(invalid(
-                    "tokenize",
-                    "needs exactly one of key_env or key_file when columns are listed",
-                ))
-            }
-        };
-        if key.len() < Self::MIN_KEY_BYTES {
-            return Err(invalid(
-                field,
-                format!("key must be at least {} bytes", Self::MIN_KEY_BYTES),
-            ));
-        }
-        Ok(key)
+        load_key(
+            "tokenize",
+            self.key_env.as_deref(),
+            self.key_file.as_deref(),
+        )
     }
 
     fn validate(&self) -> Result<(), ConfigError> {
@@ -341,6 +280,49 @@ impl TokenizeConfig {
         }
         self.load_key().map(|_| ())
     }
+}
+
+/// Reads a secret key from the environment variable `{section}.key_env` names or the file
+/// `{section}.key_file` names (exactly one; at least 16 bytes; one trailing newline of a
+/// file is ignored). Keys never live in the config file itself.
+pub(crate) fn load_key(
+    section: &str,
+    env: Option<&str>,
+    file: Option<&Path>,
+) -> Result<Vec<u8>, ConfigError> {
+    const MIN_KEY_BYTES: usize = 16;
+    let (field, key) = match (env, file) {
+        (Some(var), None) => {
+            let field = format!("{section}.key_env");
+            let key = std::env::var(var)
+                .map_err(|_| invalid(&field, format!("names {var:?}, which is not set")))?
+                .into_bytes();
+            (field, key)
+        }
+        (None, Some(path)) => {
+            let field = format!("{section}.key_file");
+            let mut bytes = std::fs::read(path).map_err(|e| {
+                invalid(&field, format!("cannot be read ({}): {e}", path.display()))
+            })?;
+            if bytes.last() == Some(&b'\n') {
+                bytes.pop();
+            }
+            (field, bytes)
+        }
+        _ => {
+            return Err(invalid(
+                section,
+                "needs exactly one of key_env or key_file when columns are listed",
+            ))
+        }
+    };
+    if key.len() < MIN_KEY_BYTES {
+        return Err(invalid(
+            &field,
+            format!("key must be at least {MIN_KEY_BYTES} bytes"),
+        ));
+    }
+    Ok(key)
 }
 
 /// `[source]`: the PostgreSQL database to capture.
@@ -847,6 +829,7 @@ impl Config {
             return Err(invalid("log.format", "must be \"text\" or \"json\""));
         }
         self.bronze.validate()?;
+        self.silver.validate()?;
         Ok(())
     }
 }

@@ -20,11 +20,14 @@
 //!   partition, stored as `txn` actions in the same commit as the rows, next to `W`.
 //!   The offset never passes a change that is still waiting, so a restart re-reads it.
 
+mod checks;
 mod fold;
+pub mod mask;
 mod progress;
 mod table;
 mod tombstones;
 
+pub use checks::{evaluate as evaluate_checks, Check, CheckError, Failure};
 pub use fold::{fold, FoldError, Folded};
 pub use progress::{plan, Plan, Progress, TransactionCounts};
 pub use table::{transaction_counts, ApplyReport, SilverTable};

@@ -1,0 +1,402 @@
+//! `[silver]`: the Bronze → Silver stage, its masking policies and quality checks.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Deserialize;
+use wal2delta_lake::silver::mask::{MaskPolicy, Masking};
+use wal2delta_lake::silver::Check;
+
+use super::{invalid, load_key, ConfigError};
+
+/// `[silver]`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SilverConfig {
+    /// Milliseconds between rounds; a round applies what Bronze gained since the last.
+    #[serde(default = "SilverConfig::default_interval_ms")]
+    pub interval_ms: u64,
+    /// Most Bronze rows read per Kafka partition and table in one round (bounds memory).
+    #[serde(default = "SilverConfig::default_max_rows_per_partition")]
+    pub max_rows_per_partition: i64,
+    /// Hours a delete tombstone is kept once the watermark has passed it (`docs/silver.md`).
+    #[serde(default = "SilverConfig::default_tombstone_retention_hours")]
+    pub tombstone_retention_hours: u64,
+    /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null.
+    #[serde(default)]
+    pub mask: BTreeMap<String, String>,
+    /// Environment variable holding the key of the `hash` policy (at least 16 bytes).
+    #[serde(default)]
+    pub mask_key_env: Option<String>,
+    /// File holding the key of the `hash` policy.
+    #[serde(default)]
+    pub mask_key_file: Option<PathBuf>,
+    /// `[[silver.checks]]`: quality checks; a row that fails one goes to quarantine.
+    #[serde(default)]
+    pub checks: Vec<CheckConfig>,
+}
+
+/// One quality check: a name, a table and exactly one condition.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckConfig {
+    pub name: String,
+    /// `schema.table`.
+    pub table: String,
+    /// A SQL boolean expression over the table's columns.
+    #[serde(default)]
+    pub sql: Option<String>,
+    /// The column must not be NULL.
+    #[serde(default)]
+    pub not_null: Option<String>,
+    /// The column `min`, `max`, `allowed` and `regex` apply to.
+    #[serde(default)]
+    pub column: Option<String>,
+    #[serde(default)]
+    pub min: Option<f64>,
+    #[serde(default)]
+    pub max: Option<f64>,
+    #[serde(default)]
+    pub allowed: Option<Vec<toml::Value>>,
+    #[serde(default)]
+    pub regex: Option<String>,
+}
+
+impl SilverConfig {
+    fn default_interval_ms() -> u64 {
+        2_000
+    }
+    fn default_max_rows_per_partition() -> i64 {
+        100_000
+    }
+    fn default_tombstone_retention_hours() -> u64 {
+        168
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.interval_ms == 0 {
+            return Err(invalid("silver.interval_ms", "must be greater than 0"));
+        }
+        if self.max_rows_per_partition <= 0 {
+            return Err(invalid(
+                "silver.max_rows_per_partition",
+                "must be greater than 0",
+            ));
+        }
+        for (column, policy) in &self.mask {
+            let field = format!("silver.mask.\"{column}\"");
+            if split_column(column).is_none() {
+                return Err(invalid(&field, "must name a column as schema.table.column"));
+            }
+            MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
+        }
+        self.mask_key()?;
+        let mut names = std::collections::BTreeSet::new();
+        for (i, c) in self.checks.iter().enumerate() {
+            c.compile()
+                .map_err(|(field, why)| invalid(&format!("silver.checks[{i}].{field}"), why))?;
+            if !names.insert((c.table.clone(), c.name.clone())) {
+                return Err(invalid(
+                    &format!("silver.checks[{i}].name"),
+                    format!("{:?} is used twice for table {}", c.name, c.table),
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The `hash` key, when some column uses `hash`.
+    fn mask_key(&self) -> Result<Option<Arc<[u8]>>, ConfigError> {
+        if !self.mask.values().any(|p| p == "hash") {
+            return Ok(None);
+        }
+        let key = load_key(
+            "silver.mask",
+            self.mask_key_env.as_deref(),
+            self.mask_key_file.as_deref(),
+        )
+        .map_err(|e| match e {
+            ConfigError::Invalid { field, constraint } => ConfigError::Invalid {
+                field: field.replace("silver.mask.key", "silver.mask_key"),
+                constraint: constraint.replace(
+                    "key_env or key_file when columns are listed",
+                    "mask_key_env or mask_key_file when a column uses the hash policy",
+                ),
+            },
+            other => other,
+        })?;
+        Ok(Some(Arc::from(key)))
+    }
+
+    /// The masking of `schema.table` (empty when no column of it is listed).
+    pub fn masking(&self, table: &str) -> Result<Masking, ConfigError> {
+        let mut columns = BTreeMap::new();
+        for (path, policy) in &self.mask {
+            if let Some((t, c)) = split_column(path) {
+                if t == table {
+                    let p = MaskPolicy::parse(policy)
+                        .map_err(|e| invalid(&format!("silver.mask.\"{path}\""), e))?;
+                    columns.insert(c.to_owned(), p);
+                }
+            }
+        }
+        let key = if columns.values().any(|p| *p == MaskPolicy::Hash) {
+            self.mask_key()?
+        } else {
+            None
+        };
+        Masking::new(columns, key).map_err(|e| invalid("silver.mask", e.to_string()))
+    }
+
+    /// The checks of `schema.table`, compiled to SQL.
+    pub fn checks_for(&self, table: &str) -> Vec<Check> {
+        self.checks
+            .iter()
+            .filter(|c| c.table == table)
+            .filter_map(|c| c.compile().ok())
+            .collect()
+    }
+}
+
+impl Default for SilverConfig {
+    fn default() -> Self {
+        SilverConfig {
+            interval_ms: Self::default_interval_ms(),
+            max_rows_per_partition: Self::default_max_rows_per_partition(),
+            tombstone_retention_hours: Self::default_tombstone_retention_hours(),
+            mask: BTreeMap::new(),
+            mask_key_env: None,
+            mask_key_file: None,
+            checks: Vec::new(),
+        }
+    }
+}
+
+/// `schema.table.column` → (`schema.table`, `column`).
+fn split_column(path: &str) -> Option<(&str, &str)> {
+    let mut parts = path.splitn(3, '.');
+    let (s, t, c) = (parts.next()?, parts.next()?, parts.next()?);
+    if s.is_empty() || t.is_empty() || c.is_empty() {
+        return None;
+    }
+    Some((&path[..s.len() + 1 + t.len()], c))
+}
+
+/// A SQL identifier, quoted.
+fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn literal(v: &toml::Value) -> Result<String, String> {
+    match v {
+        toml::Value::String(s) => Ok(format!("'{}'", s.replace('\'', "''"))),
+        toml::Value::Integer(i) => Ok(i.to_string()),
+        toml::Value::Float(f) if f.is_finite() => Ok(f.to_string()),
+        toml::Value::Boolean(b) => Ok(b.to_string()),
+        other => Err(format!(
+            "holds {other}, which is not a string, number or boolean"
+        )),
+    }
+}
+
+impl CheckConfig {
+    /// The check as one SQL condition. Errors name the field at fault.
+    pub fn compile(&self) -> Result<Check, (&'static str, String)> {
+        if self.name.is_empty()
+            || !self
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
+        {
+            return Err((
+                "name",
+                "must be non-empty and use only letters, digits, '_', '-' and '.'".into(),
+            ));
+        }
+        if self.table.split('.').count() != 2 || self.table.split('.').any(str::is_empty) {
+            return Err(("table", "must look like schema.table".into()));
+        }
+        let column = || {
+            self.column.as_deref().filter(|c| !c.is_empty()).ok_or((
+                "column",
+                "is required for min/max, allowed and regex".to_owned(),
+            ))
+        };
+        let ranged = self.min.is_some() || self.max.is_some();
+        let kinds = [
+            self.sql.is_some(),
+            self.not_null.is_some(),
+            ranged,
+            self.allowed.is_some(),
+            self.regex.is_some(),
+        ]
+        .iter()
+        .filter(|k| **k)
+        .count();
+        if kinds != 1 {
+            return Err((
+                "sql",
+                "each check needs exactly one of sql, not_null, min/max, allowed or regex".into(),
+            ));
+        }
+        if self.column.is_some() && (self.sql.is_some() || self.not_null.is_some()) {
+            return Err(("column", "is only for min/max, allowed and regex".into()));
+        }
+        let (sql, description) = if let Some(sql) = &self.sql {
+            if sql.trim().is_empty() {
+                return Err(("sql", "must not be empty".into()));
+            }
+            (sql.clone(), sql.clone())
+        } else if let Some(c) = &self.not_null {
+            (
+                format!("{} IS NOT NULL", quote(c)),
+                format!("{c} is not null"),
+            )
+        } else if ranged {
+            let c = column()?;
+            let v = format!("TRY_CAST({} AS DOUBLE)", quote(c));
+            let mut parts = Vec::new();
+            let mut says = Vec::new();
+            for (bound, op) in [(self.min, ">="), (self.max, "<=")] {
+                if let Some(b) = bound {
+                    if !b.is_finite() {
+                        return Err(("min", "bounds must be finite numbers".into()));
+                    }
+                    parts.push(format!("{v} {op} {b:?}"));
+                    says.push(format!("{c} {op} {b}"));
+                }
+            }
+            (
+                format!("{} IS NULL OR ({})", quote(c), parts.join(" AND ")),
+                says.join(" and "),
+            )
+        } else if let Some(values) = &self.allowed {
+            let c = column()?;
+            if values.is_empty() {
+                return Err(("allowed", "must list at least one value".into()));
+            }
+            let list = values
+                .iter()
+                .map(literal)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| ("allowed", e))?;
+            (
+                format!(
+                    "{} IS NULL OR {} IN ({})",
+                    quote(c),
+                    quote(c),
+                    list.join(", ")
+                ),
+                format!("{c} in ({})", list.join(", ")),
+            )
+        } else {
+            let c = column()?;
+            let re = self.regex.as_deref().unwrap_or_default();
+            regex::Regex::new(re).map_err(|e| ("regex", format!("is not a valid regex: {e}")))?;
+            (
+                format!(
+                    "{} IS NULL OR regexp_like(CAST({} AS VARCHAR), '{}')",
+                    quote(c),
+                    quote(c),
+                    re.replace('\'', "''")
+                ),
+                format!("{c} matches /{re}/"),
+            )
+        };
+        Ok(Check {
+            name: self.name.clone(),
+            sql,
+            description,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(toml_text: &str) -> Result<Check, (&'static str, String)> {
+        let c: CheckConfig = toml::from_str(toml_text).unwrap();
+        c.compile()
+    }
+
+    #[test]
+    fn each_kind_compiles_to_one_condition() {
+        let c = check("name = 'nn'\ntable = 'public.p'\nnot_null = 'currency'").unwrap();
+        assert_eq!(c.sql, "\"currency\" IS NOT NULL");
+        let c = check("name = 'r'\ntable = 'public.p'\ncolumn = 'amount'\nmin = 0").unwrap();
+        assert_eq!(
+            c.sql,
+            "\"amount\" IS NULL OR (TRY_CAST(\"amount\" AS DOUBLE) >= 0.0)"
+        );
+        let c =
+            check("name = 'a'\ntable = 'public.p'\ncolumn = 'cur'\nallowed = ['EUR', \"it's\"]")
+                .unwrap();
+        assert_eq!(c.sql, "\"cur\" IS NULL OR \"cur\" IN ('EUR', 'it''s')");
+        let c = check("name = 's'\ntable = 'public.p'\nsql = \"amount >= 0 OR type = 'refund'\"")
+            .unwrap();
+        assert_eq!(c.sql, "amount >= 0 OR type = 'refund'");
+    }
+
+    #[test]
+    fn bad_checks_name_the_field() {
+        assert_eq!(
+            check("name = 'x'\ntable = 'public.p'").unwrap_err().0,
+            "sql"
+        );
+        assert_eq!(
+            check("name = 'x'\ntable = 'public.p'\nsql = 'a'\nnot_null = 'b'")
+                .unwrap_err()
+                .0,
+            "sql"
+        );
+        assert_eq!(
+            check("name = 'x'\ntable = 'public.p'\nmin = 1")
+                .unwrap_err()
+                .0,
+            "column"
+        );
+        assert_eq!(
+            check("name = 'x'\ntable = 'public.p'\ncolumn = 'c'\nregex = '('")
+                .unwrap_err()
+                .0,
+            "regex"
+        );
+        assert_eq!(
+            check("name = 'bad name'\ntable = 'public.p'\nsql = 'a'")
+                .unwrap_err()
+                .0,
+            "name"
+        );
+        assert_eq!(
+            check("name = 'x'\ntable = 'p'\nsql = 'a'").unwrap_err().0,
+            "table"
+        );
+    }
+
+    #[test]
+    fn masking_is_per_table_and_hash_needs_a_key() {
+        let c: SilverConfig = toml::from_str(
+            "[mask]\n\"public.c.email\" = \"redact\"\n\"public.p.card\" = \"keep_last:4\"",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        assert_eq!(
+            c.masking("public.c").unwrap().policy("email"),
+            Some(MaskPolicy::Redact)
+        );
+        assert_eq!(c.masking("public.c").unwrap().policy("card"), None);
+        let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"hash\"").unwrap();
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("silver.mask"), "{e}");
+        let c: SilverConfig = toml::from_str("[mask]\n\"email\" = \"hash\"").unwrap();
+        assert!(c
+            .validate()
+            .unwrap_err()
+            .to_string()
+            .contains("schema.table.column"));
+        let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"blur\"").unwrap();
+        assert!(c.validate().unwrap_err().to_string().contains("blur"));
+    }
+}
