@@ -20,12 +20,15 @@ pub enum LakeError {
     /// Rows could not be turned into a record batch: its rows go to quarantine.
     #[error("cannot build the rows of {table}: {reason}")]
     Rows { table: String, reason: String },
+    /// A masking policy or quality check of the table cannot run: fix `[silver]` config.
+    #[error("the [silver] policy of {table} cannot be applied: {reason} (fix [silver] mask/checks in the config and restart)")]
+    Policy { table: String, reason: String },
 }
 
 impl LakeError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            LakeError::Uri { .. } => ErrorClass::Operator,
+            LakeError::Uri { .. } | LakeError::Policy { .. } => ErrorClass::Operator,
             LakeError::Delta { .. } => ErrorClass::Transient,
             LakeError::SchemaConflict { .. } | LakeError::Rows { .. } => ErrorClass::Record,
         }

@@ -118,6 +118,11 @@ impl Lake {
     pub fn quarantine_records(&self) -> Url {
         self.table(&["quarantine", "records"])
     }
+
+    /// `quarantine/resolutions`: one row per resolved record (replayed or resolved).
+    pub fn quarantine_resolutions(&self) -> Url {
+        self.table(&["quarantine", "resolutions"])
+    }
 }
 
 fn segment(part: &str) -> String {

@@ -4,11 +4,16 @@
 //! `wal2delta-quarantine/{stage}/{topic}/{partition}` = the last offset quarantined, in the
 //! same commit. When a stage re-reads events after a crash, records at or below that offset
 //! are already in the table and are skipped, so a record never appears twice.
+//!
+//! Records are never rewritten. Resolving one (`quarantine replay` re-drove it, or an
+//! operator resolved it) appends a row to `quarantine/resolutions`; a record is open while
+//! no resolution names its id.
 
 use std::collections::BTreeMap;
 
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
+use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use url::Url;
@@ -94,6 +99,8 @@ impl QuarantineTable {
             let result = table
                 .write(vec![batch])
                 .with_save_mode(SaveMode::Append)
+                // Tables written before `check_name` existed gain the column.
+                .with_schema_mode(SchemaMode::Merge)
                 .with_commit_properties(
                     CommitProperties::default()
                         .with_application_transactions(txns)
@@ -149,6 +156,117 @@ impl QuarantineTable {
                     reason: e.to_string(),
                 })?,
             );
+        }
+        Ok(out)
+    }
+}
+
+/// How a record was resolved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Resolution {
+    /// `quarantine replay` re-checked the row and it entered Silver.
+    Replayed,
+    /// `quarantine replay` found a newer change of the key already in Silver.
+    Superseded,
+    /// An operator resolved it (`quarantine resolve`).
+    Resolved,
+}
+
+impl Resolution {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Resolution::Replayed => "replayed",
+            Resolution::Superseded => "superseded",
+            Resolution::Resolved => "resolved",
+        }
+    }
+}
+
+/// `quarantine/resolutions`: id, resolution, resolved_at.
+pub struct Resolutions {
+    url: Url,
+}
+
+const RESOLUTIONS: &str = "quarantine/resolutions";
+
+impl Resolutions {
+    pub fn new(url: Url) -> Self {
+        Resolutions { url }
+    }
+
+    /// Appends one resolution per id (a second resolution of an id is harmless: a record
+    /// is open while none exists).
+    pub async fn record(&self, ids: &[(String, Resolution)]) -> Result<(), LakeError> {
+        use deltalake::arrow::array::{RecordBatch, StringArray, TimestampMicrosecondArray};
+        use deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+        use std::sync::Arc;
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as i64);
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Utf8, true),
+            Field::new("resolution", DataType::Utf8, true),
+            Field::new("resolved_at", utc, true),
+        ]));
+        let batch = RecordBatch::try_new(
+            schema,
+            vec![
+                Arc::new(
+                    ids.iter()
+                        .map(|(i, _)| Some(i.as_str()))
+                        .collect::<StringArray>(),
+                ),
+                Arc::new(
+                    ids.iter()
+                        .map(|(_, r)| Some(r.as_str()))
+                        .collect::<StringArray>(),
+                ),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![now; ids.len()]).with_timezone("UTC"),
+                ),
+            ],
+        )
+        .map_err(|e| LakeError::Rows {
+            table: RESOLUTIONS.into(),
+            reason: e.to_string(),
+        })?;
+        let table = match delta::open(RESOLUTIONS, &self.url).await? {
+            Some(t) => t,
+            None => delta::handle(RESOLUTIONS, &self.url)?,
+        };
+        table
+            .write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            .await
+            .map_err(LakeError::delta(&RESOLUTIONS))?;
+        Ok(())
+    }
+
+    /// The resolved ids and how.
+    pub async fn read(&self) -> Result<BTreeMap<String, String>, LakeError> {
+        use deltalake::arrow::array::AsArray;
+        let Some(table) = delta::open(RESOLUTIONS, &self.url).await? else {
+            return Ok(BTreeMap::new());
+        };
+        let batches = delta::query(RESOLUTIONS, &table, "SELECT id, resolution FROM t").await?;
+        let mut out = BTreeMap::new();
+        for b in &batches {
+            let (Some(ids), Some(how)) = (
+                b.column(0).as_string_opt::<i32>(),
+                b.column(1).as_string_opt::<i32>(),
+            ) else {
+                return Err(LakeError::Rows {
+                    table: RESOLUTIONS.into(),
+                    reason: "id and resolution must be text".into(),
+                });
+            };
+            for i in 0..b.num_rows() {
+                out.insert(ids.value(i).to_owned(), how.value(i).to_owned());
+            }
         }
         Ok(out)
     }

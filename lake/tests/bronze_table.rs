@@ -214,6 +214,7 @@ async fn quarantine_records_are_stored_once_per_offset() {
         key: None,
         raw: Some(vec![1, 2, 3]),
         quarantined_at_us: 0,
+        check: None,
     };
     let mut q = QuarantineTable::new(lake.quarantine_records());
     assert_eq!(

@@ -56,6 +56,8 @@ pub struct QuarantineRecord {
     pub raw: Option<Vec<u8>>,
     /// Microseconds since the Unix epoch.
     pub quarantined_at_us: i64,
+    /// The quality check a Silver row failed (`reason_code` = `check_failed`).
+    pub check: Option<String>,
 }
 
 impl QuarantineRecord {
@@ -80,6 +82,7 @@ impl QuarantineRecord {
             Field::new("key", DataType::Binary, true),
             Field::new("raw", DataType::Binary, true),
             Field::new("quarantined_at", utc, true),
+            Field::new("check_name", DataType::Utf8, true),
         ]))
     }
 
@@ -117,6 +120,7 @@ impl QuarantineRecord {
                     .collect::<TimestampMicrosecondArray>()
                     .with_timezone("UTC"),
             ),
+            s(|r| r.check.as_deref()),
         ];
         RecordBatch::try_new(Self::schema(), columns)
     }
@@ -161,6 +165,11 @@ impl QuarantineRecord {
         let topics = text("kafka_topic")?;
         let keys = bytes("key")?;
         let raws = bytes("raw")?;
+        // Added after the first release: tables written before have no such column.
+        let checks = match batch.column_by_name("check_name") {
+            Some(_) => text("check_name")?,
+            None => vec![None; batch.num_rows()],
+        };
         let partitions = cast::<Int32Array>(col("kafka_partition")?, "kafka_partition")?;
         let offsets = cast::<Int64Array>(col("kafka_offset")?, "kafka_offset")?;
         let lsns = cast::<Int64Array>(col("source_lsn")?, "source_lsn")?;
@@ -185,6 +194,7 @@ impl QuarantineRecord {
                 key: keys[i].clone(),
                 raw: raws[i].clone(),
                 quarantined_at_us: if at.is_valid(i) { at.value(i) } else { 0 },
+                check: checks[i].clone(),
             });
         }
         Ok(out)
@@ -219,6 +229,7 @@ mod tests {
             key: None,
             raw: Some(vec![0xde, 0xad]),
             quarantined_at_us: 1_700_000_000_000_000,
+            check: None,
         };
         let batch = QuarantineRecord::to_batch(std::slice::from_ref(&r)).unwrap();
         assert_eq!(batch.num_rows(), 1);

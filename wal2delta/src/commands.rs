@@ -6,7 +6,7 @@ use anyhow::{anyhow, bail};
 use tokio::sync::watch;
 use wal2delta_cdc::{setup, slot, source};
 
-use crate::cli::{Cli, Command, QuarantineAction, Stage};
+use crate::cli::{Cli, Command, Layer, QuarantineAction, Stage};
 use crate::config::Config;
 use crate::{bronze, capture, health, metrics, quarantine, silver, telemetry};
 
@@ -15,17 +15,27 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     telemetry::init(&config.log);
     match cli.command {
         Command::Setup => run_setup(&config).await,
-        Command::Run { stage, allow_slot_ahead } => run_daemon(&config, &stage, allow_slot_ahead).await,
+        Command::Run {
+            stage,
+            allow_slot_ahead,
+        } => run_daemon(&config, &stage, allow_slot_ahead).await,
         Command::Status { json } => status(&config, json).await,
-        Command::Reconcile { .. } => not_built("reconcile", "it compares the source with Silver, and the Silver stage is not built yet"),
-        Command::Replay { .. } => not_built("replay", "it rebuilds Silver/Gold from Bronze, and those stages are not built yet"),
+        Command::Reconcile { .. } => not_built(
+            "reconcile",
+            "it compares the source with Silver, and the Silver stage is not built yet",
+        ),
+        Command::Replay {
+            layer: Layer::Silver,
+            table,
+        } => silver::replay::run(&config, table.as_deref()).await,
+        Command::Replay {
+            layer: Layer::Gold, ..
+        } => not_built("replay --layer gold", "the Gold stage is not built yet"),
         Command::Quarantine { action } => match action {
             QuarantineAction::List => quarantine::list(&config).await,
             QuarantineAction::Show { id } => quarantine::show(&config, &id).await,
-            QuarantineAction::Replay { .. } | QuarantineAction::Resolve { .. } => not_built(
-                "quarantine replay/resolve",
-                "re-driving records comes with the Silver stage; `quarantine list` and `show` work, and capture's dead letters are on the Kafka DLQ topic ([kafka] dlq_topic)",
-            ),
+            QuarantineAction::Replay { id } => quarantine::replay(&config, id.as_deref()).await,
+            QuarantineAction::Resolve { id } => quarantine::resolve(&config, &id).await,
         },
         Command::Rules { .. } => not_built("rules", "the rules stage is not built yet"),
     }
@@ -182,11 +192,24 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let snapshots = snapshot_progress(config).await;
     let bronze_lag = bronze::status::lag(config).await;
     let quarantine = quarantine_counts(config).await;
+    let silver = silver_positions(config).await;
+    let confirmed = info.confirmed_flush.map(|l| l.0 as i64);
+    let behind = |w: i64| confirmed.map(|c| (c - w).max(0));
     if json {
         let mut doc = health::to_json(&info, wal_rate);
         doc["stages"]["snapshot"] = health::snapshot_json(&snapshots);
         doc["stages"]["bronze"] = match &bronze_lag {
             Ok(tables) => serde_json::json!({ "tables": tables }),
+            Err(e) => serde_json::json!({ "error": e }),
+        };
+        doc["stages"]["silver"] = match &silver {
+            Ok(tables) => {
+                serde_json::json!({ "tables": tables.iter().map(|(t, w)| serde_json::json!({
+                "table": t,
+                "watermark_lsn": wal2delta_model::Lsn(*w as u64).to_string(),
+                "lag_bytes": behind(*w),
+            })).collect::<Vec<_>>() })
+            }
             Err(e) => serde_json::json!({ "error": e }),
         };
         doc["quarantine"] = match &quarantine {
@@ -212,10 +235,26 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
             }
             Err(e) => println!("bronze: unknown ({e})"),
         }
+        match &silver {
+            Ok(tables) if tables.is_empty() => println!("silver: no tables yet"),
+            Ok(tables) => {
+                println!("silver:");
+                for (t, w) in tables {
+                    println!(
+                        "  {t}: watermark {}{}",
+                        wal2delta_model::Lsn(*w as u64),
+                        behind(*w).map_or(String::new(), |b| format!(
+                            " ({b} bytes behind the slot's confirmed position)"
+                        ))
+                    );
+                }
+            }
+            Err(e) => println!("silver: unknown ({e})"),
+        }
         match &quarantine {
-            Ok(counts) if counts.is_empty() => println!("quarantine: empty"),
+            Ok(counts) if counts.is_empty() => println!("quarantine: no open records"),
             Ok(counts) => {
-                println!("quarantine:");
+                println!("quarantine (open records):");
                 for (k, n) in counts {
                     println!("  {k}: {n}");
                 }
@@ -231,15 +270,34 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Quarantined records by `stage/reason_code`.
+/// Each Silver table's watermark (commit LSN), by `schema.table`.
+async fn silver_positions(config: &Config) -> Result<Vec<(String, i64)>, String> {
+    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (schema, table, _) in lake.bronze_tables() {
+        let t = wal2delta_lake::silver::SilverTable::new(&lake, &schema, &table, 1);
+        let p = t.progress().await.map_err(|e| e.to_string())?;
+        out.push((format!("{schema}.{table}"), p.watermark));
+    }
+    Ok(out)
+}
+
+/// Open quarantine records (no resolution yet) by `stage/reason_code`.
 async fn quarantine_counts(
     config: &Config,
 ) -> Result<std::collections::BTreeMap<String, u64>, String> {
     let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
     let mut table = wal2delta_lake::quarantine::QuarantineTable::new(lake.quarantine_records());
     let records = table.read_all().await.map_err(|e| e.to_string())?;
+    let resolved = wal2delta_lake::quarantine::Resolutions::new(lake.quarantine_resolutions())
+        .read()
+        .await
+        .map_err(|e| e.to_string())?;
     let mut counts = std::collections::BTreeMap::new();
-    for r in records {
+    for r in records
+        .into_iter()
+        .filter(|r| !resolved.contains_key(&r.id))
+    {
         *counts
             .entry(format!("{}/{}", r.stage.as_str(), r.reason_code))
             .or_insert(0) += 1;

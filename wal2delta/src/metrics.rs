@@ -87,6 +87,11 @@ pub const BRONZE_COMMIT_CONFLICTS: &str = "wal2delta_bronze_commit_conflicts_tot
 pub const BRONZE_OFFSET_GAPS: &str = "wal2delta_bronze_offset_gaps_total";
 /// Bronze sessions restarted after a transient failure.
 pub const BRONZE_RESTARTS: &str = "wal2delta_bronze_restarts_total";
+/// Streamed changes Silver read again at or below its watermark and dropped as copies
+/// (label `table`).
+pub const SILVER_DUPLICATES: &str = "wal2delta_silver_duplicates_dropped_total";
+/// Quarantine records no resolution names yet (label `stage`).
+pub const QUARANTINE_OPEN: &str = "wal2delta_quarantine_open_records";
 /// Records quarantined (labels `stage`, `reason`).
 pub const QUARANTINED: &str = "wal2delta_quarantined_records_total";
 /// Small files removed by compaction (label `table`).

@@ -131,7 +131,11 @@ pub fn evaluate(
             let reason = match r {
                 Ok(true) => continue,
                 Ok(false) => format!("not true: {}", c.check.description),
-                Err(e) => format!("cannot be evaluated on this row: {e}"),
+                // The engine's message may quote the value: never copy it.
+                Err(_) => format!(
+                    "cannot be evaluated on this row (a value the condition cannot cast or compute): {}",
+                    c.check.description
+                ),
             };
             if !c.columns.is_empty() && unchanged(i).iter().any(|u| c.columns.contains(u)) {
                 continue;

@@ -24,13 +24,17 @@ mod checks;
 mod fold;
 pub mod mask;
 mod progress;
+mod rebuild;
+mod screen;
 mod table;
 mod tombstones;
 
 pub use checks::{evaluate as evaluate_checks, Check, CheckError, Failure};
 pub use fold::{fold, FoldError, Folded};
 pub use progress::{plan, Plan, Progress, TransactionCounts};
-pub use table::{transaction_counts, ApplyReport, SilverTable};
+pub use rebuild::RebuildReport;
+pub use screen::{ScreenError, CHECK_FAILED};
+pub use table::{transaction_counts, ApplyReport, Redrive, SilverTable, MASKING_KEY};
 
 /// Silver's column with the commit LSN of the change that wrote the row.
 pub const COMMIT_LSN: &str = "_commit_lsn";

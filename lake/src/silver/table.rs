@@ -13,10 +13,14 @@ use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use url::Url;
 
+use super::checks::Check;
+use super::mask::Masking;
+use super::screen::{screen, ScreenError};
 use super::tombstones::{keys_equal, newer, Tombstones};
 use super::{fold, plan, Position, Progress, TransactionCounts};
 use super::{COMMIT_LSN, COMMIT_TS, OP, ORDINAL, UNCHANGED};
 use crate::delta::{self, ident};
+use crate::quarantine::QuarantineTable;
 use crate::{Lake, LakeError};
 
 /// What one round did.
@@ -29,9 +33,35 @@ pub struct ApplyReport {
     pub deletes: usize,
     /// Source transactions read but not whole in Bronze yet.
     pub waiting: usize,
+    /// Rows that failed a quality check, newly quarantined.
+    pub quarantined: usize,
+    /// Streamed changes read again at or below the watermark (duplicates), dropped.
+    pub stale: usize,
     pub watermark: i64,
     /// The Silver version committed, if any.
     pub version: Option<u64>,
+}
+
+/// What writing one round's folded changes did.
+struct Written {
+    version: u64,
+    upserts: usize,
+    deletes: usize,
+    /// Silver rows inserted, updated or deleted.
+    touched: usize,
+}
+
+/// The outcome of re-driving one quarantined change.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Redrive {
+    /// It passed the checks and entered Silver.
+    Applied,
+    /// It passed, but a newer change of its key (or a delete or TRUNCATE) is in Silver.
+    Superseded,
+    /// It fails a check still (the detail says which).
+    StillFails(String),
+    /// Bronze has no such row.
+    NotInBronze,
 }
 
 /// The Bronze columns Silver reads.
@@ -44,18 +74,22 @@ const BRONZE_COLUMNS: &[&str] = &[
     "ordinal",
     "commit_ts",
     "unchanged_toast_columns",
+    "kafka_topic",
     "kafka_partition",
     "kafka_offset",
 ];
 
 pub struct SilverTable {
     /// `schema.table`.
-    name: String,
-    bronze_url: Url,
-    url: Url,
-    tombstones: Tombstones,
+    pub(super) name: String,
+    pub(super) bronze_url: Url,
+    pub(super) url: Url,
+    pub(super) tombstones: Tombstones,
     /// Most Bronze rows read per partition in one round.
-    window: i64,
+    pub(super) window: i64,
+    pub(super) masking: Masking,
+    pub(super) checks: Vec<Check>,
+    pub(super) quarantine: QuarantineTable,
 }
 
 impl SilverTable {
@@ -67,7 +101,17 @@ impl SilverTable {
             tombstones: Tombstones::new(&name, lake.silver_tombstones(schema, table)),
             name,
             window: window.max(1),
+            masking: Masking::default(),
+            checks: Vec::new(),
+            quarantine: QuarantineTable::new(lake.quarantine_records()),
         }
+    }
+
+    /// Masks columns by `masking` and sets rows failing `checks` aside in quarantine.
+    pub fn with_policy(mut self, masking: Masking, checks: Vec<Check>) -> Self {
+        self.masking = masking;
+        self.checks = checks;
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -80,6 +124,16 @@ impl SilverTable {
             Some(t) => Progress::load(&self.name, &t).await,
             None => Ok(Progress::default()),
         }
+    }
+
+    /// Deletes tombstones at or below the watermark older than `retention`.
+    pub async fn prune_tombstones(
+        &self,
+        retention: std::time::Duration,
+    ) -> Result<usize, LakeError> {
+        let watermark = self.progress().await?.watermark;
+        let cutoff = now_us() - retention.as_micros().min(i64::MAX as u128) as i64;
+        self.tombstones.prune(watermark, cutoff).await
     }
 
     /// One round: read, plan, fold, write tombstones, MERGE with progress.
@@ -106,6 +160,29 @@ impl SilverTable {
         }
         let applicable = filter_record_batch(&rows, &planned.applicable)
             .map_err(|e| self.rows_error(e.to_string()))?;
+        self.masking
+            .check_keys(&key_names(&applicable))
+            .map_err(|e| self.policy_error(e.to_string()))?;
+        let screened = screen(
+            &self.name,
+            &applicable,
+            before.watermark,
+            &self.checks,
+            &self.masking,
+            now_us(),
+        )
+        .map_err(|e| match e {
+            ScreenError::Rows(r) => self.rows_error(r),
+            other => self.policy_error(other.to_string()),
+        })?;
+        report.stale = screened.stale;
+        // Quarantine first: a crash before the Silver commit repeats this round, and the
+        // quarantine table skips records it already holds (per partition offsets).
+        report.quarantined = self
+            .quarantine
+            .append(wal2delta_quarantine::Stage::Silver, screened.quarantined)
+            .await?;
+        let applicable = screened.rows;
         let folded = fold(&applicable, before.truncated).map_err(|e| self.rows_error(e.0))?;
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
 
@@ -117,6 +194,7 @@ impl SilverTable {
                     "wal2delta.watermark".to_owned(),
                     serde_json::json!(planned.progress.watermark),
                 ),
+                (MASKING_KEY.to_owned(), self.masking.describe()),
             ]);
         let Some(source) = folded.rows else {
             // Nothing to write; the progress still moves (and a TRUNCATE still empties).
@@ -138,20 +216,45 @@ impl SilverTable {
             return Ok(report);
         };
         let keys = key_names(&applicable);
-        // Tombstones first: a crash after them only repeats this round.
+        let written = self
+            .write_folded(
+                silver,
+                source,
+                &keys,
+                &folded.unchanged_columns,
+                new_truncate,
+                props,
+            )
+            .await?;
+        report.deletes = written.deletes;
+        report.upserts = written.upserts;
+        report.version = Some(written.version);
+        Ok(report)
+    }
+
+    /// Writes folded changes: tombstones of the deletes first (a crash after them only
+    /// repeats the round), then the upserts no tombstone covers, by MERGE.
+    async fn write_folded(
+        &self,
+        silver: Option<DeltaTable>,
+        source: RecordBatch,
+        keys: &[String],
+        unchanged: &BTreeSet<String>,
+        truncate: Option<Position>,
+        props: CommitProperties,
+    ) -> Result<Written, LakeError> {
         let (deletes, _) = split(&source, "d")?;
         self.tombstones
             .record(
-                &keys,
-                project_tombstones(&deletes, &keys).map_err(|e| self.rows_error(e))?,
+                keys,
+                project_tombstones(&deletes, keys).map_err(|e| self.rows_error(e))?,
             )
             .await?;
-        let survivors = self.tombstones.filter(&keys, source.clone()).await?;
+        let survivors = self.tombstones.filter(keys, source.clone()).await?;
         let source = concat_batches(&source.schema(), &survivors)
             .map_err(|e| self.rows_error(e.to_string()))?;
-        report.deletes = deletes.num_rows();
-        report.upserts = source.num_rows() - count_op(&source, "d");
-
+        let deletes = deletes.num_rows();
+        let upserts = source.num_rows() - count_op(&source, "d");
         let value_fields: Vec<Field> = source
             .schema()
             .fields()
@@ -160,19 +263,153 @@ impl SilverTable {
             .map(|f| f.as_ref().clone())
             .collect();
         let target = self.ensure_columns(silver, &value_fields).await?;
-        let version = self
+        let (version, touched) = self
             .merge(
                 target,
                 source,
-                &keys,
+                keys,
                 &value_fields,
-                &folded.unchanged_columns,
-                new_truncate,
+                unchanged,
+                truncate,
                 props,
             )
             .await?;
-        report.version = Some(version);
-        Ok(report)
+        Ok(Written {
+            version,
+            upserts,
+            deletes,
+            touched,
+        })
+    }
+
+    /// Re-drives the Bronze change at `partition`/`offset` (a quarantined row): checks it
+    /// again with the current checks and, when it passes, merges it like any change (it
+    /// enters only if no newer change of its key is in Silver or the tombstones). Progress
+    /// does not move.
+    pub async fn redrive(&mut self, partition: i32, offset: i64) -> Result<Redrive, LakeError> {
+        let Some(bronze) = delta::open(&self.name, &self.bronze_url).await? else {
+            return Ok(Redrive::NotInBronze);
+        };
+        let rows = self
+            .select_bronze(
+                &bronze,
+                &format!("kafka_partition = {partition} AND kafka_offset = {offset}"),
+            )
+            .await?;
+        if rows.num_rows() == 0 {
+            return Ok(Redrive::NotInBronze);
+        }
+        let silver = delta::open(&self.name, &self.url).await?;
+        let progress = match &silver {
+            Some(t) => Progress::load(&self.name, t).await?,
+            None => Progress::default(),
+        };
+        let screened = screen(
+            &self.name,
+            &rows,
+            i64::MIN,
+            &self.checks,
+            &self.masking,
+            now_us(),
+        )
+        .map_err(|e| match e {
+            ScreenError::Rows(r) => self.rows_error(r),
+            other => self.policy_error(other.to_string()),
+        })?;
+        if let Some(r) = screened.quarantined.first() {
+            // Still failing; but when the source row has changed since (the data was
+            // fixed at the source), the record is superseded.
+            let masked = self
+                .masking
+                .mask_bronze(&rows)
+                .map_err(|e| self.policy_error(e.to_string()))?;
+            let folded = fold(&masked, progress.truncated).map_err(|e| self.rows_error(e.0))?;
+            let Some(folded) = folded.rows else {
+                return Ok(Redrive::Superseded);
+            };
+            let keys = key_names(&masked);
+            return Ok(if self.superseded(silver.as_ref(), &keys, folded).await? {
+                Redrive::Superseded
+            } else {
+                Redrive::StillFails(r.detail.clone())
+            });
+        }
+        let folded = fold(&screened.rows, progress.truncated).map_err(|e| self.rows_error(e.0))?;
+        let Some(source) = folded.rows else {
+            return Ok(Redrive::Superseded);
+        };
+        let props = CommitProperties::default().with_metadata([
+            ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+            (
+                "wal2delta.redrive".to_owned(),
+                serde_json::json!(format!("{partition}/{offset}")),
+            ),
+            (MASKING_KEY.to_owned(), self.masking.describe()),
+        ]);
+        let keys = key_names(&screened.rows);
+        let written = self
+            .write_folded(
+                silver,
+                source,
+                &keys,
+                &folded.unchanged_columns,
+                None,
+                props,
+            )
+            .await?;
+        Ok(if written.touched > 0 {
+            Redrive::Applied
+        } else {
+            Redrive::Superseded
+        })
+    }
+
+    /// Whether Silver or the tombstones hold a change newer than every row of `folded`.
+    async fn superseded(
+        &self,
+        silver: Option<&DeltaTable>,
+        keys: &[String],
+        folded: RecordBatch,
+    ) -> Result<bool, LakeError> {
+        let n = folded.num_rows();
+        let survivors: usize = self
+            .tombstones
+            .filter(keys, folded.clone())
+            .await?
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum();
+        if survivors < n {
+            return Ok(true);
+        }
+        let Some(silver) = silver else {
+            return Ok(false);
+        };
+        let err = |e: deltalake::datafusion::error::DataFusionError| {
+            LakeError::delta(&self.name)(e.into())
+        };
+        let ctx = delta::session();
+        ctx.register_batch("s", folded).map_err(err)?;
+        let provider = silver.table_provider().await.map_err(err)?;
+        ctx.register_table("t", provider).map_err(err)?;
+        let sql = format!(
+            "SELECT s.{COMMIT_LSN} FROM s JOIN t ON {} WHERE {}",
+            keys_equal(keys, "s", "t"),
+            newer("t", "s")
+        );
+        let newer_rows: usize = delta::collect(&self.name, &ctx, &sql)
+            .await?
+            .iter()
+            .map(RecordBatch::num_rows)
+            .sum();
+        Ok(newer_rows >= n)
+    }
+
+    fn policy_error(&self, reason: String) -> LakeError {
+        LakeError::Policy {
+            table: self.name.clone(),
+            reason,
+        }
     }
 
     fn rows_error(&self, reason: String) -> LakeError {
@@ -207,6 +444,15 @@ impl SilverTable {
                 self.window
             )
         });
+        self.select_bronze(bronze, &ranges.join(" OR ")).await
+    }
+
+    /// The Bronze rows matching `condition`, in Kafka order.
+    async fn select_bronze(
+        &self,
+        bronze: &DeltaTable,
+        condition: &str,
+    ) -> Result<RecordBatch, LakeError> {
         let schema = bronze
             .snapshot()
             .map_err(LakeError::delta(&self.name))?
@@ -224,13 +470,12 @@ impl SilverTable {
             )));
         }
         let sql = format!(
-            "SELECT {} FROM t WHERE {} ORDER BY kafka_partition, kafka_offset",
+            "SELECT {} FROM t WHERE {condition} ORDER BY kafka_partition, kafka_offset",
             BRONZE_COLUMNS
                 .iter()
                 .map(|c| ident(c))
                 .collect::<Vec<_>>()
                 .join(", "),
-            ranges.join(" OR ")
         );
         let batches = delta::query(&self.name, bronze, &sql).await?;
         let schema = batches
@@ -286,7 +531,7 @@ impl SilverTable {
         unchanged: &BTreeSet<String>,
         truncate: Option<Position>,
         props: CommitProperties,
-    ) -> Result<u64, LakeError> {
+    ) -> Result<(u64, usize), LakeError> {
         let err = LakeError::delta(&self.name);
         let ctx = delta::session();
         let source = ctx
@@ -334,8 +579,11 @@ impl SilverTable {
                 })
                 .map_err(LakeError::delta(&self.name))?;
         }
-        let (table, _metrics) = m.await.map_err(err)?;
-        Ok(table.version().unwrap_or(0))
+        let (table, metrics) = m.await.map_err(err)?;
+        let touched = metrics.num_target_rows_inserted
+            + metrics.num_target_rows_updated
+            + metrics.num_target_rows_deleted;
+        Ok((table.version().unwrap_or(0) as u64, touched))
     }
 
     /// A TRUNCATE with nothing after it in the batch: delete every row before it.
@@ -355,6 +603,15 @@ impl SilverTable {
             .map_err(LakeError::delta(&self.name))?;
         Ok(table.version().unwrap_or(0))
     }
+}
+
+/// Commit metadata key of the masking policies a Silver commit was written under.
+pub const MASKING_KEY: &str = "wal2delta.masking";
+
+fn now_us() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_micros() as i64)
 }
 
 fn bronze_fields(schema: &Schema) -> Vec<Field> {

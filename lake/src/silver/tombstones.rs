@@ -100,6 +100,55 @@ impl Tombstones {
         Ok(())
     }
 
+    /// Records every tombstone of `other` here (a rebuilt table's tombstones join the live
+    /// ones; the higher position of a key stays).
+    pub async fn absorb(&self, other: &Tombstones) -> Result<usize, LakeError> {
+        let Some(table) = other.open().await? else {
+            return Ok(0);
+        };
+        let batches = delta::query(&other.name, &table, "SELECT * FROM t").await?;
+        let Some(first) = batches.first() else {
+            return Ok(0);
+        };
+        let schema = first.schema();
+        let keys: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| ![COMMIT_LSN, ORDINAL, COMMIT_TS].contains(&n.as_str()))
+            .collect();
+        let all = deltalake::arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
+            LakeError::Rows {
+                table: other.name.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        let n = all.num_rows();
+        self.record(&keys, all).await?;
+        Ok(n)
+    }
+
+    /// Deletes the tombstones at or below `watermark` whose delete committed before
+    /// `older_than_us` (µs since the epoch). Returns how many were deleted.
+    ///
+    /// Safe because a streamed change at or below the watermark is dropped as a copy
+    /// before it reaches the tombstones (`screen`); what a tombstone still guards after
+    /// that is a snapshot row (`r`) of the key delivered again, which the retention must
+    /// outlast (see docs/silver.md).
+    pub async fn prune(&self, watermark: i64, older_than_us: i64) -> Result<usize, LakeError> {
+        let Some(table) = self.open().await? else {
+            return Ok(0);
+        };
+        let (_, metrics) = table
+            .delete()
+            .with_predicate(format!(
+                "{COMMIT_LSN} <= {watermark} AND {COMMIT_TS} < to_timestamp_micros({older_than_us})"
+            ))
+            .await
+            .map_err(LakeError::delta(&self.name))?;
+        Ok(metrics.num_deleted_rows.unwrap_or(0))
+    }
+
     /// Drops the upserts of `folded` at or below a tombstone of their key.
     pub async fn filter(
         &self,

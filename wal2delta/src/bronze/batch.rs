@@ -134,6 +134,7 @@ impl BufferedEvent {
             key: self.key.clone(),
             raw: self.payload.clone(),
             quarantined_at_us: at_us,
+            check: None,
         }
     }
 }

@@ -9,6 +9,8 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+pub mod replay;
+
 use anyhow::anyhow;
 use tokio::sync::watch;
 use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts};
@@ -19,10 +21,11 @@ use crate::metrics as m;
 
 pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
-    let mut tables: HashMap<String, SilverTable> = HashMap::new();
+    let mut tables: HashMap<String, Tracked> = HashMap::new();
     let mut watermarks: HashMap<String, i64> = HashMap::new();
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
+    let mut counted: Option<Instant> = None;
     loop {
         if *shutdown.borrow() {
             break;
@@ -30,6 +33,18 @@ pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow
         let started = Instant::now();
         if let Err(e) = round(config, &lake, &mut tables, &mut watermarks).await {
             tracing::warn!(error = %e, "silver round failed; retrying next round");
+        }
+        if counted.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
+            counted = Some(Instant::now());
+            match crate::quarantine::open_counts(&lake).await {
+                Ok(counts) => {
+                    for stage in ["bronze", "silver"] {
+                        metrics::gauge!(m::QUARANTINE_OPEN, "stage" => stage)
+                            .set(counts.get(stage).copied().unwrap_or(0) as f64);
+                    }
+                }
+                Err(e) => tracing::warn!(error = %e, "cannot count open quarantine records"),
+            }
         }
         let rest = every.saturating_sub(started.elapsed());
         tokio::select! {
@@ -41,21 +56,80 @@ pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow
     Ok(())
 }
 
+/// A Silver table the stage works on, and when its tombstones were last pruned.
+struct Tracked {
+    table: SilverTable,
+    pruned: Option<Instant>,
+}
+
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// The Silver table of `schema.table` with its masking and checks from the config.
+pub fn silver_table(
+    config: &Config,
+    lake: &Lake,
+    schema: &str,
+    table: &str,
+) -> anyhow::Result<SilverTable> {
+    let name = format!("{schema}.{table}");
+    let masking = config.silver.masking(&name)?;
+    Ok(
+        SilverTable::new(lake, schema, table, config.silver.max_rows_per_partition)
+            .with_policy(masking, config.silver.checks_for(&name)),
+    )
+}
+
+/// Opens a table for the stage. When the masking its last commit recorded differs from
+/// the config, the table is rebuilt from Bronze under the new policies and the files of
+/// earlier versions are deleted, so no file keeps values masked the old way.
+async fn open_table(
+    config: &Config,
+    lake: &Lake,
+    schema: &str,
+    table: &str,
+) -> anyhow::Result<SilverTable> {
+    let mut t = silver_table(config, lake, schema, table)?;
+    let wanted = t.masking_description();
+    let recorded = t.recorded_masking().await?;
+    let exists = t.progress().await? != Default::default();
+    let empty = serde_json::json!({});
+    if exists && recorded.as_ref().unwrap_or(&empty) != &wanted {
+        tracing::warn!(table = %t.name(), from = %recorded.unwrap_or(empty), to = %wanted, "masking policy changed: rebuilding the Silver table from Bronze");
+        let r = t.rebuild(lake, schema, table).await?;
+        let purged = t.purge_history().await?;
+        tracing::info!(table = %t.name(), rows = r.rows, version = ?r.version, files_deleted = purged, "Silver table rebuilt under the new masking policy");
+    }
+    Ok(t)
+}
+
 /// Applies every Bronze table once.
 async fn round(
     config: &Config,
     lake: &Lake,
-    tables: &mut HashMap<String, SilverTable>,
+    tables: &mut HashMap<String, Tracked>,
     watermarks: &mut HashMap<String, i64>,
 ) -> Result<(), LakeError> {
-    let window = config.silver.max_rows_per_partition;
     let mut names = Vec::new();
     for (schema, table, _) in lake.bronze_tables() {
         let name = format!("{schema}.{table}");
         if !tables.contains_key(&name) {
-            let t = SilverTable::new(lake, &schema, &table, window);
+            let t = match open_table(config, lake, &schema, &table).await {
+                Ok(t) => t,
+                Err(e) => {
+                    metrics::counter!(m::SILVER_ERRORS, "table" => name.clone(), "class" => "operator")
+                        .increment(1);
+                    tracing::error!(table = %name, error = %e, "cannot open the Silver table; retrying next round");
+                    continue;
+                }
+            };
             watermarks.insert(name.clone(), t.progress().await?.watermark);
-            tables.insert(name.clone(), t);
+            tables.insert(
+                name.clone(),
+                Tracked {
+                    table: t,
+                    pruned: None,
+                },
+            );
         }
         names.push(name);
     }
@@ -70,9 +144,24 @@ async fn round(
         .unwrap_or(0);
     let (top, counts) = transaction_counts(lake, lowest).await?;
     for name in names {
-        let Some(table) = tables.get_mut(&name) else {
+        let Some(tracked) = tables.get_mut(&name) else {
             continue;
         };
+        if tracked.pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+            let retention = Duration::from_secs(config.silver.tombstone_retention_hours * 3600);
+            match tracked.table.prune_tombstones(retention).await {
+                Ok(n) => {
+                    tracked.pruned = Some(Instant::now());
+                    if n > 0 {
+                        tracing::info!(table = %name, tombstones = n, "pruned tombstones past the retention");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(table = %name, error = %e, "pruning tombstones failed; retrying next round")
+                }
+            }
+        }
+        let table = &mut tracked.table;
         let counts = counts.get(&name).cloned().unwrap_or(TransactionCounts {
             top,
             events: Default::default(),
@@ -89,6 +178,13 @@ async fn round(
                     .set(r.watermark as f64);
                 metrics::gauge!(m::SILVER_WAITING_TRANSACTIONS, "table" => name.clone())
                     .set(r.waiting as f64);
+                metrics::counter!(m::SILVER_DUPLICATES, "table" => name.clone())
+                    .increment(r.stale as u64);
+                if r.quarantined > 0 {
+                    metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::silver::CHECK_FAILED)
+                        .increment(r.quarantined as u64);
+                    tracing::warn!(table = %name, rows = r.quarantined, "rows failed quality checks and went to quarantine");
+                }
                 metrics::histogram!(m::SILVER_ROUND_SECONDS, "table" => name.clone())
                     .record(started.elapsed().as_secs_f64());
                 if let Some(v) = r.version {

@@ -1,0 +1,189 @@
+//! What happens to a round's applicable Bronze rows before the fold: stale duplicates are
+//! dropped, quality checks run on the raw values, failing rows become quarantine records,
+//! and every row image is masked. Nothing after this step sees a raw sensitive value.
+
+use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StructArray};
+use deltalake::arrow::compute::filter_record_batch;
+use deltalake::arrow::datatypes::{Int32Type, Int64Type};
+use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
+use wal2delta_quarantine::{QuarantineRecord, Stage};
+
+use super::checks::{evaluate, Check, CheckError, Failure};
+use super::mask::{MaskError, Masking};
+
+/// Why screening stopped: a check or a mask that cannot run (an operator must fix the
+/// config), or Bronze rows that are not what Silver expects.
+#[derive(Debug, thiserror::Error)]
+pub enum ScreenError {
+    #[error(transparent)]
+    Check(#[from] CheckError),
+    #[error("masking: {0}")]
+    Mask(#[from] MaskError),
+    #[error("{0}")]
+    Rows(String),
+}
+
+/// The rows that go on to the fold, masked, and what was set aside.
+pub struct Screened {
+    pub rows: RecordBatch,
+    /// Rows that failed a check (masked).
+    pub quarantined: Vec<QuarantineRecord>,
+    /// Streamed changes at or below the watermark: copies of changes already applied.
+    pub stale: usize,
+}
+
+/// The quarantine `reason_code` of a failed check.
+pub const CHECK_FAILED: &str = "check_failed";
+
+/// Screens `rows` (applicable Bronze rows of `table`) against `checks` and `masking`.
+///
+/// A streamed change (not a snapshot read) at or below `watermark` is a copy of one
+/// already applied: the watermark only passes transactions Bronze held whole and Silver
+/// applied, so anything arriving later at or below it was delivered twice. Dropping it
+/// here is what makes a late old change harmless even after its tombstone has expired.
+pub fn screen(
+    table: &str,
+    rows: &RecordBatch,
+    watermark: i64,
+    checks: &[Check],
+    masking: &Masking,
+    now_us: i64,
+) -> Result<Screened, ScreenError> {
+    let bad =
+        |what: &str| ScreenError::Rows(format!("Bronze column `{what}` is missing or mistyped"));
+    let op = rows
+        .column_by_name("op")
+        .and_then(|a| a.as_string_opt::<i32>())
+        .ok_or_else(|| bad("op"))?;
+    let lsn = rows
+        .column_by_name("commit_lsn")
+        .and_then(|a| a.as_primitive_opt::<Int64Type>())
+        .ok_or_else(|| bad("commit_lsn"))?;
+    let n = rows.num_rows();
+    let fresh: Vec<bool> = (0..n)
+        .map(|i| op.value(i) == "r" || lsn.value(i) > watermark)
+        .collect();
+    let stale = fresh.iter().filter(|f| !**f).count();
+
+    let failures: Vec<Option<Failure>> = match rows
+        .column_by_name("after")
+        .and_then(|a| a.as_struct_opt())
+    {
+        Some(after) if !checks.is_empty() => {
+            let checked: Vec<bool> = (0..n)
+                .map(|i| fresh[i] && matches!(op.value(i), "c" | "r" | "u") && after.is_valid(i))
+                .collect();
+            evaluate(checks, after, &checked, |i| unchanged_columns(rows, i))?
+        }
+        _ => vec![None; n],
+    };
+    let masked = masking.mask_bronze(rows)?;
+    let mut quarantined = Vec::new();
+    for (i, f) in failures.iter().enumerate() {
+        if let Some(f) = f {
+            quarantined.push(record(table, &masked, i, f, now_us)?);
+        }
+    }
+    let keep: BooleanArray = (0..n)
+        .map(|i| Some(fresh[i] && failures[i].is_none()))
+        .collect();
+    let rows = filter_record_batch(&masked, &keep).map_err(|e| ScreenError::Rows(e.to_string()))?;
+    Ok(Screened {
+        rows,
+        quarantined,
+        stale,
+    })
+}
+
+/// Row `i`'s unchanged-TOAST column names.
+pub(crate) fn unchanged_columns(rows: &RecordBatch, i: usize) -> Vec<String> {
+    let Some(list) = rows
+        .column_by_name("unchanged_toast_columns")
+        .and_then(|a| a.as_list_opt::<i32>())
+    else {
+        return Vec::new();
+    };
+    if list.is_null(i) {
+        return Vec::new();
+    }
+    let v = list.value(i);
+    match v.as_string_opt::<i32>() {
+        Some(s) => s.iter().flatten().map(str::to_owned).collect(),
+        None => Vec::new(),
+    }
+}
+
+/// A struct row as a JSON object of text values (Arrow's rendering; NULL as null).
+pub(crate) fn row_json(s: &StructArray, i: usize) -> Result<serde_json::Value, ScreenError> {
+    let mut obj = serde_json::Map::new();
+    if s.is_null(i) {
+        return Ok(serde_json::Value::Null);
+    }
+    let opts = FormatOptions::default();
+    for (f, c) in s.fields().iter().zip(s.columns()) {
+        let v = if c.is_null(i) {
+            serde_json::Value::Null
+        } else {
+            let fmt = ArrayFormatter::try_new(c.as_ref(), &opts)
+                .map_err(|e| ScreenError::Rows(e.to_string()))?;
+            serde_json::Value::String(fmt.value(i).to_string())
+        };
+        obj.insert(f.name().clone(), v);
+    }
+    Ok(serde_json::Value::Object(obj))
+}
+
+/// The quarantine record of masked Bronze row `i`: the row (`raw`) and key (`key`) as
+/// JSON text, the Bronze coordinates, the check and why.
+fn record(
+    table: &str,
+    masked: &RecordBatch,
+    i: usize,
+    failure: &Failure,
+    now_us: i64,
+) -> Result<QuarantineRecord, ScreenError> {
+    let s = |name: &str| masked.column_by_name(name).and_then(|a| a.as_struct_opt());
+    let json = |name: &str| -> Result<Option<Vec<u8>>, ScreenError> {
+        match s(name) {
+            Some(a) => Ok(Some(row_json(a, i)?.to_string().into_bytes())),
+            None => Ok(None),
+        }
+    };
+    let topic = masked
+        .column_by_name("kafka_topic")
+        .and_then(|a| a.as_string_opt::<i32>())
+        .and_then(|a| a.is_valid(i).then(|| a.value(i).to_owned()))
+        .unwrap_or_else(|| format!("bronze/{table}"));
+    let partition = masked
+        .column_by_name("kafka_partition")
+        .and_then(|a| a.as_primitive_opt::<Int32Type>())
+        .map(|a| a.value(i));
+    let offset = masked
+        .column_by_name("kafka_offset")
+        .and_then(|a| a.as_primitive_opt::<Int64Type>())
+        .map(|a| a.value(i));
+    let lsn = masked
+        .column_by_name("commit_lsn")
+        .and_then(|a| a.as_primitive_opt::<Int64Type>())
+        .map(|a| a.value(i));
+    Ok(QuarantineRecord {
+        id: QuarantineRecord::event_id(
+            Stage::Silver,
+            &topic,
+            partition.unwrap_or(-1),
+            offset.unwrap_or(-1),
+        ),
+        stage: Stage::Silver,
+        reason_code: CHECK_FAILED.into(),
+        detail: format!("check {}: {}", failure.check, failure.reason),
+        table: Some(table.to_owned()),
+        topic: Some(topic),
+        partition,
+        offset,
+        source_lsn: lsn,
+        key: json("key")?,
+        raw: json("after")?,
+        quarantined_at_us: now_us,
+        check: Some(failure.check.clone()),
+    })
+}
