@@ -131,7 +131,13 @@ pub fn plan(
     }
     let mut watermark = counts.top.max(before.watermark);
     let mut waiting = 0;
-    for (&l, &need) in counts.events.range(before.watermark + 1..=counts.top) {
+    // `range` panics on an empty inclusive range whose start passed its end: the records
+    // may reach no further than the watermark (nothing new, or counts read earlier).
+    let above = counts
+        .events
+        .range(before.watermark.saturating_add(1)..)
+        .take_while(|(l, _)| **l <= counts.top);
+    for (&l, &need) in above {
         let have = held.get(&l).map_or(0, |s| s.len() as u64);
         if have < need {
             if waiting == 0 {
@@ -272,5 +278,20 @@ mod tests {
         let r = rows(&[("t", 100, 1, 0, 0), ("t", 100, 1, 1, 0)]);
         let p = plan(&r, &Progress::default(), &counts(100, &[(100, 2)])).unwrap();
         assert_eq!(p.progress.truncated, Some(Position(100, 1)));
+    }
+
+    #[test]
+    fn records_that_reach_no_further_than_the_watermark_change_nothing() {
+        // Counts read before a round that already passed them (a rebuild reuses them).
+        let before = Progress {
+            watermark: 300,
+            ..Progress::default()
+        };
+        let r = rows(&[("u", 300, 1, 0, 5)]);
+        let p = plan(&r, &before, &counts(300, &[(300, 1)])).unwrap();
+        assert_eq!(p.progress.watermark, 300);
+        assert_eq!(p.waiting, 0);
+        let p = plan(&r, &before, &counts(200, &[(100, 1)])).unwrap();
+        assert_eq!(p.progress.watermark, 300);
     }
 }
