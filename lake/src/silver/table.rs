@@ -15,7 +15,7 @@ use url::Url;
 
 use super::checks::Check;
 use super::mask::Masking;
-use super::screen::{screen, ScreenError};
+use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::{keys_equal, newer, Tombstones};
 use super::{fold, plan, Position, Progress, TransactionCounts};
 use super::{COMMIT_LSN, COMMIT_TS, OP, ORDINAL, UNCHANGED};
@@ -160,21 +160,7 @@ impl SilverTable {
         }
         let applicable = filter_record_batch(&rows, &planned.applicable)
             .map_err(|e| self.rows_error(e.to_string()))?;
-        self.masking
-            .check_keys(&key_names(&applicable))
-            .map_err(|e| self.policy_error(e.to_string()))?;
-        let screened = screen(
-            &self.name,
-            &applicable,
-            before.watermark,
-            &self.checks,
-            &self.masking,
-            now_us(),
-        )
-        .map_err(|e| match e {
-            ScreenError::Rows(r) => self.rows_error(r),
-            other => self.policy_error(other.to_string()),
-        })?;
+        let screened = self.screen(&applicable, before.watermark)?;
         report.stale = screened.stale;
         // Quarantine first: a crash before the Silver commit repeats this round, and the
         // quarantine table skips records it already holds (per partition offsets).
@@ -304,18 +290,8 @@ impl SilverTable {
             Some(t) => Progress::load(&self.name, t).await?,
             None => Progress::default(),
         };
-        let screened = screen(
-            &self.name,
-            &rows,
-            i64::MIN,
-            &self.checks,
-            &self.masking,
-            now_us(),
-        )
-        .map_err(|e| match e {
-            ScreenError::Rows(r) => self.rows_error(r),
-            other => self.policy_error(other.to_string()),
-        })?;
+        // Re-driven on purpose: nothing is dropped as a copy.
+        let screened = self.screen(&rows, i64::MIN)?;
         if let Some(r) = screened.quarantined.first() {
             // Still failing; but when the source row has changed since (the data was
             // fixed at the source), the record is superseded.
@@ -403,6 +379,25 @@ impl SilverTable {
             .map(RecordBatch::num_rows)
             .sum();
         Ok(newer_rows >= n)
+    }
+
+    /// `screen` with this table's checks and masking; refuses a lossy mask on a key.
+    fn screen(&self, rows: &RecordBatch, watermark: i64) -> Result<Screened, LakeError> {
+        self.masking
+            .check_keys(&key_names(rows))
+            .map_err(|e| self.policy_error(e.to_string()))?;
+        screen(
+            &self.name,
+            rows,
+            watermark,
+            &self.checks,
+            &self.masking,
+            now_us(),
+        )
+        .map_err(|e| match e {
+            ScreenError::Rows(r) => self.rows_error(r),
+            other => self.policy_error(other.to_string()),
+        })
     }
 
     fn policy_error(&self, reason: String) -> LakeError {
