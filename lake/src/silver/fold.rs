@@ -25,7 +25,7 @@ use deltalake::arrow::compute::{cast, interleave, take};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 use deltalake::arrow::row::{RowConverter, SortField};
 
-use super::{Position, COMMIT_LSN, COMMIT_TS, OP, ORDINAL, UNCHANGED};
+use super::{Position, COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED};
 
 /// Why a batch could not be folded (the Bronze rows are not what Silver expects).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -172,7 +172,8 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
         None => None,
     };
 
-    // Actions, grouped by key.
+    // Actions, grouped by key; per key-move row, the old key.
+    let mut moved_from: HashMap<usize, Vec<u8>> = HashMap::new();
     let mut groups: HashMap<Vec<u8>, Vec<Action>> = HashMap::new();
     let mut order: Vec<Vec<u8>> = Vec::new();
     let mut push = |k: &[u8], a: Action| {
@@ -210,6 +211,7 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
                         .as_ref()
                         .is_some_and(|cols| cols.iter().all(|c| c.is_valid(i)));
                 if has_old && old_key != new_key {
+                    moved_from.insert(i, old_key.as_ref().to_vec());
                     push(
                         old_key.as_ref(),
                         Action {
@@ -262,24 +264,74 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
     let mut supplier: Vec<Vec<usize>> = vec![Vec::with_capacity(order.len()); fields.len()];
     let mut unresolved: Vec<Vec<String>> = Vec::with_capacity(order.len());
     for k in &order {
-        let actions = groups.get_mut(k).expect("grouped above");
-        actions.sort_by_key(|a| a.pos);
+        if let Some(a) = groups.get_mut(k) {
+            a.sort_by_key(|a| a.pos);
+        }
+    }
+    // The latest upsert of `key` before `pos` that carried column `name`, following the key
+    // back through key moves; or the row of the last move when the chain leaves the batch.
+    let find = |key: &[u8], pos: Position, name: &str| -> Result<usize, usize> {
+        let mut key = key.to_vec();
+        let mut pos = pos;
+        let mut last_move = None;
+        for _ in 0..64 {
+            let Some(actions) = groups.get(&key) else {
+                break;
+            };
+            let earlier = actions
+                .iter()
+                .rev()
+                .filter(|a| a.pos < pos && !a.old_key)
+                .take_while(|a| a.kind == Kind::Upsert);
+            let mut next = None;
+            for a in earlier {
+                if !unchanged_of(a.row).contains(&name.to_owned()) {
+                    return Ok(a.row);
+                }
+                if let Some(old) = moved_from.get(&a.row) {
+                    next = Some((old.clone(), a.pos, a.row));
+                    break;
+                }
+            }
+            match next {
+                Some((old, p, row)) => {
+                    key = old;
+                    pos = p;
+                    last_move = Some(row);
+                }
+                None => break,
+            }
+        }
+        Err(last_move.unwrap_or(usize::MAX))
+    };
+    // Per winner: the key-move row whose old key Silver must supply a value from.
+    let mut moves_out: Vec<Option<usize>> = Vec::with_capacity(order.len());
+    for k in &order {
+        let actions = &groups[k];
         let w = *actions.last().expect("non-empty group");
         let mut missing = Vec::new();
         let mut rows_for = vec![w.row; fields.len()];
+        let mut from_silver = None;
         if w.kind == Kind::Upsert {
             for name in unchanged_of(w.row) {
                 let Some(j) = fields.iter().position(|f| f.name() == &name) else {
                     continue;
                 };
-                let earlier = actions[..actions.len() - 1]
-                    .iter()
-                    .rev()
-                    .take_while(|a| a.kind == Kind::Upsert)
-                    .find(|a| !unchanged_of(a.row).contains(&name));
-                match earlier {
-                    Some(a) => rows_for[j] = a.row,
-                    None => missing.push(name),
+                // The winner itself may be a key move: its old key's history counts.
+                let start = match moved_from.get(&w.row) {
+                    Some(old) => find(old, w.pos, &name).or_else(|m| {
+                        find(k, w.pos, &name).map_err(|_| if m == usize::MAX { w.row } else { m })
+                    }),
+                    None => find(k, w.pos, &name),
+                };
+                match start {
+                    Ok(r) => rows_for[j] = r,
+                    Err(m) => {
+                        if m != usize::MAX && moved_from.contains_key(&m) {
+                            from_silver = Some(m);
+                        }
+                        missing.push(name);
+                    }
                 }
             }
         }
@@ -288,6 +340,7 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
         }
         winners.push(w);
         unresolved.push(missing);
+        moves_out.push(from_silver);
     }
 
     // Value columns; key columns come from the key (old or new).
@@ -374,6 +427,19 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
     for (f, a) in meta {
         out_fields.push(f);
         out_arrays.push(a);
+    }
+    // The old key Silver must supply unchanged values from (key moves), when any.
+    if let (true, Some(old)) = (moves_out.iter().any(Option::is_some), &old_keys) {
+        let idx: UInt32Array = moves_out.iter().map(|m| m.map(|r| r as u32)).collect();
+        for (ki, name) in key_names.iter().enumerate() {
+            let a = take(old[ki].as_ref(), &idx, None).map_err(|e| FoldError(e.to_string()))?;
+            out_fields.push(Field::new(
+                format!("{MOVED_FROM}{name}"),
+                a.data_type().clone(),
+                true,
+            ));
+            out_arrays.push(a);
+        }
     }
     let rows = RecordBatch::try_new(Arc::new(Schema::new(out_fields)), out_arrays)
         .map_err(|e| FoldError(e.to_string()))?;

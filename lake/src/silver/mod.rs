@@ -46,6 +46,9 @@ pub const COMMIT_TS: &str = "_commit_ts";
 pub const OP: &str = "_op";
 /// Fold output only: columns whose Silver value an update left unchanged.
 pub const UNCHANGED: &str = "_unchanged";
+/// Fold output only: prefix of the old-key columns of a moved row whose unchanged values
+/// Silver's old row supplies.
+pub const MOVED_FROM: &str = "_moved_from_";
 
 /// A change's place in the source's commit order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

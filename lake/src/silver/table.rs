@@ -18,7 +18,7 @@ use super::mask::Masking;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::{keys_equal, newer, Tombstones};
 use super::{fold, plan, Position, Progress, TransactionCounts};
-use super::{COMMIT_LSN, COMMIT_TS, OP, ORDINAL, UNCHANGED};
+use super::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED};
 use crate::delta::{self, ident};
 use crate::quarantine::QuarantineTable;
 use crate::{Lake, LakeError};
@@ -241,6 +241,9 @@ impl SilverTable {
             .map_err(|e| self.rows_error(e.to_string()))?;
         let deletes = deletes.num_rows();
         let upserts = source.num_rows() - count_op(&source, "d");
+        let source = self
+            .fill_moved(silver.as_ref(), source, keys, unchanged)
+            .await?;
         let value_fields: Vec<Field> = source
             .schema()
             .fields()
@@ -379,6 +382,86 @@ impl SilverTable {
             .map(RecordBatch::num_rows)
             .sum();
         Ok(newer_rows >= n)
+    }
+
+    /// Fills the unchanged values of moved rows (`_moved_from_{k}` set by the fold) from
+    /// Silver's row under the old key, read before this round's MERGE deletes it; the
+    /// filled columns leave `_unchanged`. Drops the `_moved_from_` columns.
+    async fn fill_moved(
+        &self,
+        silver: Option<&DeltaTable>,
+        source: RecordBatch,
+        keys: &[String],
+        unchanged: &BTreeSet<String>,
+    ) -> Result<RecordBatch, LakeError> {
+        let schema = source.schema();
+        let moved: Vec<usize> = (0..schema.fields().len())
+            .filter(|&i| schema.field(i).name().starts_with(MOVED_FROM))
+            .collect();
+        if moved.is_empty() {
+            return Ok(source);
+        }
+        let keep: Vec<usize> = (0..schema.fields().len())
+            .filter(|i| !moved.contains(i))
+            .collect();
+        let plain = source
+            .project(&keep)
+            .map_err(|e| self.rows_error(e.to_string()))?;
+        let Some(silver) = silver else {
+            return Ok(plain);
+        };
+        let have = silver
+            .snapshot()
+            .map_err(LakeError::delta(&self.name))?
+            .snapshot()
+            .arrow_schema();
+        let filled: Vec<&String> = unchanged
+            .iter()
+            .filter(|c| have.field_with_name(c).is_ok() && !keys.contains(c))
+            .collect();
+        if filled.is_empty() {
+            return Ok(plain);
+        }
+        let matched = format!("m.{} IS NOT NULL", ident(&keys[0]));
+        let quoted = |c: &str| format!("'{}'", c.replace('\'', "''"));
+        let columns: Vec<String> = plain
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| {
+                let n = f.name();
+                let q = ident(n);
+                if n == UNCHANGED {
+                    format!(
+                        "CASE WHEN {matched} THEN array_except(s.{q}, make_array({})) ELSE s.{q} END AS {q}",
+                        filled.iter().map(|c| quoted(c)).collect::<Vec<_>>().join(", ")
+                    )
+                } else if filled.contains(&n) {
+                    format!(
+                        "CASE WHEN {matched} AND array_has(s.{UNCHANGED}, {}) THEN m.{q} ELSE s.{q} END AS {q}",
+                        quoted(n)
+                    )
+                } else {
+                    format!("s.{q}")
+                }
+            })
+            .collect();
+        let on = keys
+            .iter()
+            .map(|k| format!("s.{} = m.{}", ident(&format!("{MOVED_FROM}{k}")), ident(k)))
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let err = |e: deltalake::datafusion::error::DataFusionError| {
+            LakeError::delta(&self.name)(e.into())
+        };
+        let ctx = delta::session();
+        ctx.register_batch("s", source).map_err(err)?;
+        ctx.register_table("m", silver.table_provider().await.map_err(err)?)
+            .map_err(err)?;
+        let sql = format!("SELECT {} FROM s LEFT JOIN m ON {on}", columns.join(", "));
+        let out = delta::collect(&self.name, &ctx, &sql).await?;
+        let out_schema = out.first().map_or_else(|| plain.schema(), |b| b.schema());
+        concat_batches(&out_schema, &out).map_err(|e| self.rows_error(e.to_string()))
     }
 
     /// `screen` with this table's checks and masking; refuses a lossy mask on a key.

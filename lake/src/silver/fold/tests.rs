@@ -194,3 +194,58 @@ fn key_update_deletes_the_old_key() {
         ]
     );
 }
+
+#[test]
+fn a_moved_row_takes_unchanged_values_from_its_old_key() {
+    // In the batch: 1 is inserted, moved to 2, then to 3, each move leaving `v` unchanged.
+    let mut to2 = c("u", 2, None, 20, 1);
+    to2.old_id = Some(1);
+    to2.toast = vec!["v"];
+    let mut to3 = c("u", 3, None, 30, 1);
+    to3.old_id = Some(2);
+    to3.toast = vec!["v"];
+    let f = fold(&batch(&[c("c", 1, Some("big"), 10, 1), to2, to3]), None).unwrap();
+    assert_eq!(
+        rows(&f),
+        vec![
+            (1, None, "d".into(), vec![]),
+            (2, None, "d".into(), vec![]),
+            (3, Some("big".into()), "u".into(), vec![])
+        ]
+    );
+    assert!(f
+        .rows
+        .as_ref()
+        .unwrap()
+        .column_by_name(&format!("{MOVED_FROM}id"))
+        .is_none());
+
+    // Not in the batch: the value is in Silver under the old key, which the fold names.
+    let mut alone = c("u", 5, None, 20, 1);
+    alone.old_id = Some(4);
+    alone.toast = vec!["v"];
+    let f = fold(&batch(&[alone]), None).unwrap();
+    assert_eq!(
+        rows(&f),
+        vec![
+            (4, None, "d".into(), vec![]),
+            (5, None, "u".into(), vec!["v".into()])
+        ]
+    );
+    let b = f.rows.unwrap();
+    let id = b
+        .column_by_name("id")
+        .unwrap()
+        .as_primitive::<deltalake::arrow::datatypes::Int32Type>();
+    let from = b
+        .column_by_name(&format!("{MOVED_FROM}id"))
+        .expect("old key column")
+        .as_primitive::<deltalake::arrow::datatypes::Int32Type>();
+    for i in 0..b.num_rows() {
+        if id.value(i) == 5 {
+            assert_eq!(from.value(i), 4);
+        } else {
+            assert!(from.is_null(i));
+        }
+    }
+}
