@@ -42,6 +42,10 @@ pub const COMMIT_LSN: &str = "_commit_lsn";
 pub const ORDINAL: &str = "_ordinal";
 /// Silver's column with the source commit time of the change that wrote the row.
 pub const COMMIT_TS: &str = "_commit_ts";
+/// Silver's column listing the columns whose value Silver has not seen yet: an update
+/// left them unchanged (TOAST) before the row's earlier image (a snapshot row) arrived.
+/// The earlier image fills them when it comes; normally empty.
+pub const UNRESOLVED: &str = "_unresolved";
 /// Fold output only: `u` upsert or `d` delete.
 pub const OP: &str = "_op";
 /// Fold output only: columns whose Silver value an update left unchanged.

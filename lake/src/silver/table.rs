@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
-use deltalake::arrow::datatypes::{Field, Schema};
+use deltalake::arrow::datatypes::{DataType, Field, Schema};
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
@@ -18,7 +18,7 @@ use super::mask::Masking;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::{keys_equal, newer, Tombstones};
 use super::{fold, plan, Position, Progress, TransactionCounts};
-use super::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED};
+use super::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED};
 use crate::delta::{self, ident};
 use crate::quarantine::QuarantineTable;
 use crate::{Lake, LakeError};
@@ -251,7 +251,13 @@ impl SilverTable {
             .filter(|f| f.name() != OP && f.name() != UNCHANGED)
             .map(|f| f.as_ref().clone())
             .collect();
-        let target = self.ensure_columns(silver, &value_fields).await?;
+        let mut target_fields = value_fields.clone();
+        target_fields.push(Field::new(
+            UNRESOLVED,
+            DataType::List(Arc::new(Field::new("element", DataType::Utf8, true))),
+            true,
+        ));
+        let target = self.ensure_columns(silver, &target_fields).await?;
         let (version, touched) = self
             .merge(
                 target,
@@ -624,6 +630,14 @@ impl SilverTable {
                 format!("source.{q}")
             }
         };
+        // Values neither the change nor the row knows (unchanged TOAST whose earlier image
+        // has not arrived): they stay listed until an older change supplies them.
+        let still_unknown = format!("array_intersect(source.{UNCHANGED}, target.{UNRESOLVED})");
+        let fillable: Vec<String> = fields
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| !n.starts_with('_') && !keys.contains(n))
+            .collect();
         let mut m = target
             .merge(source, keys_equal(keys, "target", "source"))
             .with_source_alias("source")
@@ -632,10 +646,35 @@ impl SilverTable {
             .when_matched_delete(|d| d.predicate(format!("source.{OP} = 'd' AND {newer}")))
             .and_then(|m| {
                 m.when_matched_update(|u| {
-                    fields.iter().fold(
-                        u.predicate(format!("source.{OP} = 'u' AND {newer}")),
-                        |u, f| u.update(f.name().as_str(), value(f.name())),
-                    )
+                    fields
+                        .iter()
+                        .fold(
+                            u.predicate(format!("source.{OP} = 'u' AND {newer}")),
+                            |u, f| u.update(f.name().as_str(), value(f.name())),
+                        )
+                        .update(UNRESOLVED, still_unknown.clone())
+                })
+            })
+            .and_then(|m| {
+                // An older change (a snapshot row arriving after a later update) only fills
+                // the values the row is still missing.
+                m.when_matched_update(|u| {
+                    fillable
+                        .iter()
+                        .fold(
+                            u.predicate(format!(
+                                "source.{OP} = 'u' AND NOT {newer} AND cardinality(target.{UNRESOLVED}) > 0"
+                            )),
+                            |u, c| {
+                                let q = ident(c);
+                                let lit = format!("'{}'", c.replace('\'', "''"));
+                                u.update(
+                                    c.as_str(),
+                                    format!("CASE WHEN array_has(target.{UNRESOLVED}, {lit}) AND NOT array_has(source.{UNCHANGED}, {lit}) THEN source.{q} ELSE target.{q} END"),
+                                )
+                            },
+                        )
+                        .update(UNRESOLVED, still_unknown.clone())
                 })
             })
             .and_then(|m| {
@@ -645,6 +684,7 @@ impl SilverTable {
                         .fold(i.predicate(format!("source.{OP} = 'u'")), |i, f| {
                             i.set(f.name().as_str(), format!("source.{}", ident(f.name())))
                         })
+                        .set(UNRESOLVED, format!("source.{UNCHANGED}"))
                 })
             })
             .map_err(LakeError::delta(&self.name))?;

@@ -139,10 +139,15 @@ impl Tombstones {
         let Some(table) = self.open().await? else {
             return Ok(0);
         };
+        let Some(cutoff) = chrono::DateTime::from_timestamp_micros(older_than_us) else {
+            return Ok(0);
+        };
+        // `_commit_ts` is a UTC timestamp: compare it with a UTC literal.
+        let cutoff = cutoff.to_rfc3339_opts(chrono::SecondsFormat::Micros, true);
         let (_, metrics) = table
             .delete()
             .with_predicate(format!(
-                "{COMMIT_LSN} <= {watermark} AND {COMMIT_TS} < to_timestamp_micros({older_than_us})"
+                "{COMMIT_LSN} <= {watermark} AND {COMMIT_TS} < '{cutoff}'"
             ))
             .await
             .map_err(LakeError::delta(&self.name))?;
@@ -172,5 +177,79 @@ impl Tombstones {
             newer = newer("s", "tomb"),
         );
         delta::collect(&self.name, &ctx, &sql).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int32Array, Int64Array, TimestampMicrosecondArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
+    use std::sync::Arc;
+
+    fn rows(r: &[(i32, i64, i64)]) -> RecordBatch {
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int32, true),
+                Field::new(COMMIT_LSN, DataType::Int64, true),
+                Field::new(ORDINAL, DataType::Int64, true),
+                Field::new(COMMIT_TS, utc, true),
+            ])),
+            vec![
+                Arc::new(Int32Array::from_iter_values(r.iter().map(|x| x.0))),
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|x| x.1))),
+                Arc::new(Int64Array::from_iter_values(r.iter().map(|_| 1))),
+                Arc::new(
+                    TimestampMicrosecondArray::from_iter_values(r.iter().map(|x| x.2))
+                        .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn prune_deletes_only_old_tombstones_below_the_watermark() {
+        let dir = std::env::temp_dir().join(format!(
+            "wal2delta-tombstones-{}-{}",
+            std::process::id(),
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = Url::from_directory_path(&dir).unwrap();
+        let t = Tombstones::new("s.t", url);
+        let hour = 3_600_000_000i64;
+        // (key, commit LSN, commit time): old below the watermark, old above it, recent.
+        t.record(
+            &["id".into()],
+            rows(&[(1, 100, hour), (2, 900, hour), (3, 100, 50 * hour)]),
+        )
+        .await
+        .unwrap();
+        assert_eq!(t.prune(500, 10 * hour).await.unwrap(), 1);
+        let left = delta::query(
+            &t.name,
+            &t.open().await.unwrap().unwrap(),
+            "SELECT id FROM t ORDER BY id",
+        )
+        .await
+        .unwrap();
+        let ids: Vec<i32> = left
+            .iter()
+            .flat_map(|b| {
+                b.column(0)
+                    .as_any()
+                    .downcast_ref::<Int32Array>()
+                    .unwrap()
+                    .values()
+                    .to_vec()
+            })
+            .collect();
+        assert_eq!(ids, vec![2, 3]);
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

@@ -149,9 +149,10 @@ async fn round(
         };
         if tracked.pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
             let retention = Duration::from_secs(config.silver.tombstone_retention_hours * 3600);
+            // Once an hour, whether it works or not (a failure is retried an hour later).
+            tracked.pruned = Some(Instant::now());
             match tracked.table.prune_tombstones(retention).await {
                 Ok(n) => {
-                    tracked.pruned = Some(Instant::now());
                     if n > 0 {
                         tracing::info!(table = %name, tombstones = n, "pruned tombstones past the retention");
                     }
