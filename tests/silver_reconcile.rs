@@ -366,6 +366,16 @@ async fn reconcile_finds_silver_equal_and_names_what_differs() -> Result<()> {
         code == 2 && stderr.contains("not captured"),
         "{code}: {stderr}"
     );
+    // A config it cannot use is exit 2 too (1 only ever means "different").
+    let (code, _, stderr) = outcome(
+        d.command_line(&["reconcile"])
+            .env_remove("W2D_TEST_MASK_KEY")
+            .output()?,
+    );
+    ensure!(
+        code == 2 && stderr.contains("silver.mask_key_env"),
+        "{code}: {stderr}"
+    );
 
     silver.stop()?;
     pipe.stop()?;

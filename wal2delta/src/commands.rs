@@ -11,7 +11,15 @@ use crate::config::Config;
 use crate::{bronze, capture, health, metrics, quarantine, reconcile, silver, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = Config::load(&cli.config)?;
+    let config = match Config::load(&cli.config) {
+        Ok(c) => c,
+        // reconcile's exit 1 means "different": failing to run it at all is 2.
+        Err(e) if matches!(cli.command, Command::Reconcile { .. }) => {
+            eprintln!("wal2delta: error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
     telemetry::init(&config.log);
     match cli.command {
         Command::Setup => run_setup(&config).await,

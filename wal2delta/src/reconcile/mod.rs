@@ -4,10 +4,11 @@
 //!
 //! 1. Take one source snapshot at LSN `L` ([`source::Snapshot`]) and write a heartbeat so
 //!    an idle source's watermark moves past it.
-//! 2. Per table: read the source rows in the snapshot into `key hash → row hash`; wait
-//!    (bounded) until Silver's watermark is at or above `L`; read Silver at one version,
-//!    leaving out keys Silver changed at or after `L` (rows, tombstones, a TRUNCATE) and
-//!    quarantined keys; compare counts, checksums and keys.
+//! 2. Per table: wait (bounded) until Silver's watermark is at or above `L`; read the
+//!    source rows in the snapshot into `key hash → row hash`; stream Silver at one version
+//!    against them, leaving out keys Silver changed at or after `L` (rows, tombstones, a
+//!    TRUNCATE), quarantined keys and undecodable source rows; compare counts, checksums
+//!    and keys.
 //! 3. When keys differ, read both sides once more to name the first `--max-keys` keys
 //!    (in key order) and the columns that differ.
 
