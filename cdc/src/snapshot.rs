@@ -45,10 +45,29 @@ pub async fn create_slot_exporting_snapshot(
     params: &ConnectParams,
     slot: &str,
 ) -> Result<ExportedSlot, CdcError> {
+    create_exporting(params, slot, "").await
+}
+
+/// Like [`create_slot_exporting_snapshot`], with a `TEMPORARY` slot: PostgreSQL drops it
+/// when `connection` closes, and it never streams. Used to read the source at an exact
+/// point in the commit order (`reconcile`): the snapshot holds exactly the commits whose
+/// commit record starts before `consistent_point`.
+pub async fn create_temporary_slot_exporting_snapshot(
+    params: &ConnectParams,
+    slot: &str,
+) -> Result<ExportedSlot, CdcError> {
+    create_exporting(params, slot, " TEMPORARY").await
+}
+
+async fn create_exporting(
+    params: &ConnectParams,
+    slot: &str,
+    temporary: &str,
+) -> Result<ExportedSlot, CdcError> {
     let mut connection = ReplicationConnection::connect(params).await?;
     let rows = connection
         .simple_query(&format!(
-            "CREATE_REPLICATION_SLOT {} LOGICAL pgoutput (SNAPSHOT 'export')",
+            "CREATE_REPLICATION_SLOT {}{temporary} LOGICAL pgoutput (SNAPSHOT 'export')",
             quote_ident(slot)
         ))
         .await?;

@@ -10,6 +10,7 @@ mod error;
 mod location;
 pub mod maintenance;
 pub mod quarantine;
+pub mod reconcile;
 pub mod silver;
 
 pub use deltalake;

@@ -4,6 +4,12 @@
                              the duckdb-ext-delta package; print the rows as JSON
     lake.py deltalake PATH   open PATH with the deltalake package; print version, rows,
                              partition columns and protocol as JSON
+    lake.py tamper JSON      change a table behind wal2delta's back with the deltalake
+                             package (tests that must detect it): JSON is {"path": ...,
+                             "update": [[predicate, {column: SQL expression}], ...],
+                             "delete": [predicate, ...], "copy": [[predicate, column,
+                             new value], ...]} (copy appends the matching rows with one
+                             column changed); prints the new version
 
 Values that JSON cannot hold (dates, decimals, bytes) are printed as strings.
 """
@@ -39,8 +45,25 @@ def main():
             "partition_columns": dt.metadata().partition_columns,
             "min_reader_version": p.min_reader_version,
         }
-    else:
-        raise SystemExit(f"unknown mode {mode}")
+    elif mode == "tamper":
+        import deltalake
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        spec = json.loads(arg)
+        path = spec["path"]
+        for predicate, updates in spec.get("update", []):
+            deltalake.DeltaTable(path).update(updates=updates, predicate=predicate)
+        for predicate in spec.get("delete", []):
+            deltalake.DeltaTable(path).delete(predicate)
+        for predicate, column, value in spec.get("copy", []):
+            dt = deltalake.DeltaTable(path)
+            rows = dt.to_pyarrow_table()
+            rows = rows.filter(pc.field(predicate[0]) == predicate[1])
+            i = rows.schema.get_field_index(column)
+            rows = rows.set_column(i, rows.schema.field(i), pa.array([value] * rows.num_rows, rows.schema.field(i).type))
+            deltalake.write_deltalake(path, rows, mode="append")
+        out = {"version": deltalake.DeltaTable(path).version()}
     sys.stdout.write(json.dumps(out))
     sys.stdout.flush()
 

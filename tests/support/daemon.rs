@@ -85,11 +85,18 @@ listen = "127.0.0.1:0"
     /// Runs a one-shot command (e.g. `setup`) with the test config and no WAL2DELTA__
     /// overrides from the environment.
     pub fn command(&self, args: &[&str]) -> Result<Output> {
+        self.command_line(args)
+            .output()
+            .context("running wal2delta")
+    }
+
+    /// The command line of [`Daemon::command`], to run it in the background.
+    pub fn command_line(&self, args: &[&str]) -> Command {
         let mut cmd = Command::new(binary());
         cmd.arg("--config").arg(&self.config).args(args);
         clear_overrides(&mut cmd);
         cmd.envs(self.env.iter().cloned());
-        cmd.output().context("running wal2delta")
+        cmd
     }
 
     /// `wal2delta setup`, which must succeed.

@@ -58,6 +58,15 @@ pub fn deltalake_info(path: &Path) -> Result<Value> {
     run("deltalake", &path.display().to_string())
 }
 
+/// Changes a table behind wal2delta's back with the `deltalake` package (see the `tamper`
+/// mode of `tests/py/lake.py` for the shape of `spec`); the new version.
+pub fn tamper(spec: &Value) -> Result<i64> {
+    let v = run("tamper", &spec.to_string())?;
+    v.get("version")
+        .and_then(Value::as_i64)
+        .context("lake.py tamper printed no version")
+}
+
 /// `delta_scan('{path}')`.
 pub fn scan(path: &Path) -> String {
     format!("delta_scan('{}')", path.display())

@@ -43,12 +43,21 @@ pub enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Compare row counts and checksums between the source and Silver.
+    /// Compare the source (read in one snapshot) with Silver at the snapshot's LSN: row
+    /// counts, checksums and differing keys. Exit 0 equal, 1 different, 2 not compared.
     Reconcile {
+        /// Only this table (`schema.table`).
         #[arg(long)]
         table: Option<String>,
+        /// Print the report as JSON (shape in docs/reconcile.md).
         #[arg(long)]
         json: bool,
+        /// Seconds to wait, in all, for Silver's watermarks to reach the snapshot.
+        #[arg(long, default_value_t = 120)]
+        wait_secs: u64,
+        /// Differing keys listed per table.
+        #[arg(long, default_value_t = 20)]
+        max_keys: usize,
     },
     /// Rebuild Silver or Gold from Bronze without touching the source.
     Replay {

@@ -8,10 +8,18 @@ use wal2delta_cdc::{setup, slot, source};
 
 use crate::cli::{Cli, Command, Layer, QuarantineAction, Stage};
 use crate::config::Config;
-use crate::{bronze, capture, health, metrics, quarantine, silver, telemetry};
+use crate::{bronze, capture, health, metrics, quarantine, reconcile, silver, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let config = Config::load(&cli.config)?;
+    let config = match Config::load(&cli.config) {
+        Ok(c) => c,
+        // reconcile's exit 1 means "different": failing to run it at all is 2.
+        Err(e) if matches!(cli.command, Command::Reconcile { .. }) => {
+            eprintln!("wal2delta: error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+        Err(e) => return Err(e.into()),
+    };
     telemetry::init(&config.log);
     match cli.command {
         Command::Setup => run_setup(&config).await,
@@ -20,10 +28,21 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             allow_slot_ahead,
         } => run_daemon(&config, &stage, allow_slot_ahead).await,
         Command::Status { json } => status(&config, json).await,
-        Command::Reconcile { .. } => not_built(
-            "reconcile",
-            "it compares the source with Silver, and the Silver stage is not built yet",
-        ),
+        Command::Reconcile {
+            table,
+            json,
+            wait_secs,
+            max_keys,
+        } => Ok(reconcile::run(
+            &config,
+            &reconcile::Options {
+                table,
+                json,
+                wait_secs,
+                max_keys,
+            },
+        )
+        .await),
         Command::Replay {
             layer: Layer::Silver,
             table,
@@ -306,7 +325,7 @@ async fn quarantine_counts(
 }
 
 /// Snapshot progress from Kafka; `Err` with the reason when it cannot be read.
-async fn snapshot_progress(
+pub(crate) async fn snapshot_progress(
     config: &Config,
 ) -> Result<std::collections::HashMap<String, wal2delta_stream::snapshots::SnapshotProgress>, String>
 {

@@ -8,6 +8,7 @@ mod config;
 mod health;
 mod metrics;
 mod quarantine;
+mod reconcile;
 mod silver;
 mod telemetry;
 

@@ -12,7 +12,7 @@ mod snapshot;
 mod startup;
 mod state;
 mod streamed;
-mod tokenize;
+pub(crate) mod tokenize;
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
