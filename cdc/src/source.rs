@@ -19,7 +19,7 @@ pub async fn connect(dsn: &str) -> Result<Client, CdcError> {
     });
     // The same output settings as the replication session, so text renderings agree.
     client
-        .batch_execute("SET DateStyle = 'ISO, MDY'; SET IntervalStyle = iso_8601; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET application_name = 'wal2delta'")
+        .batch_execute("SET DateStyle = 'ISO, MDY'; SET IntervalStyle = iso_8601; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET bytea_output = hex; SET application_name = 'wal2delta'")
         .await?;
     Ok(client)
 }

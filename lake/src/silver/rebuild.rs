@@ -169,7 +169,7 @@ impl SilverTable {
             .with_commit_properties(props)
             .await
             .map_err(LakeError::delta(&self.name))?;
-        report.version = table.version().map(|v| v as u64);
+        report.version = table.version();
         remove_dir(&staging_url)?;
         remove_dir(&staging_tombs)?;
         Ok(report)

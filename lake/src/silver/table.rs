@@ -701,7 +701,7 @@ impl SilverTable {
         let touched = metrics.num_target_rows_inserted
             + metrics.num_target_rows_updated
             + metrics.num_target_rows_deleted;
-        Ok((table.version().unwrap_or(0) as u64, touched))
+        Ok((table.version().unwrap_or(0), touched))
     }
 
     /// A TRUNCATE with nothing after it in the batch: delete every row before it.
