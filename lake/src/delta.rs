@@ -184,6 +184,18 @@ pub(crate) fn session() -> deltalake::datafusion::prelude::SessionContext {
 }
 
 /// `name` as a quoted SQL identifier.
+/// The Arrow schema of the table's loaded version.
+pub(crate) fn arrow_schema(
+    name: &str,
+    table: &DeltaTable,
+) -> Result<deltalake::arrow::datatypes::SchemaRef, LakeError> {
+    Ok(table
+        .snapshot()
+        .map_err(LakeError::delta(&name))?
+        .snapshot()
+        .arrow_schema())
+}
+
 pub(crate) fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }

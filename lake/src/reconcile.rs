@@ -50,12 +50,7 @@ impl SilverRead {
 
     /// The table's columns as Arrow fields.
     pub fn schema(&self) -> Result<SchemaRef, LakeError> {
-        Ok(self
-            .table
-            .snapshot()
-            .map_err(LakeError::delta(&self.name))?
-            .snapshot()
-            .arrow_schema())
+        delta::arrow_schema(&self.name, &self.table)
     }
 
     /// Streams `columns` of every row, in no particular order, with plain (not view) types.

@@ -416,11 +416,7 @@ impl SilverTable {
         let Some(silver) = silver else {
             return Ok(plain);
         };
-        let have = silver
-            .snapshot()
-            .map_err(LakeError::delta(&self.name))?
-            .snapshot()
-            .arrow_schema();
+        let have = delta::arrow_schema(&self.name, silver)?;
         let filled: Vec<&String> = unchanged
             .iter()
             .filter(|c| have.field_with_name(c).is_ok() && !keys.contains(c))
@@ -537,11 +533,7 @@ impl SilverTable {
         bronze: &DeltaTable,
         condition: &str,
     ) -> Result<RecordBatch, LakeError> {
-        let schema = bronze
-            .snapshot()
-            .map_err(LakeError::delta(&self.name))?
-            .snapshot()
-            .arrow_schema();
+        let schema = delta::arrow_schema(&self.name, bronze)?;
         let missing: Vec<&str> = BRONZE_COLUMNS
             .iter()
             .copied()
@@ -580,11 +572,7 @@ impl SilverTable {
         let needs = match &silver {
             None => true,
             Some(t) => {
-                let have = t
-                    .snapshot()
-                    .map_err(LakeError::delta(&self.name))?
-                    .snapshot()
-                    .arrow_schema();
+                let have = delta::arrow_schema(&self.name, t)?;
                 fields
                     .iter()
                     .any(|f| have.field_with_name(f.name()).is_err())

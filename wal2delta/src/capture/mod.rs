@@ -8,7 +8,7 @@
 //! confirmed position, so a change is published at least once and never skipped.
 
 mod publisher;
-mod snapshot;
+pub(crate) mod snapshot;
 mod startup;
 mod state;
 mod streamed;

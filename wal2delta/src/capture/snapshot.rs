@@ -239,7 +239,8 @@ async fn throttle(
     }
 }
 
-async fn publication_tables(
+/// The tables `publication` captures, in name order.
+pub(crate) async fn publication_tables(
     client: &tokio_postgres::Client,
     publication: &str,
 ) -> Result<Vec<TableName>, CdcError> {

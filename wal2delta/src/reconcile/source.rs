@@ -76,17 +76,7 @@ impl Snapshot {
 
     /// The tables the publication captures.
     pub async fn captured_tables(&self, publication: &str) -> Result<Vec<TableName>> {
-        let rows = self
-            .client
-            .query(
-                "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2",
-                &[&publication],
-            )
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
-            .collect())
+        Ok(crate::capture::snapshot::publication_tables(&self.client, publication).await?)
     }
 
     /// Ends the snapshot transaction.
