@@ -188,7 +188,9 @@ fn unreachable_database_gives_one_clear_line() -> Result<()> {
 
 #[test]
 fn stages_not_built_yet_say_so() -> Result<()> {
-    let (ok, stderr, _) = run_with_config(GOOD, &["reconcile"])?;
+    let (ok, stderr, _) = run_with_config(GOOD, &["replay", "--layer", "gold"])?;
+    ensure!(!ok && stderr.contains("not available"), "{stderr}");
+    let (ok, stderr, _) = run_with_config(GOOD, &["rules", "list"])?;
     ensure!(!ok && stderr.contains("not available"), "{stderr}");
     let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "gold"])?;
     ensure!(
