@@ -17,7 +17,9 @@
 //!
 //! Diagnostics (not used by the benchmark, used to find what bounds memory):
 //! `changes --keys` updates chosen keys; `floor --key-ranges K` adds the changed keys' ranges
-//! to the MERGE predicate so that file skipping drops files holding none of them.
+//! to the MERGE predicate so that file skipping drops files holding none of them; `profile`
+//! repeats Silver's steps before its MERGE (Bronze read, plan, fold; the same query and
+//! the same public functions) with the peak RSS of each.
 //!
 //! Each prints one JSON object on stdout. The lake's `bench-state.json` carries the
 //! source's position (next key, LSN, transaction id, Kafka offsets) between processes.
@@ -108,6 +110,14 @@ enum Command {
         /// drops files holding none of them. 0: the plain MERGE.
         #[arg(long, default_value_t = 0)]
         key_ranges: usize,
+    },
+    /// Diagnostics: Silver's steps before its MERGE (Bronze read, plan, fold) for the next
+    /// round, each with its own peak RSS.
+    Profile {
+        #[arg(long)]
+        lake: PathBuf,
+        #[arg(long, default_value_t = 100_000)]
+        window: i64,
     },
     /// Row count, distinct keys and content sums of a Silver-shaped table (default: the
     /// lake's Silver table, which must hold as many rows as the synthetic source).
@@ -718,6 +728,111 @@ async fn floor(path: &Path, target: &Path, ranges: usize) -> anyhow::Result<Valu
     }))
 }
 
+/// Resets this process's peak RSS (VmHWM) to its current RSS.
+fn reset_peak() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+fn batch_bytes(b: &RecordBatch) -> usize {
+    b.columns().iter().map(|c| c.get_array_memory_size()).sum()
+}
+
+async fn profile(path: &Path, window: i64) -> anyhow::Result<Value> {
+    use wal2delta_lake::deltalake::arrow::compute::filter_record_batch;
+    use wal2delta_lake::deltalake::kernel::schema::cast::cast_record_batch;
+    use wal2delta_lake::silver::{fold, plan};
+    let lake = lake_of(path)?;
+    let table = SilverTable::new(&lake, synth::SCHEMA, synth::TABLE, window);
+    let progress = table.progress().await?;
+    let (top, counts) = transaction_counts(&lake, progress.watermark).await?;
+    let counts = counts
+        .get(synth::TABLE_NAME)
+        .cloned()
+        .unwrap_or(TransactionCounts {
+            top,
+            events: Default::default(),
+        });
+    let mut phases = serde_json::Map::new();
+    let mut record = |name: &str, t: Instant, bytes: usize| {
+        let (hwm, rss) = memory_kib();
+        phases.insert(
+            name.into(),
+            json!({"seconds": t.elapsed().as_secs_f64(), "peak_rss_kib": hwm, "rss_kib": rss, "batch_bytes": bytes}),
+        );
+    };
+    let (_, base) = memory_kib();
+    // The Bronze read, as SilverTable::read_bronze runs it.
+    reset_peak();
+    let t = Instant::now();
+    let bronze = open(&dir_url(
+        &path.join("bronze").join(synth::SCHEMA).join(synth::TABLE),
+    )?)
+    .await?;
+    let mut ranges: Vec<String> = progress
+        .cursors
+        .iter()
+        .map(|(p, c)| {
+            format!(
+                "(kafka_partition = {p} AND kafka_offset > {c} AND kafka_offset <= {})",
+                c + window
+            )
+        })
+        .collect();
+    let known: Vec<String> = progress.cursors.keys().map(i32::to_string).collect();
+    ranges.push(if known.is_empty() {
+        format!("kafka_offset < {window}")
+    } else {
+        format!(
+            "(kafka_partition NOT IN ({}) AND kafka_offset < {window})",
+            known.join(", ")
+        )
+    });
+    let ctx = session();
+    ctx.register_table("t", bronze.table_provider().await?)?;
+    let sql = format!(
+        "SELECT \"op\", \"before\", \"after\", \"key\", \"commit_lsn\", \"ordinal\", \"commit_ts\", \
+         \"unchanged_toast_columns\", \"kafka_partition\", \"kafka_offset\" FROM t WHERE {} \
+         ORDER BY kafka_partition, kafka_offset",
+        ranges.join(" OR ")
+    );
+    let batches = ctx.sql(&sql).await?.collect().await?;
+    // DataFusion hands out text views; Silver casts them back to the table's types.
+    let table_schema = bronze.snapshot()?.snapshot().arrow_schema();
+    let plain = std::sync::Arc::new(Schema::new(
+        batches
+            .first()
+            .context("nothing to read")?
+            .schema()
+            .fields()
+            .iter()
+            .map(|f| table_schema.field_with_name(f.name()).cloned())
+            .collect::<Result<Vec<_>, _>>()?,
+    ));
+    let batches = batches
+        .iter()
+        .map(|b| cast_record_batch(b, plain.clone(), false, true))
+        .collect::<Result<Vec<_>, _>>()?;
+    let rows = concat_batches(&plain, &batches)?;
+    drop(batches);
+    record("read", t, batch_bytes(&rows));
+    reset_peak();
+    let t = Instant::now();
+    let planned = plan(&rows, &progress, &counts).map_err(anyhow::Error::msg)?;
+    let applicable = filter_record_batch(&rows, &planned.applicable)?;
+    record("plan", t, batch_bytes(&applicable));
+    reset_peak();
+    let t = Instant::now();
+    let folded = fold(&applicable, progress.truncated)?;
+    let folded_bytes = folded.rows.as_ref().map_or(0, batch_bytes);
+    record("fold", t, folded_bytes);
+    Ok(json!({
+        "rows": rows.num_rows(),
+        "folded": folded.rows.as_ref().map_or(0, RecordBatch::num_rows),
+        "base_rss_kib": base,
+        "phases": phases,
+    }))
+}
+
 async fn aggregates(dir: &Path) -> anyhow::Result<Vec<String>> {
     let t = open(&dir_url(dir)?).await?;
     let ctx = session();
@@ -822,6 +937,7 @@ fn main() -> anyhow::Result<()> {
                 target,
                 key_ranges,
             } => floor(&lake, &target, key_ranges).await,
+            Command::Profile { lake, window } => profile(&lake, window).await,
             Command::Sums { lake, table } => sums(&lake, table.as_deref()).await,
             Command::Vacuum { lake } => vacuum(&lake).await,
         }
