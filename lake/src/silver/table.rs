@@ -606,9 +606,6 @@ impl SilverTable {
     ) -> Result<(u64, usize), LakeError> {
         let err = LakeError::delta(&self.name);
         let ctx = delta::session();
-        let source = ctx
-            .read_batch(source)
-            .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
         let newer = newer("source", "target");
         let value = |name: &str| {
             let q = ident(name);
@@ -626,8 +623,16 @@ impl SilverTable {
             .map(|f| f.name().clone())
             .filter(|n| !n.starts_with('_') && !keys.contains(n))
             .collect();
+        // Target files holding none of the round's keys are skipped by their statistics.
+        let on = match key_ranges(&source, keys, MAX_KEY_RANGES) {
+            Some(ranges) => format!("{} AND {ranges}", keys_equal(keys, "target", "source")),
+            None => keys_equal(keys, "target", "source"),
+        };
+        let source = ctx
+            .read_batch(source)
+            .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
         let mut m = target
-            .merge(source, keys_equal(keys, "target", "source"))
+            .merge(source, on)
             .with_source_alias("source")
             .with_target_alias("target")
             .with_commit_properties(props)
@@ -709,6 +714,56 @@ impl SilverTable {
             .map_err(LakeError::delta(&self.name))?;
         Ok(table.version().unwrap_or(0))
     }
+}
+
+/// Most key ranges a MERGE condition names (see [`key_ranges`]).
+const MAX_KEY_RANGES: usize = 32;
+
+/// For a single integer key: the round's keys as at most `max` ranges, split at the widest
+/// gaps, as a condition on the target (`(target.k BETWEEN a AND b OR ...)`). In the MERGE
+/// condition it lets delta-rs skip every Silver file whose key statistics miss all ranges,
+/// so a few changes spread over a big table read (and hold) only the files they touch,
+/// not every file between the lowest and the highest key.
+fn key_ranges(source: &RecordBatch, keys: &[String], max: usize) -> Option<String> {
+    use deltalake::arrow::datatypes::Int64Type;
+    let [key] = keys else { return None };
+    let column = source.column_by_name(key)?;
+    if !column.data_type().is_integer() || column.data_type() == &DataType::UInt64 {
+        return None;
+    }
+    let values = deltalake::arrow::compute::cast(column, &DataType::Int64).ok()?;
+    let mut v: Vec<i64> = values
+        .as_primitive::<Int64Type>()
+        .iter()
+        .flatten()
+        .collect();
+    if v.is_empty() {
+        return None;
+    }
+    v.sort_unstable();
+    v.dedup();
+    // Split after the `max - 1` widest gaps.
+    let mut gaps: Vec<(u64, usize)> = v
+        .windows(2)
+        .enumerate()
+        .map(|(i, w)| (w[1].abs_diff(w[0]), i))
+        .collect();
+    gaps.sort_unstable_by(|a, b| b.cmp(a));
+    let mut cuts: Vec<usize> = gaps
+        .iter()
+        .take(max.saturating_sub(1))
+        .filter(|(g, _)| *g > 1)
+        .map(|(_, i)| *i)
+        .collect();
+    cuts.sort_unstable();
+    let q = ident(key);
+    let mut ranges = Vec::new();
+    let mut start = 0;
+    for c in cuts.into_iter().chain([v.len() - 1]) {
+        ranges.push(format!("target.{q} BETWEEN {} AND {}", v[start], v[c]));
+        start = c + 1;
+    }
+    Some(format!("({})", ranges.join(" OR ")))
 }
 
 /// Commit metadata key of the masking policies a Silver commit was written under.
@@ -846,4 +901,39 @@ pub async fn transaction_counts(
         c.top = top;
     }
     Ok((top, by_table))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use deltalake::arrow::array::{Int32Array, StringArray};
+
+    fn batch(ids: &[i32]) -> RecordBatch {
+        RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Int32, true)])),
+            vec![Arc::new(Int32Array::from(ids.to_vec()))],
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn key_ranges_split_at_the_widest_gaps() {
+        let keys = ["id".to_string()];
+        assert_eq!(
+            key_ranges(&batch(&[5, 1, 2, 1_000_000, 3, 999_999]), &keys, 32).unwrap(),
+            "(target.\"id\" BETWEEN 1 AND 3 OR target.\"id\" BETWEEN 5 AND 5 OR target.\"id\" BETWEEN 999999 AND 1000000)"
+        );
+        assert_eq!(
+            key_ranges(&batch(&[10, 500, 20, 30]), &keys, 2).unwrap(),
+            "(target.\"id\" BETWEEN 10 AND 30 OR target.\"id\" BETWEEN 500 AND 500)"
+        );
+        // Text keys and composite keys get no ranges.
+        let text = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![Field::new("id", DataType::Utf8, true)])),
+            vec![Arc::new(StringArray::from(vec!["a"]))],
+        )
+        .unwrap();
+        assert!(key_ranges(&text, &keys, 32).is_none());
+        assert!(key_ranges(&batch(&[1]), &["id".into(), "x".into()], 32).is_none());
+    }
 }
