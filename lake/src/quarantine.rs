@@ -127,6 +127,78 @@ impl QuarantineTable {
         })
     }
 
+    /// Appends the records whose id the table does not hold yet; returns how many.
+    ///
+    /// For records whose offsets do not rise with the order they are found in (Silver
+    /// screens snapshot rows before the streamed rows ahead of them in the partition), so
+    /// the per-partition high-water mark of [`Self::append`] would skip some.
+    pub async fn append_new(
+        &mut self,
+        stage: Stage,
+        records: Vec<QuarantineRecord>,
+    ) -> Result<usize, LakeError> {
+        if records.is_empty() {
+            return Ok(0);
+        }
+        for _ in 0..8 {
+            delta::refresh(NAME, &self.url, &mut self.table).await?;
+            let mut held = std::collections::HashSet::new();
+            if let Some(table) = &self.table {
+                use deltalake::arrow::array::AsArray;
+                let list = records
+                    .iter()
+                    .map(|r| format!("'{}'", r.id.replace('\'', "''")))
+                    .collect::<Vec<_>>()
+                    .join(", ");
+                let sql = format!("SELECT id FROM t WHERE id IN ({list})");
+                for b in delta::query(NAME, table, &sql).await? {
+                    if let Some(ids) = b.column(0).as_string_opt::<i32>() {
+                        held.extend(ids.iter().flatten().map(str::to_owned));
+                    }
+                }
+            }
+            let fresh: Vec<QuarantineRecord> = records
+                .iter()
+                .filter(|r| !held.contains(&r.id))
+                .cloned()
+                .collect();
+            if fresh.is_empty() {
+                return Ok(0);
+            }
+            let batch = QuarantineRecord::to_batch(&fresh).map_err(|e| LakeError::Rows {
+                table: NAME.into(),
+                reason: e.to_string(),
+            })?;
+            let table = match self.table.take() {
+                Some(t) => t,
+                None => delta::handle(NAME, &self.url)?,
+            };
+            let result = table
+                .write(vec![batch])
+                .with_save_mode(SaveMode::Append)
+                .with_schema_mode(SchemaMode::Merge)
+                .with_commit_properties(CommitProperties::default().with_metadata([(
+                    "wal2delta.stage".to_owned(),
+                    serde_json::json!(stage.as_str()),
+                )]))
+                .await;
+            match result {
+                Ok(t) => {
+                    self.table = Some(t);
+                    return Ok(fresh.len());
+                }
+                Err(e) if delta::is_conflict(&e) => continue,
+                Err(e) => return Err(LakeError::delta(&NAME)(e)),
+            }
+        }
+        Err(LakeError::Delta {
+            table: NAME.into(),
+            source: deltalake::DeltaTableError::Generic(
+                "commit conflicted 8 times in a row".into(),
+            ),
+        })
+    }
+
     /// Every record in the table (small by design: records are exceptions).
     pub async fn read_all(&mut self) -> Result<Vec<QuarantineRecord>, LakeError> {
         use deltalake::datafusion::prelude::SessionContext;

@@ -241,6 +241,44 @@ async fn quarantine_records_are_stored_once_per_offset() {
 }
 
 #[tokio::test]
+async fn silver_quarantine_records_are_stored_once_per_id_whatever_the_offset_order() {
+    let (lake, dir) = lake();
+    let record = |offset: i64| QuarantineRecord {
+        id: QuarantineRecord::event_id(Stage::Silver, "cdc.public.t", 0, offset),
+        stage: Stage::Silver,
+        reason_code: "check_failed".into(),
+        detail: "check c: not true: v > 0".into(),
+        table: Some("public.t".into()),
+        topic: Some("cdc.public.t".into()),
+        partition: Some(0),
+        offset: Some(offset),
+        source_lsn: Some(10),
+        key: Some(b"{\"id\":\"1\"}".to_vec()),
+        raw: None,
+        quarantined_at_us: 0,
+        check: Some("c".into()),
+    };
+    let mut q = QuarantineTable::new(lake.quarantine_records());
+    // A snapshot row at offset 50 first, then the streamed row at 30 ahead of it.
+    assert_eq!(
+        q.append_new(Stage::Silver, vec![record(50)]).await.unwrap(),
+        1
+    );
+    assert_eq!(
+        q.append_new(Stage::Silver, vec![record(30), record(50)])
+            .await
+            .unwrap(),
+        1
+    );
+    let all = q.read_all().await.unwrap();
+    let mut offsets: Vec<i64> = all.iter().filter_map(|r| r.offset).collect();
+    offsets.sort();
+    assert_eq!(offsets, vec![30, 50]);
+    assert_eq!(all[0].check.as_deref(), Some("c"));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn maintenance_compacts_small_files_and_checkpoints_without_losing_rows() {
     let (lake, dir) = lake();
     let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));

@@ -177,7 +177,7 @@ impl Masking {
                     })
                 })
                 .collect(),
-            MaskPolicy::Null => unreachable!("handled above"),
+            MaskPolicy::Null => return Ok(new_null_array(values.data_type(), values.len())),
         };
         Ok(Arc::new(out))
     }

@@ -163,10 +163,11 @@ impl SilverTable {
         let screened = self.screen(&applicable, before.watermark)?;
         report.stale = screened.stale;
         // Quarantine first: a crash before the Silver commit repeats this round, and the
-        // quarantine table skips records it already holds (per partition offsets).
+        // quarantine table skips the records it already holds (by id: a snapshot row may
+        // be screened before the streamed rows ahead of it in its partition).
         report.quarantined = self
             .quarantine
-            .append(wal2delta_quarantine::Stage::Silver, screened.quarantined)
+            .append_new(wal2delta_quarantine::Stage::Silver, screened.quarantined)
             .await?;
         let applicable = screened.rows;
         let folded = fold(&applicable, before.truncated).map_err(|e| self.rows_error(e.0))?;
