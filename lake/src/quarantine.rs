@@ -84,47 +84,55 @@ impl QuarantineTable {
             if fresh.is_empty() {
                 return Ok(0);
             }
-            let batch = QuarantineRecord::to_batch(&fresh).map_err(|e| LakeError::Rows {
-                table: NAME.into(),
-                reason: e.to_string(),
-            })?;
             let txns = last
                 .iter()
                 .map(|((t, p), o)| Transaction::new(quarantine_app_id(stage, t, *p), *o))
                 .collect();
-            let table = match self.table.take() {
-                Some(t) => t,
-                None => delta::handle(NAME, &self.url)?,
-            };
-            let result = table
-                .write(vec![batch])
-                .with_save_mode(SaveMode::Append)
-                // Tables written before `check_name` existed gain the column.
-                .with_schema_mode(SchemaMode::Merge)
-                .with_commit_properties(
-                    CommitProperties::default()
-                        .with_application_transactions(txns)
-                        .with_metadata([(
-                            "wal2delta.stage".to_owned(),
-                            serde_json::json!(stage.as_str()),
-                        )]),
-                )
-                .await;
-            match result {
-                Ok(t) => {
-                    self.table = Some(t);
-                    return Ok(fresh.len());
-                }
-                Err(e) if delta::is_conflict(&e) => continue,
-                Err(e) => return Err(LakeError::delta(&NAME)(e)),
+            if self.write(stage, &fresh, txns).await? {
+                return Ok(fresh.len());
             }
         }
-        Err(LakeError::Delta {
+        Err(conflicted())
+    }
+
+    /// Appends `records` with `txns` in one commit; `false` when the commit conflicted
+    /// (the caller re-reads and retries).
+    async fn write(
+        &mut self,
+        stage: Stage,
+        records: &[QuarantineRecord],
+        txns: Vec<Transaction>,
+    ) -> Result<bool, LakeError> {
+        let batch = QuarantineRecord::to_batch(records).map_err(|e| LakeError::Rows {
             table: NAME.into(),
-            source: deltalake::DeltaTableError::Generic(
-                "commit conflicted 8 times in a row".into(),
-            ),
-        })
+            reason: e.to_string(),
+        })?;
+        let table = match self.table.take() {
+            Some(t) => t,
+            None => delta::handle(NAME, &self.url)?,
+        };
+        let result = table
+            .write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            // Tables written before `check_name` existed gain the column.
+            .with_schema_mode(SchemaMode::Merge)
+            .with_commit_properties(
+                CommitProperties::default()
+                    .with_application_transactions(txns)
+                    .with_metadata([(
+                        "wal2delta.stage".to_owned(),
+                        serde_json::json!(stage.as_str()),
+                    )]),
+            )
+            .await;
+        match result {
+            Ok(t) => {
+                self.table = Some(t);
+                Ok(true)
+            }
+            Err(e) if delta::is_conflict(&e) => Ok(false),
+            Err(e) => Err(LakeError::delta(&NAME)(e)),
+        }
     }
 
     /// Appends the records whose id the table does not hold yet; returns how many.
@@ -165,38 +173,11 @@ impl QuarantineTable {
             if fresh.is_empty() {
                 return Ok(0);
             }
-            let batch = QuarantineRecord::to_batch(&fresh).map_err(|e| LakeError::Rows {
-                table: NAME.into(),
-                reason: e.to_string(),
-            })?;
-            let table = match self.table.take() {
-                Some(t) => t,
-                None => delta::handle(NAME, &self.url)?,
-            };
-            let result = table
-                .write(vec![batch])
-                .with_save_mode(SaveMode::Append)
-                .with_schema_mode(SchemaMode::Merge)
-                .with_commit_properties(CommitProperties::default().with_metadata([(
-                    "wal2delta.stage".to_owned(),
-                    serde_json::json!(stage.as_str()),
-                )]))
-                .await;
-            match result {
-                Ok(t) => {
-                    self.table = Some(t);
-                    return Ok(fresh.len());
-                }
-                Err(e) if delta::is_conflict(&e) => continue,
-                Err(e) => return Err(LakeError::delta(&NAME)(e)),
+            if self.write(stage, &fresh, Vec::new()).await? {
+                return Ok(fresh.len());
             }
         }
-        Err(LakeError::Delta {
-            table: NAME.into(),
-            source: deltalake::DeltaTableError::Generic(
-                "commit conflicted 8 times in a row".into(),
-            ),
-        })
+        Err(conflicted())
     }
 
     /// Every record in the table (small by design: records are exceptions).
@@ -230,6 +211,13 @@ impl QuarantineTable {
             );
         }
         Ok(out)
+    }
+}
+
+fn conflicted() -> LakeError {
+    LakeError::Delta {
+        table: NAME.into(),
+        source: deltalake::DeltaTableError::Generic("commit conflicted 8 times in a row".into()),
     }
 }
 
