@@ -306,17 +306,11 @@ async fn quarantine_counts(
     config: &Config,
 ) -> Result<std::collections::BTreeMap<String, u64>, String> {
     let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
-    let mut table = wal2delta_lake::quarantine::QuarantineTable::new(lake.quarantine_records());
-    let records = table.read_all().await.map_err(|e| e.to_string())?;
-    let resolved = wal2delta_lake::quarantine::Resolutions::new(lake.quarantine_resolutions())
-        .read()
+    let records = quarantine::open_records(&lake)
         .await
         .map_err(|e| e.to_string())?;
     let mut counts = std::collections::BTreeMap::new();
-    for r in records
-        .into_iter()
-        .filter(|r| !resolved.contains_key(&r.id))
-    {
+    for r in records {
         *counts
             .entry(format!("{}/{}", r.stage.as_str(), r.reason_code))
             .or_insert(0) += 1;

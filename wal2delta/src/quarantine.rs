@@ -24,18 +24,26 @@ fn lake(config: &Config) -> Result<Lake> {
     Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))
 }
 
-/// Open records per stage (`bronze`, `silver`).
-pub async fn open_counts(
-    lake: &Lake,
-) -> Result<std::collections::BTreeMap<&'static str, u64>, wal2delta_lake::LakeError> {
+/// The records no resolution names yet.
+pub async fn open_records(lake: &Lake) -> Result<Vec<QuarantineRecord>, wal2delta_lake::LakeError> {
     let records = QuarantineTable::new(lake.quarantine_records())
         .read_all()
         .await?;
     let resolved = Resolutions::new(lake.quarantine_resolutions())
         .read()
         .await?;
+    Ok(records
+        .into_iter()
+        .filter(|r| !resolved.contains_key(&r.id))
+        .collect())
+}
+
+/// Open records per stage (`bronze`, `silver`).
+pub async fn open_counts(
+    lake: &Lake,
+) -> Result<std::collections::BTreeMap<&'static str, u64>, wal2delta_lake::LakeError> {
     let mut out = std::collections::BTreeMap::new();
-    for r in records.iter().filter(|r| !resolved.contains_key(&r.id)) {
+    for r in open_records(lake).await? {
         *out.entry(r.stage.as_str()).or_insert(0) += 1;
     }
     Ok(out)
