@@ -22,18 +22,20 @@
 
 mod checks;
 mod fold;
+mod keys;
 pub mod mask;
 mod progress;
 mod rebuild;
 mod screen;
 mod table;
 mod tombstones;
+mod window;
 
 pub use checks::{evaluate as evaluate_checks, Check, CheckError, Failure};
 pub use fold::{fold, FoldError, Folded};
 pub use progress::{plan, Plan, Progress, TransactionCounts};
 pub use rebuild::RebuildReport;
-pub use screen::{ScreenError, CHECK_FAILED};
+pub use screen::{ScreenError, CHECK_FAILED, MISSING_KEY};
 pub use table::{transaction_counts, ApplyReport, Redrive, SilverTable, MASKING_KEY};
 
 /// Silver's column with the commit LSN of the change that wrote the row.

@@ -87,6 +87,8 @@ pub struct Plan {
     pub progress: Progress,
     /// Transactions above the new watermark that Bronze does not hold whole yet.
     pub waiting: usize,
+    /// The commit LSN of the first of them.
+    pub first_waiting: Option<i64>,
 }
 
 /// Decides, for `rows` (Bronze rows read after `before`'s cursors: `op`, `commit_lsn`,
@@ -131,6 +133,7 @@ pub fn plan(
     }
     let mut watermark = counts.top.max(before.watermark);
     let mut waiting = 0;
+    let mut first_waiting_lsn = None;
     // `range` panics on an empty inclusive range whose start passed its end: the records
     // may reach no further than the watermark (nothing new, or counts read earlier).
     let above = counts
@@ -142,6 +145,7 @@ pub fn plan(
         if have < need {
             if waiting == 0 {
                 watermark = l - 1;
+                first_waiting_lsn = Some(l);
             }
             waiting += 1;
         }
@@ -184,6 +188,7 @@ pub fn plan(
             truncated,
         },
         waiting,
+        first_waiting: first_waiting_lsn,
     })
 }
 

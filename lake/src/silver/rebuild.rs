@@ -18,6 +18,7 @@ use futures::StreamExt;
 
 use super::table::MASKING_KEY;
 use super::tombstones::Tombstones;
+use super::window::Window;
 use super::{transaction_counts, Progress, SilverTable, TransactionCounts};
 use crate::delta;
 use crate::{Lake, LakeError, INTERNAL_SCHEMA};
@@ -102,7 +103,7 @@ impl SilverTable {
             bronze_url: self.bronze_url.clone(),
             url: staging_url.clone(),
             tombstones: Tombstones::new(&self.name, staging_tombs.clone()),
-            window: self.window,
+            window: Window::new(self.window.size()),
             masking: self.masking.clone(),
             checks: self.checks.clone(),
             quarantine: crate::quarantine::QuarantineTable::new(lake.quarantine_records()),
@@ -120,7 +121,7 @@ impl SilverTable {
             report.quarantined += r.quarantined;
             report.waiting = r.waiting;
             report.watermark = r.watermark;
-            if r.version.is_none() {
+            if r.version.is_none() && !r.again {
                 break;
             }
             tracing::info!(table = %self.name, round = report.rounds, read = report.read, watermark = r.watermark, "rebuilding silver");

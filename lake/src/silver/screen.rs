@@ -3,12 +3,13 @@
 //! and every row image is masked. Nothing after this step sees a raw sensitive value.
 
 use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StructArray};
-use deltalake::arrow::compute::filter_record_batch;
+use deltalake::arrow::compute::{concat_batches, filter_record_batch};
 use deltalake::arrow::datatypes::{Int32Type, Int64Type};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::checks::{evaluate, Check, CheckError, Failure};
+use super::keys::{fill_missing_keys, old_key_deletes};
 use super::mask::{MaskError, Masking};
 
 /// Why screening stopped: a check or a mask that cannot run (an operator must fix the
@@ -34,6 +35,8 @@ pub struct Screened {
 
 /// The quarantine `reason_code` of a failed check.
 pub const CHECK_FAILED: &str = "check_failed";
+/// The quarantine `reason_code` (and check name) of a change without a primary key value.
+pub const MISSING_KEY: &str = "missing_key";
 
 /// Screens `rows` (applicable Bronze rows of `table`) against `checks` and `masking`.
 ///
@@ -49,6 +52,10 @@ pub fn screen(
     masking: &Masking,
     now_us: i64,
 ) -> Result<Screened, ScreenError> {
+    // Rows stored before the table had a key take it from their image; the rest are
+    // quarantined below (never dropped, never a failure of the whole table).
+    let (rows, no_key) = fill_missing_keys(rows).map_err(ScreenError::Rows)?;
+    let rows = &rows;
     let bad =
         |what: &str| ScreenError::Rows(format!("Bronze column `{what}` is missing or mistyped"));
     let op = rows
@@ -65,7 +72,7 @@ pub fn screen(
         .collect();
     let stale = fresh.iter().filter(|f| !**f).count();
 
-    let failures: Vec<Option<Failure>> = match rows
+    let mut failures: Vec<Option<Failure>> = match rows
         .column_by_name("after")
         .and_then(|a| a.as_struct_opt())
     {
@@ -77,17 +84,36 @@ pub fn screen(
         }
         _ => vec![None; n],
     };
+    let check_failed: Vec<usize> = (0..n).filter(|&i| failures[i].is_some()).collect();
+    for &i in no_key.iter().filter(|&&i| fresh[i]) {
+        failures[i] = Some(Failure {
+            check: MISSING_KEY.into(),
+            reason: "the change has no primary key value: it was stored before the table had a primary key and its row image lacks the key columns".into(),
+        });
+    }
     let masked = masking.mask_bronze(rows)?;
     let mut quarantined = Vec::new();
     for (i, f) in failures.iter().enumerate() {
         if let Some(f) = f {
-            quarantined.push(record(table, &masked, i, f, now_us)?);
+            let code = if f.check == MISSING_KEY {
+                MISSING_KEY
+            } else {
+                CHECK_FAILED
+            };
+            quarantined.push(record(table, &masked, i, f, code, now_us)?);
         }
     }
     let keep: BooleanArray = (0..n)
         .map(|i| Some(fresh[i] && failures[i].is_none()))
         .collect();
     let rows = filter_record_batch(&masked, &keep).map_err(|e| ScreenError::Rows(e.to_string()))?;
+    // A key move that failed a check still deletes its old key (the source no longer has
+    // that row); only the new row is held back.
+    let rows = match old_key_deletes(&masked, &check_failed).map_err(ScreenError::Rows)? {
+        Some(deletes) => concat_batches(&rows.schema(), [&rows, &deletes])
+            .map_err(|e| ScreenError::Rows(e.to_string()))?,
+        None => rows,
+    };
     Ok(Screened {
         rows,
         quarantined,
@@ -140,6 +166,7 @@ fn record(
     masked: &RecordBatch,
     i: usize,
     failure: &Failure,
+    reason_code: &str,
     now_us: i64,
 ) -> Result<QuarantineRecord, ScreenError> {
     let s = |name: &str| masked.column_by_name(name).and_then(|a| a.as_struct_opt());
@@ -174,7 +201,7 @@ fn record(
             offset.unwrap_or(-1),
         ),
         stage: Stage::Silver,
-        reason_code: CHECK_FAILED.into(),
+        reason_code: reason_code.into(),
         detail: format!("check {}: {}", failure.check, failure.reason),
         table: Some(table.to_owned()),
         topic: Some(topic),

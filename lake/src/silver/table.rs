@@ -17,6 +17,7 @@ use super::checks::Check;
 use super::mask::Masking;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::{keys_equal, newer, Tombstones};
+use super::window::Window;
 use super::{fold, plan, Position, Progress, TransactionCounts};
 use super::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED};
 use crate::delta::{self, ident};
@@ -40,6 +41,9 @@ pub struct ApplyReport {
     pub watermark: i64,
     /// The Silver version committed, if any.
     pub version: Option<u64>,
+    /// The read window widened (a large transaction, a gap in the offsets): another round
+    /// at once gets further even when this one committed nothing.
+    pub again: bool,
 }
 
 /// What writing one round's folded changes did.
@@ -85,8 +89,8 @@ pub struct SilverTable {
     pub(super) bronze_url: Url,
     pub(super) url: Url,
     pub(super) tombstones: Tombstones,
-    /// Most Bronze rows read per partition in one round.
-    pub(super) window: i64,
+    /// Which Bronze offsets a round reads.
+    pub(super) window: Window,
     pub(super) masking: Masking,
     pub(super) checks: Vec<Check>,
     pub(super) quarantine: QuarantineTable,
@@ -100,7 +104,7 @@ impl SilverTable {
             url: lake.silver(schema, table),
             tombstones: Tombstones::new(&name, lake.silver_tombstones(schema, table)),
             name,
-            window: window.max(1),
+            window: Window::new(window),
             masking: Masking::default(),
             checks: Vec::new(),
             quarantine: QuarantineTable::new(lake.quarantine_records()),
@@ -155,6 +159,10 @@ impl SilverTable {
         let planned = plan(&rows, &before, counts).map_err(|reason| self.rows_error(reason))?;
         report.waiting = planned.waiting;
         report.watermark = planned.progress.watermark;
+        report.again = self
+            .window
+            .adjust(&self.name, &bronze, &before, &rows, &planned, counts)
+            .await?;
         if planned.progress == before {
             return Ok(report);
         }
@@ -197,7 +205,24 @@ impl SilverTable {
                     .await
                     .map_err(LakeError::delta(&self.name))?,
                 ),
-                (None, _) => None,
+                (None, _) => {
+                    // Every change of the table's first round went to quarantine (or was
+                    // a copy): create it empty so the progress is recorded, or the same
+                    // window would be read again forever.
+                    let t = self
+                        .ensure_columns(None, &initial_fields(&rows, &self.name)?)
+                        .await?;
+                    Some(
+                        delta::commit_progress_only(
+                            &t,
+                            props,
+                            "wal2delta-silver",
+                            planned.progress.watermark,
+                        )
+                        .await
+                        .map_err(LakeError::delta(&self.name))?,
+                    )
+                }
             };
             report.version = version;
             return Ok(report);
@@ -501,31 +526,13 @@ impl SilverTable {
     }
 
     async fn read_bronze(
-        &self,
+        &mut self,
         bronze: &DeltaTable,
         p: &Progress,
     ) -> Result<RecordBatch, LakeError> {
-        let mut ranges: Vec<String> = p
-            .cursors
-            .iter()
-            .map(|(part, c)| {
-                format!(
-                    "(kafka_partition = {part} AND kafka_offset > {c} AND kafka_offset <= {})",
-                    c + self.window
-                )
-            })
-            .collect();
-        let known: Vec<String> = p.cursors.keys().map(i32::to_string).collect();
-        ranges.push(if known.is_empty() {
-            format!("kafka_offset < {}", self.window)
-        } else {
-            format!(
-                "(kafka_partition NOT IN ({}) AND kafka_offset < {})",
-                known.join(", "),
-                self.window
-            )
-        });
-        self.select_bronze(bronze, &ranges.join(" OR ")).await
+        self.window.discover(&self.name, bronze, p).await?;
+        let condition = self.window.condition(p);
+        self.select_bronze(bronze, &condition).await
     }
 
     /// The Bronze rows matching `condition`, in Kafka order.
@@ -629,6 +636,8 @@ impl SilverTable {
             Some(ranges) => format!("{} AND {ranges}", keys_equal(keys, "target", "source")),
             None => keys_equal(keys, "target", "source"),
         };
+        let read_version = target.version();
+        let kept = props.clone();
         let source = ctx
             .read_batch(source)
             .map_err(|e| LakeError::delta(&self.name)(e.into()))?;
@@ -695,7 +704,27 @@ impl SilverTable {
         let touched = metrics.num_target_rows_inserted
             + metrics.num_target_rows_updated
             + metrics.num_target_rows_deleted;
-        Ok((table.version().unwrap_or(0), touched))
+        let version = self.committed(read_version, table, kept).await?;
+        Ok((version, touched))
+    }
+
+    /// The version `table` is at after an operation that started from `read_version`
+    /// with `props`. delta-rs makes no commit when a MERGE or DELETE changes no row (every
+    /// change of the round was older than Silver's rows): the round's progress is then
+    /// committed alone, or the same rows would be read, change nothing and hold the
+    /// watermark back forever.
+    async fn committed(
+        &self,
+        read_version: Option<u64>,
+        table: DeltaTable,
+        props: CommitProperties,
+    ) -> Result<u64, LakeError> {
+        if table.version() != read_version {
+            return Ok(table.version().unwrap_or(0));
+        }
+        delta::commit_progress_only(&table, props, "wal2delta-silver", 0)
+            .await
+            .map_err(LakeError::delta(&self.name))
     }
 
     /// A TRUNCATE with nothing after it in the batch: delete every row before it.
@@ -705,6 +734,8 @@ impl SilverTable {
         Position(l, o): Position,
         props: CommitProperties,
     ) -> Result<u64, LakeError> {
+        let read_version = table.version();
+        let kept = props.clone();
         let (table, _) = table
             .delete()
             .with_predicate(format!(
@@ -713,7 +744,7 @@ impl SilverTable {
             .with_commit_properties(props)
             .await
             .map_err(LakeError::delta(&self.name))?;
-        Ok(table.version().unwrap_or(0))
+        self.committed(read_version, table, kept).await
     }
 }
 
@@ -781,6 +812,39 @@ fn bronze_fields(schema: &Schema) -> Vec<Field> {
         .iter()
         .filter_map(|c| schema.field_with_name(c).ok().cloned())
         .collect()
+}
+
+/// The columns of a Silver table created before any row reached it: Bronze's `after`
+/// columns and Silver's own, as the fold and MERGE write them.
+fn initial_fields(rows: &RecordBatch, table: &str) -> Result<Vec<Field>, LakeError> {
+    let after = rows
+        .column_by_name("after")
+        .and_then(|a| a.as_struct_opt())
+        .ok_or_else(|| LakeError::Rows {
+            table: table.to_owned(),
+            reason: "Bronze column `after` is missing or not a struct".into(),
+        })?;
+    let mut fields: Vec<Field> = after
+        .fields()
+        .iter()
+        .map(|f| Field::new(f.name(), f.data_type().clone(), true))
+        .collect();
+    fields.push(Field::new(COMMIT_LSN, DataType::Int64, true));
+    fields.push(Field::new(ORDINAL, DataType::Int64, true));
+    fields.push(Field::new(
+        COMMIT_TS,
+        DataType::Timestamp(
+            deltalake::arrow::datatypes::TimeUnit::Microsecond,
+            Some("UTC".into()),
+        ),
+        true,
+    ));
+    fields.push(Field::new(
+        UNRESOLVED,
+        DataType::List(Arc::new(Field::new("element", DataType::Utf8, true))),
+        true,
+    ));
+    Ok(fields)
 }
 
 /// The primary-key columns: the fields of Bronze's `key`.
