@@ -18,6 +18,8 @@ pub struct Daemon {
     pub schema: String,
     /// Extra environment for the daemon (e.g. `WAL2DELTA__KAFKA__TOPIC_PARTITIONS`).
     pub env: Vec<(String, String)>,
+    /// A superuser DSN, to drop the slot and publication when the test ends.
+    admin_dsn: String,
     process: Option<StageProcess>,
     runs: u32,
 }
@@ -77,6 +79,7 @@ listen = "127.0.0.1:0"
             prefix: name.to_owned(),
             schema: name.to_owned(),
             env: Vec::new(),
+            admin_dsn: stack.admin_dsn.clone(),
             process: None,
             runs: 0,
         })
@@ -286,8 +289,38 @@ impl Drop for StageProcess {
 }
 
 impl Drop for Daemon {
+    /// Stops the daemon and drops its slot and publication, also when the test failed: a
+    /// leaked slot holds WAL on the shared server for good. The walsender of a killed
+    /// daemon takes a moment to release the slot, hence the retries.
     fn drop(&mut self) {
         self.kill9();
+        let sql = format!(
+            "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE slot_name = '{slot}' AND NOT active; \
+             DROP PUBLICATION IF EXISTS \"{publication}\"; \
+             SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}';",
+            slot = self.slot.replace('\'', "''"),
+            publication = self.publication.replace('"', "\"\""),
+        );
+        for _ in 0..50 {
+            let out = Command::new("psql")
+                .args(["-X", "-q", "-t", "-A", "-d", &self.admin_dsn, "-c", &sql])
+                .stdin(Stdio::null())
+                .output();
+            match out {
+                Ok(o) if o.status.success() => {
+                    let text = String::from_utf8_lossy(&o.stdout);
+                    if text.lines().last().map(str::trim) == Some("0") {
+                        return;
+                    }
+                }
+                _ => {}
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        eprintln!(
+            "could not drop replication slot {} after the test",
+            self.slot
+        );
     }
 }
 

@@ -1,0 +1,289 @@
+//! Silver keeps moving on inputs that used to stop it for good (issue 11), on the real
+//! stack with a read window of 50 offsets per partition:
+//!
+//! - a single transaction of 600 changes (twelve windows) is applied whole;
+//! - a gap of 120 offsets in Bronze (events Bronze quarantined) is read past;
+//! - a table whose first window holds only rows failing a check still gets its Silver
+//!   table and progress, and later rows arrive;
+//! - a key-changing update that fails a check still deletes the old key.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Result};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
+use serde_json::Value;
+use tokio_postgres::Client;
+use wal2delta_tests::daemon::{Daemon, StageProcess};
+use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
+use wal2delta_tests::{cleanup, scenario, Stack};
+
+const TOML: &str = r#"[bronze]
+group_id = "{s}"
+max_batch_ms = 300
+topic_refresh_ms = 500
+[silver]
+interval_ms = 300
+max_rows_per_partition = 50
+[[silver.checks]]
+name = "not_bad"
+table = "{s}.t"
+sql = "v IS NULL OR v <> 'bad'"
+[[silver.checks]]
+name = "positive"
+table = "{s}.late"
+sql = "n > 0"
+"#;
+
+/// `SELECT id, v, n FROM {schema}.{table}` as JSON rows, ordered by id.
+async fn source_rows(pg: &Client, schema: &str, table: &str) -> Result<Vec<Vec<Value>>> {
+    let rows = pg
+        .query(
+            &format!("SELECT id, v, n FROM {schema}.{table} ORDER BY id"),
+            &[],
+        )
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            vec![
+                Value::from(r.get::<_, i32>(0)),
+                r.get::<_, Option<String>>(1)
+                    .map_or(Value::Null, Value::from),
+                r.get::<_, Option<i32>>(2).map_or(Value::Null, Value::from),
+            ]
+        })
+        .collect())
+}
+
+/// Waits until Silver's `table` holds `want` (id, v, n rows).
+async fn wait_silver(
+    d: &Daemon,
+    table: &str,
+    want: &[Vec<Value>],
+    run: &mut StageProcess,
+    timeout: Duration,
+) -> Result<()> {
+    let path = d.silver(table);
+    let start = Instant::now();
+    let mut last = Vec::new();
+    while start.elapsed() < timeout {
+        run.assert_running()?;
+        if let Ok(have) = duckdb(&format!("SELECT id, v, n FROM {} ORDER BY id", scan(&path))) {
+            if have == want {
+                return Ok(());
+            }
+            last = have;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let missing: Vec<_> = want.iter().filter(|r| !last.contains(r)).take(5).collect();
+    let extra: Vec<_> = last.iter().filter(|r| !want.contains(r)).take(5).collect();
+    bail!(
+        "Silver {table} ({} rows) never equalled the source ({} rows); missing/different {missing:?}, extra {extra:?}; log: {}",
+        last.len(),
+        want.len(),
+        run.log_text()
+    )
+}
+
+async fn wait_equal(
+    pg: &Client,
+    d: &Daemon,
+    schema: &str,
+    table: &str,
+    run: &mut StageProcess,
+) -> Result<usize> {
+    d.wait_caught_up(pg, Duration::from_secs(90)).await?;
+    let want = source_rows(pg, schema, table).await?;
+    wait_silver(d, table, &want, run, Duration::from_secs(120)).await?;
+    Ok(want.len())
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn silver_moves_past_large_transactions_gaps_and_failing_rows() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, d) = scenario(
+        &stack,
+        "hostile",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);
+         CREATE TABLE {s}.late (id int PRIMARY KEY, v text, n int);",
+        TOML,
+        1,
+    )
+    .await?;
+    let s = &name;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.t SELECT g, 'v' || g, g FROM generate_series(1, 30) g;"
+    ))
+    .await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+
+    // One transaction of 600 changes: twelve read windows.
+    pg.batch_execute(&format!(
+        "BEGIN;
+         UPDATE {s}.t SET n = n + 1;
+         INSERT INTO {s}.t SELECT g, 'w' || g, g FROM generate_series(31, 600) g;
+         COMMIT;
+         INSERT INTO {s}.t VALUES (601, 'after', 1);"
+    ))
+    .await?;
+    assert_eq!(wait_equal(&pg, &d, s, "t", &mut run).await?, 601);
+
+    // A gap of 120 offsets: messages Bronze cannot decode (it quarantines them), then a
+    // normal transaction beyond them.
+    let topic = format!("{name}.{name}.t");
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &stack.brokers)
+        .create()?;
+    for i in 0..120 {
+        let payload = format!("not avro {i}");
+        producer
+            .send(
+                BaseRecord::to(&topic)
+                    .partition(0)
+                    .key("x")
+                    .payload(&payload),
+            )
+            .map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    let quarantine = d.lake().join("quarantine").join("records");
+    let start = Instant::now();
+    loop {
+        run.assert_running()?;
+        let n = duckdb_i64(&format!(
+            "SELECT count(*) FROM {} WHERE stage = 'bronze'",
+            scan(&quarantine)
+        ))
+        .unwrap_or(0);
+        if n >= 120 {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            bail!("Bronze quarantined {n} of the 120 undecodable messages");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pg.batch_execute(&format!(
+        "UPDATE {s}.t SET v = 'past the gap' WHERE id <= 10; INSERT INTO {s}.t VALUES (602, 'x', 2);"
+    ))
+    .await?;
+    assert_eq!(wait_equal(&pg, &d, s, "t", &mut run).await?, 602);
+
+    // A key move whose new row fails a check: the old key goes, the new one is held back.
+    pg.batch_execute(&format!(
+        "UPDATE {s}.t SET id = 5000, v = 'bad' WHERE id = 20; INSERT INTO {s}.t VALUES (603, 'y', 3);"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(90)).await?;
+    let want: Vec<Vec<Value>> = source_rows(&pg, s, "t")
+        .await?
+        .into_iter()
+        .filter(|r| r[0] != Value::from(5000))
+        .collect();
+    assert!(!want.iter().any(|r| r[0] == Value::from(20)));
+    wait_silver(&d, "t", &want, &mut run, Duration::from_secs(120)).await?;
+
+    // A table whose first window (50 offsets) holds only failing rows.
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.late SELECT g, 'neg', -g FROM generate_series(1, 80) g;"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(90)).await?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.late SELECT g, 'pos', g FROM generate_series(81, 90) g;"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(90)).await?;
+    let want: Vec<Vec<Value>> = source_rows(&pg, s, "late")
+        .await?
+        .into_iter()
+        .filter(|r| r[2].as_i64().is_some_and(|n| n > 0))
+        .collect();
+    assert_eq!(want.len(), 10);
+    wait_silver(&d, "late", &want, &mut run, Duration::from_secs(120)).await?;
+    let held = duckdb_i64(&format!(
+        "SELECT count(*) FROM {} WHERE stage = 'silver' AND table_name = '{s}.late'",
+        scan(&quarantine)
+    ))?;
+    assert_eq!(held, 80, "every failing row is in quarantine once");
+
+    run.stop()?;
+    cleanup(&pg, &name, &name).await;
+    Ok(())
+}
+
+/// A round whose MERGE changes nothing (re-delivered snapshot rows older than Silver's
+/// rows) still records its progress: delta-rs makes no commit for such a MERGE, and the
+/// watermark used to stay where it was for good (issue 11 #12: `reconcile` gave up).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_round_that_changes_nothing_still_moves_the_watermark() -> Result<()> {
+    let stack = Stack::from_env();
+    let toml = "[snapshot]\nmode = \"initial\"\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
+    let stack2 = stack.clone();
+    let name = wal2delta_tests::unique("noop");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text, n int);
+         INSERT INTO {name}.t SELECT g, 'snap', g FROM generate_series(1, 20) g;"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack2, &name, &toml.replace("{s}", &name))?;
+    d.env
+        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "1".into()));
+    d.setup()?;
+    let s = &name;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+    pg.batch_execute(&format!("UPDATE {s}.t SET v = 'streamed';"))
+        .await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+
+    // The snapshot rows again, straight to the topic: older than every Silver row.
+    let topic = format!("{name}.{name}.t");
+    let old = wal2delta_tests::kafka::read_topic_to_end(&stack.brokers, &topic)?;
+    let snapshot: Vec<_> = old.iter().take(20).collect();
+    let producer: BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", &stack.brokers)
+        .create()?;
+    for r in &snapshot {
+        let mut rec = BaseRecord::to(&topic)
+            .partition(r.partition)
+            .payload(&r.payload);
+        if let Some(k) = &r.key {
+            rec = rec.key(k);
+        }
+        producer.send(rec).map_err(|(e, _)| e)?;
+    }
+    producer.flush(Duration::from_secs(30))?;
+    let bronze = d.bronze("t");
+    let start = Instant::now();
+    while duckdb_i64(&format!("SELECT count(*) FROM {}", scan(&bronze)))? < 60 {
+        run.assert_running()?;
+        if start.elapsed() > Duration::from_secs(90) {
+            bail!("Bronze never stored the re-delivered snapshot rows");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // Silver is unchanged, and its watermark reaches a snapshot taken now.
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+    let out = d.command(&[
+        "reconcile",
+        "--table",
+        &format!("{s}.t"),
+        "--wait-secs",
+        "60",
+    ])?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "reconcile: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.stop()?;
+    cleanup(&pg, &name, &name).await;
+    Ok(())
+}
