@@ -24,6 +24,27 @@ use crate::StreamError;
 pub struct Delivery {
     pub token: AckToken,
     pub result: Result<(), KafkaError>,
+    /// Key plus value bytes of the message, so a broker-side "message too large" can say
+    /// how large it was.
+    pub bytes: usize,
+}
+
+/// librdkafka's default `message.max.bytes`: the largest message the producer accepts.
+pub const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// What librdkafka adds to key plus value when it checks a message against
+/// `message.max.bytes` (a v2 record's varint lengths, attributes, timestamp and offset
+/// deltas; no headers are sent). Rounded up, so that a message passing the check below is
+/// never refused by librdkafka's own check.
+pub const RECORD_OVERHEAD_BYTES: usize = 64;
+
+/// Whether a delivery failed because a message was too large for the producer or the
+/// broker (`MSG_SIZE_TOO_LARGE`, local or from the broker).
+pub fn is_too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge)
+    )
 }
 
 struct AckContext {
@@ -36,14 +57,16 @@ impl ProducerContext for AckContext {
     type DeliveryOpaque = Box<AckToken>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, token: Self::DeliveryOpaque) {
-        let result = match result {
-            Ok(_) => Ok(()),
-            Err((e, _)) => Err(e.clone()),
+        use rdkafka::Message;
+        let (result, bytes) = match result {
+            Ok(m) => (Ok(()), m.key_len() + m.payload_len()),
+            Err((e, m)) => (Err(e.clone()), m.key_len() + m.payload_len()),
         };
         // The receiver is gone only when capture is shutting down.
         let _ = self.deliveries.send(Delivery {
             token: *token,
             result,
+            bytes,
         });
     }
 }
@@ -54,6 +77,9 @@ pub struct ProducerSettings {
     pub brokers: String,
     pub delivery_timeout: Duration,
     pub topic_partitions: i32,
+    /// The producer's `message.max.bytes`: larger messages are refused before sending
+    /// ([`EventProducer::fits`]) and go to the DLQ instead.
+    pub message_max_bytes: usize,
     /// Extra librdkafka properties.
     pub extra: BTreeMap<String, String>,
 }
@@ -81,6 +107,10 @@ impl EventProducer {
             .set(
                 "message.timeout.ms",
                 settings.delivery_timeout.as_millis().to_string(),
+            )
+            .set(
+                "message.max.bytes",
+                settings.message_max_bytes.to_string(),
             )
             .set("linger.ms", "5")
             .set("queue.buffering.max.messages", "200000")
@@ -165,6 +195,19 @@ impl EventProducer {
         Ok(n)
     }
 
+    /// The largest key plus value this producer sends (its `message.max.bytes` less the
+    /// record overhead).
+    pub fn max_payload_bytes(&self) -> usize {
+        self.settings
+            .message_max_bytes
+            .saturating_sub(RECORD_OVERHEAD_BYTES)
+    }
+
+    /// Whether a message of `bytes` (key plus value) fits under the producer's limit.
+    pub fn fits(&self, bytes: usize) -> bool {
+        bytes <= self.max_payload_bytes()
+    }
+
     /// Queues one message. Waits (without blocking the runtime) while librdkafka's queue
     /// is full. The delivery is reported later with `token`.
     pub async fn send(
@@ -188,6 +231,13 @@ impl EventProducer {
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) if is_too_large(&e) => {
+                    return Err(StreamError::TooLarge {
+                        topic: topic.to_owned(),
+                        bytes: payload.len() + key.map_or(0, <[u8]>::len),
+                        limit: self.settings.message_max_bytes,
+                    })
                 }
                 Err((e, _)) => return Err(StreamError::Kafka(e)),
             }

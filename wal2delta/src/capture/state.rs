@@ -138,8 +138,8 @@ impl State {
         &mut self,
         d: wal2delta_stream::producer::Delivery,
     ) -> Result<(), SessionError> {
-        if let Err(e) = d.result {
-            return Err(SessionError::Delivery(e.to_string()));
+        if let Some(e) = delivery_failed(&d) {
+            return Err(e);
         }
         if d.token == POSITION_TOKEN {
             self.position_delivered();
