@@ -367,6 +367,7 @@ async fn session(
         sent_flush: start,
         last_status: Instant::now(),
         events: 0,
+        watch: state::DeliveryWatch::new(Duration::from_millis(config.kafka.delivery_timeout_ms)),
     };
     let mut ticker = tokio::time::interval(status_every);
     let mut health = tokio::time::interval(Duration::from_secs(10));
@@ -388,18 +389,17 @@ async fn session(
             }
             d = deliveries.recv() => {
                 let d = d.ok_or_else(|| SessionError::Delivery("delivery channel closed".into()))?;
-                if let Some(e) = delivery_failed(&d) {
-                    return Err(e);
-                }
-                if d.token == POSITION_TOKEN {
-                    state.position_delivered();
+                let token = d.token;
+                state.delivered(d)?;
+                if token == POSITION_TOKEN {
                     state.status(&mut stream, false, status_every).await?;
-                } else if d.token != PROGRESS_TOKEN && d.token != WATERMARK_TOKEN {
-                    state.ack(d.token);
+                } else if token != PROGRESS_TOKEN && token != WATERMARK_TOKEN {
                     state.record_progress(&publisher).await?;
                 }
             }
             _ = ticker.tick() => {
+                let waiting = state.waiting();
+                state.watch.check(waiting)?;
                 state.record_position(&publisher).await?;
                 state.status(&mut stream, false, status_every).await?;
             }

@@ -27,6 +27,50 @@ pub(super) struct State {
     pub(super) sent_flush: Lsn,
     pub(super) last_status: Instant,
     pub(super) events: u64,
+    pub(super) watch: DeliveryWatch,
+}
+
+/// Capture's own delivery timeout. librdkafka never times a message out (that would skip
+/// it and let later END records through: see `wal2delta_stream::producer`), so capture
+/// ends the session when Kafka acknowledges nothing for `[kafka] delivery_timeout_ms`
+/// while something waits; the dropped producer purges what it still holds.
+pub(super) struct DeliveryWatch {
+    pub(super) timeout: Duration,
+    /// Delivery reports received, and how many there were when the clock was last reset.
+    reports: u64,
+    at_reset: u64,
+    since: Instant,
+}
+
+impl DeliveryWatch {
+    pub(super) fn new(timeout: Duration) -> Self {
+        DeliveryWatch {
+            timeout,
+            reports: 0,
+            at_reset: 0,
+            since: Instant::now(),
+        }
+    }
+
+    pub(super) fn report(&mut self) {
+        self.reports += 1;
+    }
+
+    /// Fails when `waiting` has lasted `timeout` without a single delivery report.
+    pub(super) fn check(&mut self, waiting: bool) -> Result<(), SessionError> {
+        if !waiting || self.reports != self.at_reset {
+            self.at_reset = self.reports;
+            self.since = Instant::now();
+            return Ok(());
+        }
+        if self.since.elapsed() >= self.timeout {
+            return Err(SessionError::Delivery(format!(
+                "Kafka acknowledged nothing for {} ms while events were in flight ([kafka] delivery_timeout_ms)",
+                self.timeout.as_millis()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl State {
@@ -138,6 +182,7 @@ impl State {
         &mut self,
         d: wal2delta_stream::producer::Delivery,
     ) -> Result<(), SessionError> {
+        self.watch.report();
         if let Some(e) = delivery_failed(&d) {
             return Err(e);
         }
@@ -239,6 +284,11 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// Whether anything sent waits for Kafka (for the delivery timeout).
+    pub(super) fn waiting(&self) -> bool {
+        self.tracker.in_flight() > 0 || self.position_in_flight.is_some()
     }
 
     pub(super) fn position_delivered(&mut self) {
