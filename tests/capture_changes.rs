@@ -439,3 +439,81 @@ async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() 
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
+
+/// `REPLICA IDENTITY USING INDEX` on an index without the primary key: PostgreSQL logs
+/// only the index's columns for a deleted row, so the delete names no key. `setup`
+/// refuses such a table, naming the index and the fix; a table altered while capture runs
+/// has its deletes sent to the DLQ with that reason and the old row's index columns,
+/// never dropped silently, and the stream goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn replica_identity_index_without_the_key_is_refused_and_never_loses_deletes() -> Result<()>
+{
+    let stack = Stack::from_env();
+    let name = unique("ident");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name};
+         CREATE TABLE {name}.t (id int PRIMARY KEY, u int NOT NULL, v text);
+         CREATE UNIQUE INDEX t_u ON {name}.t (u);
+         ALTER TABLE {name}.t REPLICA IDENTITY USING INDEX t_u;"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    let out = d.command(&["setup"])?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "setup must refuse: {text}");
+    assert!(text.contains(&format!("{name}.t")), "{text}");
+    assert!(text.contains("t_u"), "{text}");
+    assert!(text.contains("REPLICA IDENTITY DEFAULT"), "{text}");
+
+    // Fixed: setup passes. Then the identity is changed back while capture runs.
+    pg.batch_execute(&format!("ALTER TABLE {name}.t REPLICA IDENTITY DEFAULT"))
+        .await?;
+    d.setup()?;
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t VALUES (1, 11, 'a'), (2, 22, 'b');
+         ALTER TABLE {name}.t REPLICA IDENTITY USING INDEX t_u;
+         DELETE FROM {name}.t WHERE id = 2;
+         INSERT INTO {name}.t VALUES (3, 33, 'c');"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    d.assert_running()?;
+    let good = events(&stack, &format!("{name}.{name}.t"), 3)?;
+    assert_eq!(
+        good.iter()
+            .map(|e| (e.op.clone(), long(field(&e.after, "id"))))
+            .collect::<Vec<_>>(),
+        vec![
+            ("c".to_string(), Some(1)),
+            ("c".to_string(), Some(2)),
+            ("c".to_string(), Some(3))
+        ]
+    );
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    assert_eq!(dlq.len(), 1);
+    let letter: serde_json::Value = serde_json::from_slice(&dlq[0].payload)?;
+    assert_eq!(letter["reason_kind"], "identity_without_key", "{letter}");
+    assert_eq!(letter["op"], "d");
+    let reason = letter["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("REPLICA IDENTITY DEFAULT"), "{letter}");
+    assert!(letter["raw"].as_str().unwrap_or("").contains("u=22"), "{letter}");
+    assert!(
+        d.last_log().contains("replica identity index does not contain the primary key"),
+        "{}",
+        d.last_log()
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

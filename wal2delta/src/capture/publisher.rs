@@ -422,18 +422,19 @@ impl Publisher {
             table,
             position,
             op,
+            kind,
             reason,
             ..
         } = d
         {
-            tracing::warn!(table = %table, lsn = %position.lsn, reason = %reason, "undecodable row sent to the DLQ");
+            tracing::warn!(table = %table, lsn = %position.lsn, kind = %kind, reason = %reason, "row sent to the DLQ");
             self.dead_letter(
                 tracker,
                 token,
                 table,
                 *op,
                 position,
-                "undecodable_value",
+                kind,
                 reason,
                 raw_text,
             )
