@@ -286,7 +286,9 @@ async fn session(
         let progress = if reset_progress {
             Default::default()
         } else {
-            load_snapshot_progress(config, &snapshots_topic).await?
+            let mut p = load_snapshot_progress(config, &snapshots_topic).await?;
+            open_sealed_keys(&mut p, slot_name, tokenizer.as_ref());
+            p
         };
         let (imported_tx, imported_rx) = oneshot::channel();
         let plan = SnapshotPlan {
@@ -492,8 +494,8 @@ async fn session(
 }
 
 use startup::{
-    check_slot_position, load_snapshot_progress, quote_literal, record_new_slot, recorded_position,
-    report_slot_health,
+    check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal,
+    record_new_slot, recorded_position, report_slot_health,
 };
 use state::State;
 use streamed::{drain, replay_streamed};

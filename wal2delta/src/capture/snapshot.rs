@@ -135,6 +135,7 @@ async fn snapshot_table(
             table: key.clone(),
             state: "running".into(),
             last_key: None,
+            last_key_sealed: None,
             rows_done: 0,
             rows_estimate: estimate_rows(client, table).await?.max(0) as u64,
             ts_ms: now_ms(),

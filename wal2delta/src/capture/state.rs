@@ -267,13 +267,14 @@ impl State {
     ) -> Result<(), SessionError> {
         for p in std::mem::take(&mut self.progress_ready) {
             let key = SnapshotProgress::key(&self.slot, &p.table);
+            let record = self.sealed(&key, &p);
             publisher
                 .producer
                 .send(
                     &self.snapshots_topic,
                     Some(0),
                     Some(key.as_bytes()),
-                    &p.to_json(),
+                    &record.to_json(),
                     PROGRESS_TOKEN,
                 )
                 .await?;
@@ -284,6 +285,26 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// The progress record as written to the snapshots topic: for a table with tokenized
+    /// columns the last key (which may be a tokenized column's raw value) is sealed, so
+    /// the topic never holds it in clear (promise 5).
+    fn sealed(&self, record_key: &str, p: &SnapshotProgress) -> SnapshotProgress {
+        let Some(t) = self.tokenizer.as_ref().filter(|t| t.covers(&p.table)) else {
+            return p.clone();
+        };
+        let mut out = p.clone();
+        if let Some(key) = out.last_key.take() {
+            let plain = serde_json::to_vec(&key).unwrap_or_default();
+            // Sealing fails only without randomness; then the record carries no key and
+            // a resume starts the table again (rows twice, never skipped).
+            out.last_key_sealed = t.seal(record_key, &plain);
+            if out.last_key_sealed.is_none() {
+                out.rows_done = 0;
+            }
+        }
+        out
     }
 
     /// Whether anything sent waits for Kafka (for the delivery timeout).
