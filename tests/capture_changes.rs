@@ -446,8 +446,7 @@ async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() 
 /// has its deletes sent to the DLQ with that reason and the old row's index columns,
 /// never dropped silently, and the stream goes on.
 #[tokio::test(flavor = "multi_thread")]
-async fn replica_identity_index_without_the_key_is_refused_and_never_loses_deletes() -> Result<()>
-{
+async fn replica_identity_index_without_the_key_is_refused_and_never_loses_deletes() -> Result<()> {
     let stack = Stack::from_env();
     let name = unique("ident");
     let pg = stack.connect().await?;
@@ -507,9 +506,13 @@ async fn replica_identity_index_without_the_key_is_refused_and_never_loses_delet
     assert_eq!(letter["op"], "d");
     let reason = letter["reason"].as_str().unwrap_or("");
     assert!(reason.contains("REPLICA IDENTITY DEFAULT"), "{letter}");
-    assert!(letter["raw"].as_str().unwrap_or("").contains("u=22"), "{letter}");
     assert!(
-        d.last_log().contains("replica identity index does not contain the primary key"),
+        letter["raw"].as_str().unwrap_or("").contains("u=22"),
+        "{letter}"
+    );
+    assert!(
+        d.last_log()
+            .contains("replica identity index does not contain the primary key"),
         "{}",
         d.last_log()
     );

@@ -189,7 +189,11 @@ async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
         .is_empty()
     {
         d.assert_running()?;
-        ensure!(start.elapsed() < Duration::from_secs(90), "no progress: {}", d.last_log());
+        ensure!(
+            start.elapsed() < Duration::from_secs(90),
+            "no progress: {}",
+            d.last_log()
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     d.kill9();
@@ -201,7 +205,11 @@ async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
         if recs.iter().any(|r| contains(&r.payload, "\"done\"")) {
             break;
         }
-        ensure!(start.elapsed() < Duration::from_secs(120), "not done: {}", d.last_log());
+        ensure!(
+            start.elapsed() < Duration::from_secs(120),
+            "not done: {}",
+            d.last_log()
+        );
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     let recs = read_topic_to_end(&stack.brokers, &topic)?;
@@ -217,7 +225,8 @@ async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
     }
     // The restarted run resumed after a sealed key instead of starting over.
     ensure!(
-        !d.last_log().contains("cannot open the sealed snapshot position")
+        !d.last_log()
+            .contains("cannot open the sealed snapshot position")
             && !d.last_log().contains("resume_after_rows=0"),
         "{}",
         d.last_log()
@@ -233,7 +242,11 @@ async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
         keys.insert(string(field(&after, "card_number")).unwrap_or_default());
         ensure!(!contains(&r.payload, "card-"), "raw key in an event");
     }
-    ensure!(keys.len() == 2000, "distinct rows in the topic: {}", keys.len());
+    ensure!(
+        keys.len() == 2000,
+        "distinct rows in the topic: {}",
+        keys.len()
+    );
     d.stop()?;
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())

@@ -128,10 +128,7 @@ fn client_config(settings: &ProducerSettings) -> ClientConfig {
         // Never time a message out inside librdkafka (that would skip it and send the
         // next ones); capture enforces `delivery_timeout` itself.
         .set("message.timeout.ms", "0")
-        .set(
-            "message.max.bytes",
-            settings.message_max_bytes.to_string(),
-        )
+        .set("message.max.bytes", settings.message_max_bytes.to_string())
         .set("linger.ms", "5")
         .set("queue.buffering.max.messages", "200000")
         .set("client.id", "wal2delta-capture");

@@ -90,7 +90,15 @@ pub async fn run(
     loop {
         let mut connected = false;
         let limits = Limits { message_max_bytes };
-        match session(config, &mut shutdown, &mut connected, allow_slot_ahead, limits).await {
+        match session(
+            config,
+            &mut shutdown,
+            &mut connected,
+            allow_slot_ahead,
+            limits,
+        )
+        .await
+        {
             Ok(()) => return Ok(()),
             Err(e) => {
                 ever_connected |= connected;
@@ -494,8 +502,8 @@ async fn session(
 }
 
 use startup::{
-    check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal,
-    record_new_slot, recorded_position, report_slot_health,
+    check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
+    recorded_position, report_slot_health,
 };
 use state::State;
 use streamed::{drain, replay_streamed};

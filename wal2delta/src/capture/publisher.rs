@@ -428,17 +428,8 @@ impl Publisher {
         } = d
         {
             tracing::warn!(table = %table, lsn = %position.lsn, kind = %kind, reason = %reason, "row sent to the DLQ");
-            self.dead_letter(
-                tracker,
-                token,
-                table,
-                *op,
-                position,
-                kind,
-                reason,
-                raw_text,
-            )
-            .await?;
+            self.dead_letter(tracker, token, table, *op, position, kind, reason, raw_text)
+                .await?;
         }
         Ok(())
     }

@@ -285,19 +285,28 @@ mod tests {
         let t = tokenizer();
         let sealed = t.seal("slot/public.t", br#"["4111111111111111"]"#).unwrap();
         assert!(sealed.starts_with("seal1:k1:") && !sealed.contains("4111"));
-        assert_ne!(sealed, t.seal("slot/public.t", br#"["4111111111111111"]"#).unwrap());
+        assert_ne!(
+            sealed,
+            t.seal("slot/public.t", br#"["4111111111111111"]"#).unwrap()
+        );
         assert_eq!(
             t.open("slot/public.t", &sealed).unwrap(),
             br#"["4111111111111111"]"#
         );
-        assert!(t.open("slot/public.u", &sealed).is_none(), "bound to its record");
+        assert!(
+            t.open("slot/public.u", &sealed).is_none(),
+            "bound to its record"
+        );
         let mut other = tokenizer();
         other.mac = Hmac::<Sha256>::new_from_slice(b"another key of thirty-two bytes!").unwrap();
         assert!(other.open("slot/public.t", &sealed).is_none());
         let mut bad = sealed.clone();
         let last = bad.pop().unwrap();
         bad.push(if last == '0' { '1' } else { '0' });
-        assert!(t.open("slot/public.t", &bad).is_none(), "tampering is detected");
+        assert!(
+            t.open("slot/public.t", &bad).is_none(),
+            "tampering is detected"
+        );
         assert!(t.open("slot/public.t", "seal1:k1:zz").is_none());
     }
 
