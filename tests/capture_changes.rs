@@ -348,3 +348,175 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
+
+/// A value over the Kafka message size (a 2 MB jsonb against librdkafka's 1 MB default)
+/// goes to the DLQ with its key, columns and sizes; the rows around it, in the same
+/// transaction and after it, reach the topic; the END record counts only what the topic
+/// holds; the slot moves past it without a restart.
+#[tokio::test(flavor = "multi_thread")]
+async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, mut d) = wal2delta_tests::scenario(
+        &stack,
+        "big",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, doc jsonb);",
+        "",
+        1,
+    )
+    .await?;
+    d.start()?;
+    // About 2.1 MB of jsonb text that does not compress to nothing.
+    let big = "(SELECT jsonb_agg(md5(i::text)) FROM generate_series(1, 60000) i)";
+    // Separate calls: one simple query of several statements would be one transaction.
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (1, '{{\"a\": 1}}')"))
+        .await?;
+    pg.batch_execute(&format!(
+        "BEGIN;
+         INSERT INTO {name}.t VALUES (2, '[2]');
+         INSERT INTO {name}.t VALUES (3, {big});
+         INSERT INTO {name}.t VALUES (4, '[4]');
+         COMMIT;"
+    ))
+    .await?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (5, '[5]')"))
+        .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    d.assert_running()?;
+
+    let good = events(&stack, &format!("{name}.{name}.t"), 4)?;
+    assert_eq!(
+        good.iter()
+            .filter_map(|e| long(field(&e.after, "id")))
+            .collect::<Vec<_>>(),
+        vec![1, 2, 4, 5]
+    );
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    assert_eq!(dlq.len(), 1);
+    let letter: serde_json::Value = serde_json::from_slice(&dlq[0].payload)?;
+    assert_eq!(letter["reason_kind"], "message_too_large", "{letter}");
+    assert_eq!(letter["table"], format!("{name}.t"));
+    assert_eq!(letter["op"], "c");
+    assert_eq!(letter["key"], serde_json::json!({"id": "3"}), "{letter}");
+    assert_eq!(letter["columns"], serde_json::json!(["id", "doc"]));
+    let bytes = letter["encoded_bytes"].as_u64().unwrap_or(0);
+    let limit = letter["limit_bytes"].as_u64().unwrap_or(0);
+    assert!(bytes > 2_000_000 && limit < 1_000_000, "{letter}");
+    assert!(
+        letter["reason"]
+            .as_str()
+            .unwrap_or("")
+            .contains("message_max_bytes"),
+        "{letter}"
+    );
+    assert_eq!(letter["raw"], "", "no value in the letter");
+
+    // The END record of the transaction counts the two rows on the topic, not the third.
+    let tx_lsn = good[1].commit_lsn;
+    assert_eq!(good[2].commit_lsn, tx_lsn);
+    let ends = read_topic(
+        &stack.brokers,
+        &format!("{name}.transactions"),
+        Some(3),
+        Duration::from_secs(10),
+    )?;
+    let end = ends
+        .iter()
+        .filter_map(|r| serde_json::from_slice::<serde_json::Value>(&r.payload).ok())
+        .find(|e| e["commit_lsn"].as_i64() == Some(tx_lsn))
+        .ok_or_else(|| anyhow::anyhow!("no END record at {tx_lsn}"))?;
+    assert_eq!(end["event_count"], 2, "{end}");
+    assert_eq!(end["data_collections"][0]["event_count"], 2, "{end}");
+
+    // No restart loop: the session never ended.
+    let log = d.last_log();
+    assert!(!log.contains("capture session ended"), "{log}");
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+/// `REPLICA IDENTITY USING INDEX` on an index without the primary key: PostgreSQL logs
+/// only the index's columns for a deleted row, so the delete names no key. `setup`
+/// refuses such a table, naming the index and the fix; a table altered while capture runs
+/// has its deletes sent to the DLQ with that reason and the old row's index columns,
+/// never dropped silently, and the stream goes on.
+#[tokio::test(flavor = "multi_thread")]
+async fn replica_identity_index_without_the_key_is_refused_and_never_loses_deletes() -> Result<()> {
+    let stack = Stack::from_env();
+    let name = unique("ident");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name};
+         CREATE TABLE {name}.t (id int PRIMARY KEY, u int NOT NULL, v text);
+         CREATE UNIQUE INDEX t_u ON {name}.t (u);
+         ALTER TABLE {name}.t REPLICA IDENTITY USING INDEX t_u;"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    let out = d.command(&["setup"])?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!out.status.success(), "setup must refuse: {text}");
+    assert!(text.contains(&format!("{name}.t")), "{text}");
+    assert!(text.contains("t_u"), "{text}");
+    assert!(text.contains("REPLICA IDENTITY DEFAULT"), "{text}");
+
+    // Fixed: setup passes. Then the identity is changed back while capture runs.
+    pg.batch_execute(&format!("ALTER TABLE {name}.t REPLICA IDENTITY DEFAULT"))
+        .await?;
+    d.setup()?;
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t VALUES (1, 11, 'a'), (2, 22, 'b');
+         ALTER TABLE {name}.t REPLICA IDENTITY USING INDEX t_u;
+         DELETE FROM {name}.t WHERE id = 2;
+         INSERT INTO {name}.t VALUES (3, 33, 'c');"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    d.assert_running()?;
+    let good = events(&stack, &format!("{name}.{name}.t"), 3)?;
+    assert_eq!(
+        good.iter()
+            .map(|e| (e.op.clone(), long(field(&e.after, "id"))))
+            .collect::<Vec<_>>(),
+        vec![
+            ("c".to_string(), Some(1)),
+            ("c".to_string(), Some(2)),
+            ("c".to_string(), Some(3))
+        ]
+    );
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    assert_eq!(dlq.len(), 1);
+    let letter: serde_json::Value = serde_json::from_slice(&dlq[0].payload)?;
+    assert_eq!(letter["reason_kind"], "identity_without_key", "{letter}");
+    assert_eq!(letter["op"], "d");
+    let reason = letter["reason"].as_str().unwrap_or("");
+    assert!(reason.contains("REPLICA IDENTITY DEFAULT"), "{letter}");
+    assert!(
+        letter["raw"].as_str().unwrap_or("").contains("u=22"),
+        "{letter}"
+    );
+    assert!(
+        d.last_log()
+            .contains("replica identity index does not contain the primary key"),
+        "{}",
+        d.last_log()
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

@@ -40,6 +40,9 @@ pub enum Decoded {
         table: TableName,
         position: TxPosition,
         op: ChangeOp,
+        /// The dead letter's `reason_kind`: [`UNDECODABLE_VALUE`] or
+        /// [`IDENTITY_WITHOUT_KEY`].
+        kind: &'static str,
         reason: String,
         raw: RawRow,
     },
@@ -55,6 +58,12 @@ pub enum Decoded {
     Nothing,
 }
 
+/// A value the decoder cannot represent exactly.
+pub const UNDECODABLE_VALUE: &str = "undecodable_value";
+/// A DELETE of a table whose replica identity is an index without the primary key: the
+/// old row carries the index's columns, not the key the events are keyed by.
+pub const IDENTITY_WITHOUT_KEY: &str = "identity_without_key";
+
 #[derive(Default)]
 struct TxState {
     xid: u32,
@@ -66,6 +75,9 @@ struct TxState {
 /// Stateful pgoutput → change decoder.
 pub struct Decoder {
     relations: HashMap<u32, Arc<TableSchema>>,
+    /// Relations whose replica identity is an index that leaves out primary-key columns
+    /// (`setup` refuses them; one altered later is met here), with the reason.
+    identity_without_key: HashMap<u32, String>,
     types: TypeCatalog,
     tx: TxState,
 }
@@ -80,6 +92,7 @@ impl Decoder {
     pub fn new() -> Self {
         Decoder {
             relations: HashMap::new(),
+            identity_without_key: HashMap::new(),
             types: TypeCatalog::default(),
             tx: TxState::default(),
         }
@@ -192,6 +205,29 @@ impl Decoder {
         // The Kafka key is the primary key. pgoutput flags every column as "key" under
         // REPLICA IDENTITY FULL, so the flags are only used for tables without one.
         let pk = crate::catalog::primary_key_columns(catalog, rel_id).await?;
+        let table = TableName::new(namespace, name);
+        // REPLICA IDENTITY USING INDEX on an index without the whole primary key: old rows
+        // carry the index's columns only, so a delete names no key. Not lost silently:
+        // each such delete goes to the DLQ with the fix, and the operator hears it now.
+        let identity: Vec<&str> = columns
+            .iter()
+            .filter(|c| c.is_key)
+            .map(|c| c.name.as_str())
+            .collect();
+        if replica_identity == b'i' && pk.iter().any(|k| !identity.contains(&k.as_str())) {
+            let reason = format!(
+                "table {table} has REPLICA IDENTITY USING INDEX on ({}), which does not contain its primary key ({}): \
+                 the old row names no key, so this delete cannot be applied by key. \
+                 Fix: ALTER TABLE {} REPLICA IDENTITY DEFAULT (or FULL); then apply this delete by hand from `raw`",
+                identity.join(", "),
+                pk.join(", "),
+                table.quoted()
+            );
+            tracing::error!(table = %table, identity_columns = ?identity, primary_key = ?pk, "replica identity index does not contain the primary key: deletes of this table go to the DLQ (reason identity_without_key) and primary-key changes cannot be seen; run ALTER TABLE ... REPLICA IDENTITY DEFAULT");
+            self.identity_without_key.insert(rel_id, reason);
+        } else {
+            self.identity_without_key.remove(&rel_id);
+        }
         let mut cols = Vec::with_capacity(columns.len());
         for c in columns {
             let ty = self.types.resolve(catalog, c.type_oid, c.typmod).await?;
@@ -208,7 +244,7 @@ impl Decoder {
         }
         Ok(TableSchema {
             relation_oid: rel_id,
-            table: TableName::new(namespace, name),
+            table,
             columns: cols,
             replica_identity: ReplicaIdentity::from_code(replica_identity),
         })
@@ -243,6 +279,18 @@ impl Decoder {
     ) -> Result<Decoded, CdcError> {
         let schema = self.schema(rel_id)?;
         let position = self.position(lsn);
+        if op == ChangeOp::Delete {
+            if let Some(reason) = self.identity_without_key.get(&rel_id) {
+                return Ok(Decoded::Undecodable {
+                    table: schema.table.clone(),
+                    position,
+                    op,
+                    kind: IDENTITY_WITHOUT_KEY,
+                    reason: reason.clone(),
+                    raw: RawRow::from_tuples(&schema, old.as_ref(), None),
+                });
+            }
+        }
         let decode = |tuple: &Vec<TupleValue>| decode_row(&schema, tuple);
         let before = old.as_ref().map(decode).transpose();
         let after = new.as_ref().map(decode).transpose();
@@ -261,6 +309,7 @@ impl Decoder {
                 table: schema.table.clone(),
                 position,
                 op,
+                kind: UNDECODABLE_VALUE,
                 reason,
                 raw: RawRow::from_tuples(&schema, old.as_ref(), new.as_ref()),
             }),

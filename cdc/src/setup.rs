@@ -29,6 +29,26 @@ pub struct CapturedTable {
     pub has_primary_key: bool,
     /// `d` default, `f` full, `i` index, `n` nothing.
     pub replica_identity: char,
+    /// Under `REPLICA IDENTITY USING INDEX`: the index, when it does not cover every
+    /// primary-key column (see [`identity_misses_key`]).
+    pub identity_index_without_key: Option<String>,
+}
+
+/// The refusal for a table whose replica identity is an index that leaves out primary-key
+/// columns.
+///
+/// Why refused: the Kafka key is the primary key, but PostgreSQL logs only the identity
+/// index's columns as the old row. A DELETE then carries no primary key (capture cannot
+/// say which row went), and an UPDATE that changes only the primary key carries no old
+/// row at all, so the old key would stay in every key-based consumer for good.
+pub fn identity_misses_key(table: &TableName, index: &str) -> String {
+    format!(
+        "table {table} has REPLICA IDENTITY USING INDEX {index}, which does not contain its primary key: \
+         PostgreSQL then logs only the index's columns for deleted and updated rows, so deletes and primary-key changes \
+         cannot be applied by key. Run ALTER TABLE {} REPLICA IDENTITY DEFAULT (logs the primary key) or REPLICA IDENTITY FULL \
+         (logs the whole old row), or leave the table out of source.tables",
+        table.quoted()
+    )
 }
 
 /// Settings `setup` needs.
@@ -52,6 +72,17 @@ pub async fn run(client: &Client, opts: &SetupOptions<'_>) -> Result<SetupReport
             "no table matches source.tables {:?}; the publication is created empty",
             opts.table_patterns
         ));
+    }
+    let misses: Vec<String> = tables
+        .iter()
+        .filter_map(|t| {
+            t.identity_index_without_key
+                .as_deref()
+                .map(|i| identity_misses_key(&t.name, i))
+        })
+        .collect();
+    if !misses.is_empty() {
+        return Err(CdcError::Check(misses.join("\n")));
     }
     for t in &tables {
         if !t.has_primary_key && t.replica_identity != 'f' {
@@ -157,7 +188,11 @@ pub async fn resolve_tables(
             .query(
                 "SELECT n.nspname::text, c.relname::text, \
                         EXISTS (SELECT 1 FROM pg_index i WHERE i.indrelid = c.oid AND i.indisprimary), \
-                        c.relreplident::text \
+                        c.relreplident::text, \
+                        (SELECT i.indexrelid::regclass::text FROM pg_index i \
+                          WHERE i.indrelid = c.oid AND i.indisreplident AND c.relreplident = 'i' \
+                            AND EXISTS (SELECT 1 FROM pg_index p WHERE p.indrelid = c.oid AND p.indisprimary \
+                                          AND NOT (p.indkey::int2[] <@ i.indkey::int2[]))) \
                  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
                  WHERE c.relkind IN ('r', 'p') AND NOT c.relispartition \
                    AND n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg\\_%' \
@@ -176,6 +211,7 @@ pub async fn resolve_tables(
                 name,
                 has_primary_key: r.get(2),
                 replica_identity: ident.chars().next().unwrap_or('d'),
+                identity_index_without_key: r.get(4),
             });
         }
     }

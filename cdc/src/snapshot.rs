@@ -8,13 +8,24 @@
 //!   it was created ([`create_slot_exporting_snapshot`]): it holds exactly the commits
 //!   before the slot's consistent point, and the slot streams exactly the commits after it
 //!   — no gap, no overlap. Its rows carry the consistent point.
-//! - A snapshot resumed after a crash, or of a table added later, uses a fresh snapshot. Its
-//!   rows carry an LSN read *before* the snapshot was taken ([`Chunker::begin_fresh`]):
-//!   every commit the snapshot includes is either before that LSN (its effect is in the
-//!   row, and the row outranks its change) or after it (its change outranks the row and
-//!   says the same or newer), and every commit the snapshot misses is after it (its change
-//!   outranks the row). The slot is confirmed at or before that LSN, so those changes are
-//!   streamed. Rows seen twice are harmless under the highest-position rule.
+//! - A snapshot resumed after a crash, or of a table added later, reads each chunk in a
+//!   fresh snapshot exported by a *temporary* slot created for it ([`begin_fresh`]). Such
+//!   a snapshot, like the first one, holds exactly the commits whose commit record starts
+//!   before the temporary slot's consistent point `C`, and misses exactly those at or
+//!   after it; and the capture slot, confirmed at or before the WAL position when the
+//!   temporary slot was created (≤ `C`), streams every commit at or after `C`.
+//!   A position merely read before taking a snapshot (`pg_current_wal_insert_lsn()`)
+//!   does not have this property: a transaction whose commit record is already written
+//!   but which is not yet visible (it is still ending, or waiting for a synchronous
+//!   standby) is missing from the snapshot although its commit lies before that
+//!   position, so its change would rank below the stale snapshot row — a deleted row
+//!   would come back.
+//!
+//! Snapshot rows carry `C − 1` ([`rows_position`]) rather than `C`: the first commit
+//! streamed after the consistent point can start exactly at `C`, and it must outrank the
+//! rows whatever their ordinals (snapshot rows number their ordinals by row). Every commit
+//! the snapshot holds starts before `C`, so at or below `C − 1`, and its effect is in the
+//! row. Rows seen twice are harmless under the highest-position rule.
 //!
 //! Chunks follow the primary key (keyset pagination), or `ctid` for tables without one, so
 //! progress is a key and a killed snapshot resumes after the last finished chunk.
@@ -85,6 +96,13 @@ async fn create_exporting(
         consistent_point,
         snapshot_name,
     })
+}
+
+/// The position of rows read in a snapshot exported at `consistent_point`: one below it,
+/// so that a commit starting exactly at the consistent point (streamed, not in the
+/// snapshot) outranks them (see the module docs).
+pub fn rows_position(consistent_point: Lsn) -> Lsn {
+    Lsn(consistent_point.0.saturating_sub(1))
 }
 
 /// The schema of a table as the stream would describe it (same relation OID, columns,
@@ -220,20 +238,19 @@ impl Chunker {
         Ok(())
     }
 
-    /// Opens a fresh REPEATABLE READ transaction; returns the LSN its rows are ordered by,
-    /// read before the snapshot is taken (see the module docs).
-    pub async fn begin_fresh(client: &Client) -> Result<Lsn, CdcError> {
-        let lsn: String = client
-            .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])
-            .await?
-            .get(0);
-        client
-            .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .await?;
-        // The first statement takes the snapshot.
-        client.batch_execute("SELECT 1").await?;
-        lsn.parse()
-            .map_err(|_| CdcError::Protocol(format!("bad LSN {lsn}")))
+    /// Opens a REPEATABLE READ transaction in a fresh snapshot exported by a temporary
+    /// slot named `slot`; returns the position its rows carry (see the module docs).
+    /// Creating the slot waits for the transactions in progress to end.
+    pub async fn begin_fresh(
+        client: &Client,
+        params: &ConnectParams,
+        slot: &str,
+    ) -> Result<Lsn, CdcError> {
+        let exported = create_temporary_slot_exporting_snapshot(params, slot).await?;
+        Self::begin_exported(client, &exported.snapshot_name).await?;
+        // Imported: the temporary slot goes with its connection.
+        drop(exported.connection);
+        Ok(rows_position(exported.consistent_point))
     }
 
     pub async fn commit(client: &Client) -> Result<(), CdcError> {

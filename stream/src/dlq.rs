@@ -9,7 +9,8 @@ use serde::Serialize;
 /// One dead letter.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
-    /// Machine-readable reason kind: `undecodable_value`, `encode_failed`, `schema_refused`.
+    /// Machine-readable reason kind: `undecodable_value`, `encode_failed`, `schema_refused`,
+    /// `message_too_large`.
     pub reason_kind: String,
     /// Human-readable reason (never contains a row value).
     pub reason: String,
@@ -24,6 +25,25 @@ pub struct DeadLetter {
     /// The row's raw text as received (may be sensitive: the DLQ topic must be protected
     /// like the source).
     pub raw: String,
+    /// `message_too_large` only: the detail below. The row itself is not in the letter (it
+    /// would not fit either); it is still in the source, found by `key`.
+    #[serde(flatten, skip_serializing_if = "Option::is_none")]
+    pub too_large: Option<TooLarge>,
+}
+
+/// Why an event was too large to publish, without its values.
+#[derive(Debug, Clone, Serialize)]
+pub struct TooLarge {
+    /// The event's key columns as PostgreSQL text (tokenized where configured); null
+    /// for a table without key columns.
+    pub key: Option<serde_json::Map<String, serde_json::Value>>,
+    /// Every column of the row, in table order.
+    pub columns: Vec<String>,
+    /// Key plus value of the encoded event, in bytes.
+    pub encoded_bytes: usize,
+    /// The limit it exceeded (the producer's `message.max.bytes` or, when the broker
+    /// refused it, the size the broker refused).
+    pub limit_bytes: usize,
 }
 
 impl DeadLetter {

@@ -14,6 +14,14 @@ pub enum StreamError {
     RegistryUnavailable { reason: String },
     #[error("Kafka error: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
+    /// One message over the producer's `message.max.bytes` (or the broker's limit):
+    /// that event goes to the DLQ, the stream goes on.
+    #[error("A message of {bytes} bytes for topic {topic} is over the limit of {limit} bytes")]
+    TooLarge {
+        topic: String,
+        bytes: usize,
+        limit: usize,
+    },
     #[error("Cannot create topic {topic}: {reason}")]
     Topic { topic: String, reason: String },
 }
@@ -23,7 +31,8 @@ impl StreamError {
         match self {
             StreamError::Schema { .. }
             | StreamError::Encode { .. }
-            | StreamError::RegistryRefused { .. } => ErrorClass::Record,
+            | StreamError::RegistryRefused { .. }
+            | StreamError::TooLarge { .. } => ErrorClass::Record,
             StreamError::RegistryUnavailable { .. } | StreamError::Kafka(_) => {
                 ErrorClass::Transient
             }

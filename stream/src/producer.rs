@@ -4,6 +4,27 @@
 //! and keeps per-partition order. Every message carries an [`AckToken`]; librdkafka's
 //! delivery callback reports it, success or failure, on a channel that the capture loop
 //! feeds into its [`crate::ack::AckTracker`]. Nothing is acknowledged to PostgreSQL from here.
+//!
+//! **No gaps.** Consumers read the transactions topic as a gapless sequence: an END or
+//! WATERMARK record at LSN `x` tells Silver that every transaction below `x` has its END
+//! earlier in the partition, so Silver moves past them. If one END failed and a later
+//! END or WATERMARK of the same producer were still delivered, Silver would pass the
+//! failed transaction and later drop its re-published events as copies. An idempotent
+//! librdkafka producer creates such gaps on its own in two ways, and both are closed here:
+//!
+//! - A batch that fails permanently makes librdkafka bump the producer epoch and carry on
+//!   with the next messages. `enable.gapless.guarantee=true` turns that into a fatal
+//!   error instead (the producer stops; every later send and delivery fails). Capture
+//!   then ends the session: the producer is dropped, which purges what it still held,
+//!   and the next session re-reads everything unacknowledged from the slot.
+//! - A message that times out (`message.timeout.ms`) while queued is skipped the same
+//!   way, and the gapless guarantee does not cover timeouts (librdkafka's documentation
+//!   says so). So librdkafka never times a message out here (`message.timeout.ms=0`);
+//!   capture enforces `[kafka] delivery_timeout_ms` itself, by ending the session when
+//!   Kafka acknowledges nothing for that long, and dropping the producer then purges
+//!   every queued message at once. Messages already on the wire were written in order or
+//!   not at all (the broker refuses an idempotent producer's out-of-sequence batch), so
+//!   what reaches a partition is always a prefix of what was sent to it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -24,26 +45,58 @@ use crate::StreamError;
 pub struct Delivery {
     pub token: AckToken,
     pub result: Result<(), KafkaError>,
+    /// Key plus value bytes of the message, so a broker-side "message too large" can say
+    /// how large it was.
+    pub bytes: usize,
+}
+
+/// librdkafka's default `message.max.bytes`: the largest message the producer accepts.
+pub const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
+
+/// What librdkafka adds to key plus value when it checks a message against
+/// `message.max.bytes` (a v2 record's varint lengths, attributes, timestamp and offset
+/// deltas; no headers are sent). Rounded up, so that a message passing the check below is
+/// never refused by librdkafka's own check.
+pub const RECORD_OVERHEAD_BYTES: usize = 64;
+
+/// Whether a delivery failed because a message was too large for the producer or the
+/// broker (`MSG_SIZE_TOO_LARGE`, local or from the broker).
+pub fn is_too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge)
+    )
 }
 
 struct AckContext {
     deliveries: mpsc::UnboundedSender<Delivery>,
 }
 
-impl ClientContext for AckContext {}
+impl ClientContext for AckContext {
+    fn error(&self, error: KafkaError, reason: &str) {
+        // A fatal error (e.g. the gapless guarantee) stops the producer for good: capture
+        // notices the failed sends and deliveries and starts a new session and producer.
+        if matches!(error.rdkafka_error_code(), Some(RDKafkaErrorCode::Fatal)) {
+            tracing::error!(error = %error, reason, "Kafka producer stopped by a fatal error; capture restarts from the slot's confirmed position");
+        } else {
+            tracing::warn!(error = %error, reason, "Kafka client error");
+        }
+    }
+}
 
 impl ProducerContext for AckContext {
     type DeliveryOpaque = Box<AckToken>;
 
     fn delivery(&self, result: &DeliveryResult<'_>, token: Self::DeliveryOpaque) {
-        let result = match result {
-            Ok(_) => Ok(()),
-            Err((e, _)) => Err(e.clone()),
+        let (result, bytes) = match result {
+            Ok(m) => (Ok(()), m.key_len() + m.payload_len()),
+            Err((e, m)) => (Err(e.clone()), m.key_len() + m.payload_len()),
         };
         // The receiver is gone only when capture is shutting down.
         let _ = self.deliveries.send(Delivery {
             token: *token,
             result,
+            bytes,
         });
     }
 }
@@ -52,10 +105,37 @@ impl ProducerContext for AckContext {
 #[derive(Debug, Clone)]
 pub struct ProducerSettings {
     pub brokers: String,
+    /// How long capture lets Kafka acknowledge nothing before it ends the session (it is
+    /// enforced by capture, not by librdkafka: see the module docs).
     pub delivery_timeout: Duration,
     pub topic_partitions: i32,
+    /// The producer's `message.max.bytes`: larger messages are refused before sending
+    /// ([`EventProducer::fits`]) and go to the DLQ instead.
+    pub message_max_bytes: usize,
     /// Extra librdkafka properties.
     pub extra: BTreeMap<String, String>,
+}
+
+/// The producer's librdkafka configuration (see the module docs for why each fixed
+/// setting is what it is).
+fn client_config(settings: &ProducerSettings) -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("bootstrap.servers", &settings.brokers)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("enable.gapless.guarantee", "true")
+        // Never time a message out inside librdkafka (that would skip it and send the
+        // next ones); capture enforces `delivery_timeout` itself.
+        .set("message.timeout.ms", "0")
+        .set("message.max.bytes", settings.message_max_bytes.to_string())
+        .set("linger.ms", "5")
+        .set("queue.buffering.max.messages", "200000")
+        .set("client.id", "wal2delta-capture");
+    for (k, v) in &settings.extra {
+        config.set(k, v);
+    }
+    config
 }
 
 /// Sends change events and reports each delivery.
@@ -73,21 +153,7 @@ impl EventProducer {
         settings: ProducerSettings,
     ) -> Result<(Self, mpsc::UnboundedReceiver<Delivery>), StreamError> {
         let (tx, rx) = mpsc::unbounded_channel();
-        let mut config = ClientConfig::new();
-        config
-            .set("bootstrap.servers", &settings.brokers)
-            .set("enable.idempotence", "true")
-            .set("acks", "all")
-            .set(
-                "message.timeout.ms",
-                settings.delivery_timeout.as_millis().to_string(),
-            )
-            .set("linger.ms", "5")
-            .set("queue.buffering.max.messages", "200000")
-            .set("client.id", "wal2delta-capture");
-        for (k, v) in &settings.extra {
-            config.set(k, v);
-        }
+        let config = client_config(&settings);
         let producer: ThreadedProducer<AckContext> =
             config.create_with_context(AckContext { deliveries: tx })?;
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -165,6 +231,19 @@ impl EventProducer {
         Ok(n)
     }
 
+    /// The largest key plus value this producer sends (its `message.max.bytes` less the
+    /// record overhead).
+    pub fn max_payload_bytes(&self) -> usize {
+        self.settings
+            .message_max_bytes
+            .saturating_sub(RECORD_OVERHEAD_BYTES)
+    }
+
+    /// Whether a message of `bytes` (key plus value) fits under the producer's limit.
+    pub fn fits(&self, bytes: usize) -> bool {
+        bytes <= self.max_payload_bytes()
+    }
+
     /// Queues one message. Waits (without blocking the runtime) while librdkafka's queue
     /// is full. The delivery is reported later with `token`.
     pub async fn send(
@@ -182,12 +261,28 @@ impl EventProducer {
         if let Some(p) = partition {
             record = record.partition(p);
         }
+        let started = std::time::Instant::now();
         loop {
             match self.producer.send(record) {
                 Ok(()) => return Ok(()),
+                // A queue that stays full means nothing is being delivered; librdkafka never
+                // times messages out here (see the module docs), so give up after the
+                // delivery timeout and let capture start a new session.
+                Err((e @ KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _))
+                    if started.elapsed() >= self.settings.delivery_timeout =>
+                {
+                    return Err(StreamError::Kafka(e))
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back)) => {
                     record = back;
                     tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) if is_too_large(&e) => {
+                    return Err(StreamError::TooLarge {
+                        topic: topic.to_owned(),
+                        bytes: payload.len() + key.map_or(0, <[u8]>::len),
+                        limit: self.settings.message_max_bytes,
+                    })
                 }
                 Err((e, _)) => return Err(StreamError::Kafka(e)),
             }
@@ -197,5 +292,35 @@ impl EventProducer {
     /// Waits up to `timeout` for every queued message to be delivered or failed.
     pub fn flush(&self, timeout: Duration) {
         let _ = self.producer.flush(timeout);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings() -> ProducerSettings {
+        ProducerSettings {
+            brokers: "127.0.0.1:1".into(),
+            delivery_timeout: Duration::from_secs(10),
+            topic_partitions: 1,
+            message_max_bytes: DEFAULT_MESSAGE_MAX_BYTES,
+            extra: BTreeMap::new(),
+        }
+    }
+
+    #[test]
+    fn the_producer_never_leaves_gaps() {
+        let c = client_config(&settings());
+        assert_eq!(c.get("enable.idempotence"), Some("true"));
+        assert_eq!(c.get("enable.gapless.guarantee"), Some("true"));
+        assert_eq!(c.get("acks"), Some("all"));
+        // Timeouts are not covered by the gapless guarantee: librdkafka never times out.
+        assert_eq!(c.get("message.timeout.ms"), Some("0"));
+        assert_eq!(c.get("message.max.bytes"), Some("1000000"));
+        // librdkafka accepts the combination (no broker is contacted to create it).
+        let (p, _rx) = EventProducer::new(settings()).expect("valid producer config");
+        assert!(p.fits(DEFAULT_MESSAGE_MAX_BYTES - RECORD_OVERHEAD_BYTES));
+        assert!(!p.fits(DEFAULT_MESSAGE_MAX_BYTES - RECORD_OVERHEAD_BYTES + 1));
     }
 }

@@ -22,8 +22,13 @@ pub struct SnapshotProgress {
     /// `running` or `done`.
     pub state: String,
     /// Key (as PostgreSQL text) of the last row of the last chunk in Kafka; `None` before
-    /// the first chunk.
+    /// the first chunk, and in the topic for tables with tokenized columns (see
+    /// `last_key_sealed`).
     pub last_key: Option<Vec<String>>,
+    /// For tables with tokenized columns: `last_key` encrypted under a key derived from
+    /// the tokenization secret, so the snapshots topic never holds a raw key value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_key_sealed: Option<String>,
     pub rows_done: u64,
     /// The planner's estimate when the snapshot started.
     pub rows_estimate: u64,

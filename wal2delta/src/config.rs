@@ -445,6 +445,12 @@ pub struct KafkaConfig {
     /// slot's confirmed position (nothing is acknowledged meanwhile).
     #[serde(default = "KafkaConfig::default_delivery_timeout_ms")]
     pub delivery_timeout_ms: u64,
+    /// The largest message capture sends (librdkafka's `message.max.bytes`; its default).
+    /// An event larger than this goes to the DLQ with its key and sizes instead of
+    /// stopping the stream. Raising it needs the broker's and topics' `max.message.bytes`
+    /// and consumers' fetch sizes raised too (docs/capture.md).
+    #[serde(default = "KafkaConfig::default_message_max_bytes")]
+    pub message_max_bytes: usize,
     /// Extra librdkafka producer properties (`linger.ms`, `compression.type`, ...).
     /// `acks`, `enable.idempotence` and `bootstrap.servers` are fixed and refused here.
     #[serde(default)]
@@ -460,6 +466,9 @@ impl KafkaConfig {
     }
     fn default_delivery_timeout_ms() -> u64 {
         30_000
+    }
+    fn default_message_max_bytes() -> usize {
+        wal2delta_stream::producer::DEFAULT_MESSAGE_MAX_BYTES
     }
     /// The compacted topic holding snapshot progress.
     pub fn snapshots_topic(&self) -> String {
@@ -767,6 +776,18 @@ impl Config {
             return Err(invalid(
                 "kafka.delivery_timeout_ms",
                 "must be at least 1000",
+            ));
+        }
+        if !(1_000..=1_000_000_000).contains(&k.message_max_bytes) {
+            return Err(invalid(
+                "kafka.message_max_bytes",
+                "must be between 1000 and 1000000000 (librdkafka's range for message.max.bytes)",
+            ));
+        }
+        if k.producer.contains_key("message.max.bytes") {
+            return Err(invalid(
+                "kafka.producer.\"message.max.bytes\"",
+                "is set by [kafka] message_max_bytes (capture checks events against it)",
             ));
         }
         for fixed in [

@@ -31,7 +31,9 @@ use wal2delta_model::table::quote_ident;
 use wal2delta_model::{ErrorClass, Lsn};
 use wal2delta_stream::ack::{AckToken, AckTracker};
 use wal2delta_stream::avro::envelope::SourceInfo;
-use wal2delta_stream::producer::{EventProducer, ProducerSettings};
+use wal2delta_stream::producer::{
+    is_too_large, Delivery, EventProducer, ProducerSettings, RECORD_OVERHEAD_BYTES,
+};
 use wal2delta_stream::registry::Registry;
 use wal2delta_stream::snapshots::SnapshotProgress;
 use wal2delta_stream::StreamError;
@@ -51,6 +53,11 @@ enum SessionError {
     Stream(#[from] StreamError),
     #[error("Kafka did not acknowledge an event: {0}")]
     Delivery(String),
+    /// The broker refused a message the producer accepted: the broker's (or the topic's)
+    /// `max.message.bytes` is below `[kafka] message_max_bytes`. The next session refuses
+    /// events of this size itself, so they go to the DLQ instead of failing again.
+    #[error("the broker refused a message of {bytes} bytes as too large: its max.message.bytes (or the topic's) is below [kafka] message_max_bytes; capture now sends events of this size to the DLQ (set message_max_bytes to the broker's limit, see docs/capture.md)")]
+    BrokerTooLarge { bytes: usize },
     #[error("{0}")]
     Operator(String),
 }
@@ -60,7 +67,9 @@ impl SessionError {
         match self {
             SessionError::Cdc(e) => e.class(),
             SessionError::Stream(e) => e.class(),
-            SessionError::Delivery(_) => ErrorClass::Transient,
+            SessionError::Delivery(_) | SessionError::BrokerTooLarge { .. } => {
+                ErrorClass::Transient
+            }
             SessionError::Operator(_) => ErrorClass::Operator,
         }
     }
@@ -75,9 +84,21 @@ pub async fn run(
 ) -> anyhow::Result<()> {
     let mut backoff = Duration::from_millis(500);
     let mut ever_connected = false;
+    // The largest message capture sends: `[kafka] message_max_bytes`, lowered for the life
+    // of the process when the broker turns out to accept less.
+    let mut message_max_bytes = config.kafka.message_max_bytes;
     loop {
         let mut connected = false;
-        match session(config, &mut shutdown, &mut connected, allow_slot_ahead).await {
+        let limits = Limits { message_max_bytes };
+        match session(
+            config,
+            &mut shutdown,
+            &mut connected,
+            allow_slot_ahead,
+            limits,
+        )
+        .await
+        {
             Ok(()) => return Ok(()),
             Err(e) => {
                 ever_connected |= connected;
@@ -95,6 +116,14 @@ pub async fn run(
                 {
                     return Err(anyhow!("{e}{hint}"));
                 }
+                if let SessionError::BrokerTooLarge { bytes } = e {
+                    // Refuse this size ourselves from now on (the record overhead is added
+                    // back, so an event of exactly `bytes` no longer fits).
+                    message_max_bytes = message_max_bytes
+                        .min(bytes + RECORD_OVERHEAD_BYTES - 1)
+                        .max(MIN_MESSAGE_MAX_BYTES);
+                    tracing::error!(bytes, message_max_bytes, "the broker refused a message as too large; lowering capture's message limit for this process");
+                }
                 metrics::counter!(m::CAPTURE_RESTARTS).increment(1);
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "capture session ended; restarting from the slot's confirmed position");
                 tokio::select! {
@@ -111,6 +140,25 @@ pub async fn run(
     }
 }
 
+/// Limits a session runs under that earlier sessions of this process may have lowered.
+#[derive(Debug, Clone, Copy)]
+struct Limits {
+    message_max_bytes: usize,
+}
+
+/// librdkafka's lowest accepted `message.max.bytes`.
+const MIN_MESSAGE_MAX_BYTES: usize = 1_000;
+
+/// The session error for a failed delivery report, `None` when it succeeded.
+fn delivery_failed(d: &Delivery) -> Option<SessionError> {
+    let e = d.result.as_ref().err()?;
+    Some(if is_too_large(e) {
+        SessionError::BrokerTooLarge { bytes: d.bytes }
+    } else {
+        SessionError::Delivery(e.to_string())
+    })
+}
+
 fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -123,6 +171,7 @@ async fn session(
     shutdown: &mut watch::Receiver<bool>,
     connected: &mut bool,
     allow_slot_ahead: bool,
+    limits: Limits,
 ) -> Result<(), SessionError> {
     let dsn = config
         .source
@@ -146,6 +195,7 @@ async fn session(
         brokers: config.kafka.brokers.clone(),
         delivery_timeout: Duration::from_millis(config.kafka.delivery_timeout_ms),
         topic_partitions: config.kafka.topic_partitions,
+        message_max_bytes: limits.message_max_bytes,
         extra: config.kafka.producer.clone(),
     })?;
     let registry = Registry::new(&config.schema_registry.url)?;
@@ -244,7 +294,9 @@ async fn session(
         let progress = if reset_progress {
             Default::default()
         } else {
-            load_snapshot_progress(config, &snapshots_topic).await?
+            let mut p = load_snapshot_progress(config, &snapshots_topic).await?;
+            open_sealed_keys(&mut p, slot_name, tokenizer.as_ref());
+            p
         };
         let (imported_tx, imported_rx) = oneshot::channel();
         let plan = SnapshotPlan {
@@ -325,6 +377,7 @@ async fn session(
         sent_flush: start,
         last_status: Instant::now(),
         events: 0,
+        watch: state::DeliveryWatch::new(Duration::from_millis(config.kafka.delivery_timeout_ms)),
     };
     let mut ticker = tokio::time::interval(status_every);
     let mut health = tokio::time::interval(Duration::from_secs(10));
@@ -346,18 +399,17 @@ async fn session(
             }
             d = deliveries.recv() => {
                 let d = d.ok_or_else(|| SessionError::Delivery("delivery channel closed".into()))?;
-                if let Err(e) = d.result {
-                    return Err(SessionError::Delivery(e.to_string()));
-                }
-                if d.token == POSITION_TOKEN {
-                    state.position_delivered();
+                let token = d.token;
+                state.delivered(d)?;
+                if token == POSITION_TOKEN {
                     state.status(&mut stream, false, status_every).await?;
-                } else if d.token != PROGRESS_TOKEN && d.token != WATERMARK_TOKEN {
-                    state.ack(d.token);
+                } else if token != PROGRESS_TOKEN && token != WATERMARK_TOKEN {
                     state.record_progress(&publisher).await?;
                 }
             }
             _ = ticker.tick() => {
+                let waiting = state.waiting();
+                state.watch.check(waiting)?;
                 state.record_position(&publisher).await?;
                 state.status(&mut stream, false, status_every).await?;
             }
@@ -450,8 +502,8 @@ async fn session(
 }
 
 use startup::{
-    check_slot_position, load_snapshot_progress, quote_literal, record_new_slot, recorded_position,
-    report_slot_health,
+    check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
+    recorded_position, report_slot_health,
 };
 use state::State;
 use streamed::{drain, replay_streamed};

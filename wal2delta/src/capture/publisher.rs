@@ -6,10 +6,13 @@ use std::sync::Arc;
 
 use apache_avro::writer::datum::GenericDatumWriter;
 use wal2delta_cdc::decoder::Decoded;
-use wal2delta_model::{Change, ChangeOp, ErrorClass, TableName, TableSchema, TxPosition};
+use wal2delta_cdc::value::render_text;
+use wal2delta_model::{
+    Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
+};
 use wal2delta_stream::ack::{AckToken, AckTracker};
 use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
-use wal2delta_stream::dlq::DeadLetter;
+use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::EventProducer;
 use wal2delta_stream::registry::{frame_with, Registry};
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
@@ -327,9 +330,7 @@ impl Publisher {
             }
         };
         let topic = p.topic.clone();
-        if let Some(c) = p.counters.get(change.op.code()) {
-            c.increment(1);
-        }
+        let counter = p.counters.get(change.op.code()).cloned();
         if change.op == ChangeOp::Truncate {
             // A TRUNCATE goes to every partition so it is ordered against the rows of each.
             let n = self.producer.partition_count(&topic)?;
@@ -341,13 +342,72 @@ impl Publisher {
             }
             self.count(change, n.max(0) as u64);
         } else {
-            self.producer
-                .send(&topic, None, key.as_deref(), &value, token)
-                .await?;
+            // An event over the message size goes to the DLQ, checked before sending so
+            // that it is never counted in the END record: the count says what is on the
+            // table topic, and Silver waits for exactly that many.
+            let bytes = value.len() + key.as_ref().map_or(0, Vec::len);
+            let sent = if self.producer.fits(bytes) {
+                self.producer
+                    .send(&topic, None, key.as_deref(), &value, token)
+                    .await
+            } else {
+                Err(StreamError::TooLarge {
+                    topic: topic.clone(),
+                    bytes,
+                    limit: self.producer.max_payload_bytes(),
+                })
+            };
+            match sent {
+                Ok(()) => {}
+                Err(StreamError::TooLarge { bytes, limit, .. }) => {
+                    return self
+                        .too_large(tracker, token, schema, change, bytes, limit)
+                        .await;
+                }
+                Err(e) => return Err(e),
+            }
             tracker.sent(token);
             self.count(change, 1);
         }
+        if let Some(c) = counter {
+            c.increment(1);
+        }
         Ok(())
+    }
+
+    /// Sends an event too large for Kafka to the DLQ: its key, its columns and the sizes,
+    /// not its values (they would not fit either, and are not cut short silently).
+    async fn too_large(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        schema: &TableSchema,
+        change: &Change,
+        bytes: usize,
+        limit: usize,
+    ) -> Result<(), StreamError> {
+        let reason = format!(
+            "the encoded event is {bytes} bytes, over the {limit}-byte limit for one Kafka message; raise [kafka] message_max_bytes together with the broker's and topic's max.message.bytes (docs/capture.md)"
+        );
+        tracing::warn!(table = %change.table, lsn = %change.position.lsn, bytes, limit, "event over the Kafka message size sent to the DLQ");
+        let detail = TooLarge {
+            key: key_text(schema, change, limit / 2),
+            columns: schema.columns.iter().map(|c| c.name.clone()).collect(),
+            encoded_bytes: bytes,
+            limit_bytes: limit,
+        };
+        self.letter(
+            tracker,
+            token,
+            &change.table,
+            change.op,
+            &change.position,
+            "message_too_large",
+            &reason,
+            String::new(),
+            Some(detail),
+        )
+        .await
     }
 
     /// Publishes an undecodable row to the DLQ.
@@ -362,22 +422,14 @@ impl Publisher {
             table,
             position,
             op,
+            kind,
             reason,
             ..
         } = d
         {
-            tracing::warn!(table = %table, lsn = %position.lsn, reason = %reason, "undecodable row sent to the DLQ");
-            self.dead_letter(
-                tracker,
-                token,
-                table,
-                *op,
-                position,
-                "undecodable_value",
-                reason,
-                raw_text,
-            )
-            .await?;
+            tracing::warn!(table = %table, lsn = %position.lsn, kind = %kind, reason = %reason, "row sent to the DLQ");
+            self.dead_letter(tracker, token, table, *op, position, kind, reason, raw_text)
+                .await?;
         }
         Ok(())
     }
@@ -424,7 +476,24 @@ impl Publisher {
         reason: &str,
         raw: String,
     ) -> Result<(), StreamError> {
-        let letter = DeadLetter {
+        self.letter(tracker, token, table, op, position, kind, reason, raw, None)
+            .await
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn letter(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        table: &TableName,
+        op: ChangeOp,
+        position: &TxPosition,
+        kind: &str,
+        reason: &str,
+        raw: String,
+        too_large: Option<TooLarge>,
+    ) -> Result<(), StreamError> {
+        let mut letter = DeadLetter {
             reason_kind: kind.to_owned(),
             reason: reason.to_owned(),
             table: table.to_string(),
@@ -435,21 +504,55 @@ impl Publisher {
             xid: position.xid,
             commit_ts_us: position.commit_ts_us,
             raw,
+            too_large,
         };
+        let key = table.to_string();
+        let mut json = letter.to_json();
+        if !self.producer.fits(json.len() + key.len()) {
+            // The letter must be publishable itself: a raw row over the limit is left out
+            // (and said so) rather than stopping the stream.
+            let raw_bytes = letter.raw.len();
+            letter.raw = String::new();
+            letter.reason = format!(
+                "{}; the raw row ({raw_bytes} bytes) is left out: over the Kafka message size",
+                letter.reason
+            );
+            json = letter.to_json();
+        }
         let topic = self.dlq_topic.clone();
         self.producer
-            .send(
-                &topic,
-                None,
-                Some(table.to_string().as_bytes()),
-                &letter.to_json(),
-                token,
-            )
+            .send(&topic, None, Some(key.as_bytes()), &json, token)
             .await?;
         tracker.sent(token);
         metrics::counter!(m::CAPTURE_DLQ_EVENTS, "table" => table.to_string(), "reason" => kind.to_owned()).increment(1);
         Ok(())
     }
+}
+
+/// The key columns of `change` as `{column: text}`, or `None` when the table has no key
+/// columns or the key's text is longer than `max` bytes (a dead letter must fit in one
+/// message itself).
+fn key_text(
+    schema: &TableSchema,
+    change: &Change,
+    max: usize,
+) -> Option<serde_json::Map<String, serde_json::Value>> {
+    let row = change.after.as_ref().or(change.before.as_ref())?;
+    let mut key = serde_json::Map::new();
+    let mut len = 0;
+    for i in schema.key_indexes() {
+        let col = &schema.columns[i];
+        let v = match row.values.get(i) {
+            Some(ColumnValue::Value(d)) => {
+                let text = render_text(&col.ty, d);
+                len += text.len();
+                serde_json::Value::String(text)
+            }
+            _ => serde_json::Value::Null,
+        };
+        key.insert(col.name.clone(), v);
+    }
+    (!key.is_empty() && len <= max).then_some(key)
 }
 
 fn encode_err(table: &TableName, e: apache_avro::Error) -> StreamError {

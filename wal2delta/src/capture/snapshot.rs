@@ -5,7 +5,9 @@
 //! See `wal2delta_cdc::snapshot` for why the result is consistent with the stream. The
 //! first pass of a newly created slot reads inside the slot's exported snapshot (one
 //! transaction); resumed snapshots and tables added later read each chunk in its own short
-//! transaction, so no long transaction holds back vacuum on the source.
+//! transaction, in a snapshot exported by a temporary slot created for that chunk (it
+//! needs one free slot in `max_replication_slots` and one walsender while it is created),
+//! so no long transaction holds back vacuum on the source.
 //!
 //! Throttle: before each chunk, the slot's retained WAL is compared with
 //! `[snapshot] max_retained_wal_bytes`; above it the task waits while the stream catches
@@ -17,7 +19,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use tokio::sync::{mpsc, oneshot};
 use wal2delta_cdc::catalog::TypeCatalog;
-use wal2delta_cdc::snapshot::{estimate_rows, table_schema, Chunker};
+use wal2delta_cdc::replication::ConnectParams;
+use wal2delta_cdc::snapshot::{estimate_rows, rows_position, table_schema, Chunker};
 use wal2delta_cdc::{source, CdcError};
 use wal2delta_model::{Change, ChangeOp, Lsn, Row, TableName, TableSchema, TxPosition};
 use wal2delta_stream::snapshots::SnapshotProgress;
@@ -53,6 +56,14 @@ fn now_ms() -> i64 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_millis() as i64)
         .unwrap_or(0)
+}
+
+/// A name for the temporary slot of one fresh chunk, unique across processes.
+fn fresh_slot_name() -> String {
+    let nanos = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    format!("wal2delta_snapshot_{}_{nanos}", std::process::id())
 }
 
 /// How often the task looks for tables added to the publication.
@@ -113,6 +124,7 @@ async fn snapshot_table(
     exported: Option<Lsn>,
     out: &mpsc::Sender<SnapshotChunk>,
 ) -> Result<bool, CdcError> {
+    let params = ConnectParams::from_dsn(&plan.dsn)?;
     let (schema, pk) = table_schema(client, types, table).await?;
     let schema = Arc::new(schema);
     let chunker = Chunker::new(schema.clone(), &pk);
@@ -123,6 +135,7 @@ async fn snapshot_table(
             table: key.clone(),
             state: "running".into(),
             last_key: None,
+            last_key_sealed: None,
             rows_done: 0,
             rows_estimate: estimate_rows(client, table).await?.max(0) as u64,
             ts_ms: now_ms(),
@@ -138,8 +151,11 @@ async fn snapshot_table(
     loop {
         throttle(client, &plan.slot, plan.max_retained_wal_bytes, out).await?;
         let position = match exported {
-            Some(lsn) => lsn,
-            None => Chunker::begin_fresh(client).await?,
+            Some(lsn) => rows_position(lsn),
+            None => {
+                let slot = fresh_slot_name();
+                Chunker::begin_fresh(client, &params, &slot).await?
+            }
         };
         let chunk = chunker
             .read(client, progress.last_key.as_deref(), plan.chunk_rows)

@@ -57,6 +57,35 @@ pub(super) async fn load_snapshot_progress(
     )
 }
 
+/// Opens sealed last keys (tables with tokenized columns). A key that cannot be opened
+/// (the tokenization key was rotated, or no tokenizer is configured any more) restarts
+/// that table's snapshot from its first row: reading rows twice is harmless, skipping
+/// them is not.
+pub(super) fn open_sealed_keys(
+    progress: &mut HashMap<String, SnapshotProgress>,
+    slot: &str,
+    tokenizer: Option<&Tokenizer>,
+) {
+    for p in progress.values_mut() {
+        let Some(sealed) = p.last_key_sealed.take() else {
+            continue;
+        };
+        let aad = SnapshotProgress::key(slot, &p.table);
+        let opened = tokenizer
+            .and_then(|t| t.open(&aad, &sealed))
+            .and_then(|plain| serde_json::from_slice::<Vec<String>>(&plain).ok());
+        match opened {
+            Some(key) => p.last_key = Some(key),
+            None if p.is_done() => {}
+            None => {
+                tracing::warn!(table = %p.table, "cannot open the sealed snapshot position (tokenization key changed?): the table's snapshot starts again from its first row");
+                p.last_key = None;
+                p.rows_done = 0;
+            }
+        }
+    }
+}
+
 /// Refuses to start when the slot is ahead of the last position capture recorded in Kafka
 /// (see `wal2delta_stream::positions`), unless `allow` (`run --allow-slot-ahead`).
 pub(super) fn check_slot_position(
@@ -121,6 +150,7 @@ pub(super) async fn record_new_slot(
             let p = SnapshotProgress {
                 state: "reset".into(),
                 last_key: None,
+                last_key_sealed: None,
                 rows_done: 0,
                 ts_ms: now_ms(),
                 ..old

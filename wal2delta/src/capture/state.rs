@@ -27,6 +27,50 @@ pub(super) struct State {
     pub(super) sent_flush: Lsn,
     pub(super) last_status: Instant,
     pub(super) events: u64,
+    pub(super) watch: DeliveryWatch,
+}
+
+/// Capture's own delivery timeout. librdkafka never times a message out (that would skip
+/// it and let later END records through: see `wal2delta_stream::producer`), so capture
+/// ends the session when Kafka acknowledges nothing for `[kafka] delivery_timeout_ms`
+/// while something waits; the dropped producer purges what it still holds.
+pub(super) struct DeliveryWatch {
+    pub(super) timeout: Duration,
+    /// Delivery reports received, and how many there were when the clock was last reset.
+    reports: u64,
+    at_reset: u64,
+    since: Instant,
+}
+
+impl DeliveryWatch {
+    pub(super) fn new(timeout: Duration) -> Self {
+        DeliveryWatch {
+            timeout,
+            reports: 0,
+            at_reset: 0,
+            since: Instant::now(),
+        }
+    }
+
+    pub(super) fn report(&mut self) {
+        self.reports += 1;
+    }
+
+    /// Fails when `waiting` has lasted `timeout` without a single delivery report.
+    pub(super) fn check(&mut self, waiting: bool) -> Result<(), SessionError> {
+        if !waiting || self.reports != self.at_reset {
+            self.at_reset = self.reports;
+            self.since = Instant::now();
+            return Ok(());
+        }
+        if self.since.elapsed() >= self.timeout {
+            return Err(SessionError::Delivery(format!(
+                "Kafka acknowledged nothing for {} ms while events were in flight ([kafka] delivery_timeout_ms)",
+                self.timeout.as_millis()
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl State {
@@ -138,8 +182,9 @@ impl State {
         &mut self,
         d: wal2delta_stream::producer::Delivery,
     ) -> Result<(), SessionError> {
-        if let Err(e) = d.result {
-            return Err(SessionError::Delivery(e.to_string()));
+        self.watch.report();
+        if let Some(e) = delivery_failed(&d) {
+            return Err(e);
         }
         if d.token == POSITION_TOKEN {
             self.position_delivered();
@@ -222,13 +267,14 @@ impl State {
     ) -> Result<(), SessionError> {
         for p in std::mem::take(&mut self.progress_ready) {
             let key = SnapshotProgress::key(&self.slot, &p.table);
+            let record = self.sealed(&key, &p);
             publisher
                 .producer
                 .send(
                     &self.snapshots_topic,
                     Some(0),
                     Some(key.as_bytes()),
-                    &p.to_json(),
+                    &record.to_json(),
                     PROGRESS_TOKEN,
                 )
                 .await?;
@@ -239,6 +285,31 @@ impl State {
             }
         }
         Ok(())
+    }
+
+    /// The progress record as written to the snapshots topic: for a table with tokenized
+    /// columns the last key (which may be a tokenized column's raw value) is sealed, so
+    /// the topic never holds it in clear (promise 5).
+    fn sealed(&self, record_key: &str, p: &SnapshotProgress) -> SnapshotProgress {
+        let Some(t) = self.tokenizer.as_ref().filter(|t| t.covers(&p.table)) else {
+            return p.clone();
+        };
+        let mut out = p.clone();
+        if let Some(key) = out.last_key.take() {
+            let plain = serde_json::to_vec(&key).unwrap_or_default();
+            // Sealing fails only without randomness; then the record carries no key and
+            // a resume starts the table again (rows twice, never skipped).
+            out.last_key_sealed = t.seal(record_key, &plain);
+            if out.last_key_sealed.is_none() {
+                out.rows_done = 0;
+            }
+        }
+        out
+    }
+
+    /// Whether anything sent waits for Kafka (for the delivery timeout).
+    pub(super) fn waiting(&self) -> bool {
+        self.tracker.in_flight() > 0 || self.position_in_flight.is_some()
     }
 
     pub(super) fn position_delivered(&mut self) {

@@ -43,9 +43,16 @@ pub(super) async fn replay_streamed(
             if state.tracker.in_flight() < max_in_flight {
                 break;
             }
-            match deliveries.recv().await {
-                Some(d) => state.delivered(d)?,
-                None => return Err(SessionError::Delivery("delivery channel closed".into())),
+            // librdkafka never times out (see `state::DeliveryWatch`): bound the wait here.
+            match tokio::time::timeout(state.watch.timeout, deliveries.recv()).await {
+                Ok(Some(d)) => state.delivered(d)?,
+                Ok(None) => return Err(SessionError::Delivery("delivery channel closed".into())),
+                Err(_) => {
+                    return Err(SessionError::Delivery(format!(
+                        "Kafka acknowledged nothing for {} ms while events were in flight ([kafka] delivery_timeout_ms)",
+                        state.watch.timeout.as_millis()
+                    )))
+                }
             }
         }
         if last_status.elapsed() >= status_every {

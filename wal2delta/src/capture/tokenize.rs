@@ -119,6 +119,79 @@ impl Tokenizer {
             .then_some(self.key_id.as_str())
     }
 
+    /// Seals `plain` (a snapshot chunk's last key, in clear) for the snapshots topic:
+    /// `seal1:{key_id}:{hex(nonce ‖ ciphertext ‖ tag)}`, ChaCha20-Poly1305 under a key
+    /// derived from the tokenization secret, bound to `aad` (the record's key) so a sealed
+    /// value cannot be moved to another table.
+    ///
+    /// Why not a token: the snapshot resumes *after* this key (`WHERE key > last`), so it
+    /// must come back exactly, and a token cannot be reversed. Why not `ctid` or a row
+    /// count: VACUUM FULL, CLUSTER and concurrent deletes move or renumber rows, and a
+    /// resumed chunk would skip some.
+    pub fn seal(&self, aad: &str, plain: &[u8]) -> Option<String> {
+        use ring::aead::{Aad, LessSafeKey, Nonce, NONCE_LEN};
+        use ring::rand::{SecureRandom, SystemRandom};
+        let key = self.sealing_key()?;
+        let mut nonce = [0u8; NONCE_LEN];
+        SystemRandom::new().fill(&mut nonce).ok()?;
+        let mut data = plain.to_vec();
+        LessSafeKey::new(key)
+            .seal_in_place_append_tag(
+                Nonce::assume_unique_for_key(nonce),
+                Aad::from(aad.as_bytes()),
+                &mut data,
+            )
+            .ok()?;
+        let hex: String = nonce
+            .iter()
+            .chain(&data)
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        Some(format!("seal1:{}:{hex}", self.key_id))
+    }
+
+    /// Opens what [`Tokenizer::seal`] sealed; `None` under another key (rotated) or for
+    /// anything altered.
+    pub fn open(&self, aad: &str, sealed: &str) -> Option<Vec<u8>> {
+        use ring::aead::{Aad, LessSafeKey, Nonce, NONCE_LEN};
+        let hex = sealed
+            .strip_prefix("seal1:")?
+            .strip_prefix(self.key_id.as_str())?
+            .strip_prefix(':')?;
+        if hex.len() % 2 != 0 || !hex.is_ascii() {
+            return None;
+        }
+        let bytes: Vec<u8> = (0..hex.len())
+            .step_by(2)
+            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
+            .collect::<Option<_>>()?;
+        if bytes.len() < NONCE_LEN {
+            return None;
+        }
+        let (nonce, data) = bytes.split_at(NONCE_LEN);
+        let nonce = Nonce::try_assume_unique_for_key(nonce).ok()?;
+        let mut data = data.to_vec();
+        let plain = LessSafeKey::new(self.sealing_key()?)
+            .open_in_place(nonce, Aad::from(aad.as_bytes()), &mut data)
+            .ok()?;
+        Some(plain.to_vec())
+    }
+
+    /// A key for [`Tokenizer::seal`], derived from the secret with HMAC under a label
+    /// starting with a NUL byte: PostgreSQL text never holds one, so no token (the HMAC of
+    /// a value's text) can ever equal the derived key.
+    fn sealing_key(&self) -> Option<ring::aead::UnboundKey> {
+        let mut mac = self.mac.clone();
+        mac.update(b"\0wal2delta/snapshot-progress/v1");
+        let key = mac.finalize().into_bytes();
+        ring::aead::UnboundKey::new(&ring::aead::CHACHA20_POLY1305, &key).ok()
+    }
+
+    /// Whether `table` (`schema.table`, as displayed) has tokenized columns.
+    pub fn covers(&self, table: &str) -> bool {
+        self.rules.keys().any(|t| t.to_string() == table)
+    }
+
     /// The schema as published: tokenized columns become text.
     pub fn schema(&mut self, decoded: &Arc<TableSchema>) -> Arc<TableSchema> {
         let Some(rules) = self.rules.get(&decoded.table) else {
@@ -205,6 +278,36 @@ mod tests {
         let mut other = tokenizer();
         other.mac = Hmac::<Sha256>::new_from_slice(b"another key of thirty-two bytes!").unwrap();
         assert_ne!(a, other.token("4111111111111111", false));
+    }
+
+    #[test]
+    fn sealed_keys_open_only_under_the_same_key_and_record() {
+        let t = tokenizer();
+        let sealed = t.seal("slot/public.t", br#"["4111111111111111"]"#).unwrap();
+        assert!(sealed.starts_with("seal1:k1:") && !sealed.contains("4111"));
+        assert_ne!(
+            sealed,
+            t.seal("slot/public.t", br#"["4111111111111111"]"#).unwrap()
+        );
+        assert_eq!(
+            t.open("slot/public.t", &sealed).unwrap(),
+            br#"["4111111111111111"]"#
+        );
+        assert!(
+            t.open("slot/public.u", &sealed).is_none(),
+            "bound to its record"
+        );
+        let mut other = tokenizer();
+        other.mac = Hmac::<Sha256>::new_from_slice(b"another key of thirty-two bytes!").unwrap();
+        assert!(other.open("slot/public.t", &sealed).is_none());
+        let mut bad = sealed.clone();
+        let last = bad.pop().unwrap();
+        bad.push(if last == '0' { '1' } else { '0' });
+        assert!(
+            t.open("slot/public.t", &bad).is_none(),
+            "tampering is detected"
+        );
+        assert!(t.open("slot/public.t", "seal1:k1:zz").is_none());
     }
 
     #[test]
