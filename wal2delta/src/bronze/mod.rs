@@ -65,11 +65,18 @@ impl SessionError {
 pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let maintenance = maintenance::spawn(config, lake.clone(), shutdown.clone());
-    let mut backoff = Duration::from_millis(500);
+    const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+    let mut backoff = FIRST_BACKOFF;
     let result = loop {
-        match session(config, &lake, &mut shutdown).await {
+        let mut committed = false;
+        match session(config, &lake, &mut shutdown, &mut committed).await {
             Ok(()) => break Ok(()),
             Err(e) if e.class() == ErrorClass::Transient => {
+                // A session that stored something was healthy: its end is a new failure,
+                // not the next of a series.
+                if committed {
+                    backoff = FIRST_BACKOFF;
+                }
                 metrics::counter!(m::BRONZE_RESTARTS).increment(1);
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "bronze session ended; restarting from the offsets stored in the Bronze tables");
                 tokio::select! {
@@ -101,8 +108,42 @@ struct Owned {
 /// Waiting for a seek to take effect: no message epoch matches.
 const AWAITING_SEEK: u64 = u64::MAX;
 
+/// A table whose last commit failed: its topic's events are dropped until `until`, then
+/// re-read from what the table holds. Other tables go on meanwhile.
+struct Failing {
+    delay: Duration,
+    /// `Some` while paused; `None` once resumed and not yet committed again.
+    until: Option<tokio::time::Instant>,
+}
+
+/// Why one table's commit failed.
+#[derive(Debug, thiserror::Error)]
+enum TableFailure {
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    /// The writer panicked (a bug in it, or a value it cannot handle); caught at the task
+    /// boundary so the other tables and the session go on.
+    #[error("the Delta writer panicked: {0}")]
+    Panicked(String),
+}
+
+impl TableFailure {
+    fn kind(&self) -> &'static str {
+        match self {
+            TableFailure::Lake(_) => "error",
+            TableFailure::Panicked(_) => "panic",
+        }
+    }
+}
+
+/// The first and the largest pause of a failing table.
+const TABLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
+
 struct Session<'a> {
     lake: &'a Lake,
+    /// Set once anything is committed (the stage's restart backoff then starts over).
+    committed: &'a mut bool,
+    failing: HashMap<String, Failing>,
     decoder: EventDecoder,
     consumer: ChangeConsumer,
     owned: HashMap<(String, i32), Owned>,
@@ -110,6 +151,17 @@ struct Session<'a> {
     tables: HashMap<String, BronzeTable>,
     quarantine: QuarantineTable,
     topics: BronzeTopics,
+}
+
+/// The text of a caught panic (`panic!` payloads are `&str` or `String`), cut short: it
+/// comes from library code and goes to the log.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    text.chars().take(200).collect()
 }
 
 /// The topics Bronze stores.
@@ -124,6 +176,7 @@ async fn session(
     config: &Config,
     lake: &Lake,
     shutdown: &mut watch::Receiver<bool>,
+    committed: &mut bool,
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
     let topics = bronze_topics(config);
@@ -148,6 +201,8 @@ async fn session(
     let consumer = ChangeConsumer::start(settings, offsets, capacity)?;
     let mut s = Session {
         lake,
+        committed,
+        failing: HashMap::new(),
         decoder: EventDecoder::new(&config.schema_registry.url)?,
         consumer,
         owned: HashMap::new(),
@@ -180,6 +235,9 @@ async fn session(
                 s.flush().await?;
             }
             _ = lag_tick.tick() => s.report_lag(),
+            _ = async { if let Some(d) = s.next_resume() { tokio::time::sleep_until(d).await } }, if s.next_resume().is_some() => {
+                s.resume_due();
+            }
         }
         if s.batch.events >= b.max_batch_events || s.batch.bytes >= b.max_batch_bytes {
             s.flush().await?;
@@ -235,6 +293,9 @@ impl Session<'_> {
     }
 
     async fn on_message(&mut self, msg: RawMessage) -> Result<(), SessionError> {
+        if self.failing.get(&msg.topic).is_some_and(|f| f.until.is_some()) {
+            return Ok(()); // its table is paused; re-read from the table when it resumes
+        }
         let Some(owned) = self.owned.get_mut(&(msg.topic.clone(), msg.partition)) else {
             return Ok(()); // revoked meanwhile
         };
@@ -310,7 +371,12 @@ impl Session<'_> {
                     None => continue, // not a table topic; the subscription excludes these
                 },
             };
-            table.refresh().await?;
+            if let Err(e) = table.refresh().await {
+                let name = table.name().to_owned();
+                self.tables.insert(topic.clone(), table);
+                self.table_failed(&topic, &name, e.into())?;
+                continue;
+            }
             let schema = table.arrow_schema();
             let prepared = buf.prepare(schema.as_deref());
             quarantined.extend(prepared.quarantined.iter().cloned());
@@ -333,33 +399,45 @@ impl Session<'_> {
             tracing::debug!(stored, "quarantine records appended");
         }
 
-        let appends = work
+        // Each table commits in a task of its own: a panic in the writer (deltalake-core
+        // panics on some values it cannot describe in file statistics) ends that task only,
+        // and becomes that table's failure.
+        let appends: Vec<_> = work
             .into_iter()
-            .map(|(topic, buf, mut table, prepared)| async move {
-                let rows: usize = prepared.batches.iter().map(|b| b.num_rows()).sum();
-                let conflicts_before = table.conflicts();
-                let outcome = table
-                    .append(Append {
-                        topic: topic.clone(),
-                        batches: prepared.batches,
-                        ranges: buf.ranges.clone(),
-                    })
-                    .await;
-                let conflicts = table.conflicts() - conflicts_before;
-                (
-                    topic,
-                    buf,
-                    table,
-                    rows,
-                    prepared.payload_bytes,
-                    conflicts,
-                    outcome,
-                )
-            });
-        let results = futures::future::join_all(appends).await;
-        let mut first_error = None;
-        for (topic, buf, table, rows, bytes, conflicts, outcome) in results {
-            let name = table.name().to_owned();
+            .map(|(topic, buf, mut table, prepared)| {
+                let name = table.name().to_owned();
+                let append = Append {
+                    topic: topic.clone(),
+                    batches: prepared.batches,
+                    ranges: buf.ranges.clone(),
+                };
+                let bytes = prepared.payload_bytes;
+                let task = tokio::spawn(async move {
+                    let rows: usize = append.batches.iter().map(|b| b.num_rows()).sum();
+                    let conflicts_before = table.conflicts();
+                    let outcome = table.append(append).await;
+                    let conflicts = table.conflicts() - conflicts_before;
+                    (table, rows, conflicts, outcome)
+                });
+                (topic, buf, name, bytes, task)
+            })
+            .collect();
+        for (topic, buf, name, bytes, task) in appends {
+            let (table, rows, conflicts, outcome) = match task.await {
+                Ok(done) => done,
+                Err(e) => {
+                    let reason = match e.try_into_panic() {
+                        Ok(p) => panic_message(p.as_ref()),
+                        Err(e) => e.to_string(),
+                    };
+                    // The handle went down with the task; a new one reloads the table.
+                    if let Some(t) = LakeOffsets::table_for(self.lake, &self.topics, &topic) {
+                        self.tables.insert(topic.clone(), t);
+                    }
+                    self.table_failed(&topic, &name, TableFailure::Panicked(reason))?;
+                    continue;
+                }
+            };
             self.tables.insert(topic.clone(), table);
             if conflicts > 0 {
                 metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone())
@@ -371,6 +449,10 @@ impl Session<'_> {
                     schema_changed,
                     ..
                 }) => {
+                    *self.committed = true;
+                    if self.failing.remove(&topic).is_some() {
+                        tracing::info!(table = %name, "Bronze table committing again");
+                    }
                     metrics::counter!(m::BRONZE_ROWS, "table" => name.clone())
                         .increment(rows as u64);
                     metrics::counter!(m::BRONZE_BYTES, "table" => name.clone())
@@ -411,21 +493,25 @@ impl Session<'_> {
                                 &topic,
                                 &buf.ranges.keys().copied().collect::<Vec<_>>(),
                             )
-                            .await?
+                            .await
                         }
-                        None => Default::default(),
+                        None => Ok(Default::default()),
                     };
-                    for p in buf.ranges.keys() {
-                        self.reseek(&topic, *p, stored.get(p).copied().flatten().map(|s| s + 1));
+                    match stored {
+                        Ok(stored) => {
+                            for p in buf.ranges.keys() {
+                                self.reseek(
+                                    &topic,
+                                    *p,
+                                    stored.get(p).copied().flatten().map(|s| s + 1),
+                                );
+                            }
+                        }
+                        Err(e) => self.table_failed(&topic, &name, e.into())?,
                     }
                 }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+                Err(e) => self.table_failed(&topic, &name, e.into())?,
             }
-        }
-        if let Some(e) = first_error {
-            return Err(e.into());
         }
         metrics::histogram!(m::BRONZE_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
         tracing::debug!(
@@ -435,6 +521,70 @@ impl Session<'_> {
         );
         self.report_lag();
         Ok(())
+    }
+
+    /// One table's commit failed: unless the failure needs an operator, its topic pauses
+    /// (events dropped, so nothing of it is buffered) with a backoff of its own, and is then
+    /// re-read from the offsets the table holds. The other tables go on.
+    fn table_failed(
+        &mut self,
+        topic: &str,
+        table: &str,
+        failure: TableFailure,
+    ) -> Result<(), SessionError> {
+        let failure = match failure {
+            TableFailure::Lake(e) if e.class() == ErrorClass::Operator => {
+                return Err(SessionError::Lake(e))
+            }
+            other => other,
+        };
+        metrics::counter!(m::BRONZE_TABLE_FAILURES, "table" => table.to_owned(), "kind" => failure.kind())
+            .increment(1);
+        let f = self.failing.entry(topic.to_owned()).or_insert(Failing {
+            delay: TABLE_BACKOFF.0 / 2,
+            until: None,
+        });
+        f.delay = (f.delay * 2).min(TABLE_BACKOFF.1);
+        f.until = Some(tokio::time::Instant::now() + f.delay);
+        tracing::error!(table = %table, error = %failure, retry_in_ms = f.delay.as_millis() as u64, "Bronze commit of this table failed; the other tables go on, this one is re-read from its stored offsets after the pause");
+        // Messages already queued are of the old epoch once the table resumes (it re-seeks).
+        for ((t, _), o) in self.owned.iter_mut() {
+            if t == topic {
+                o.epoch = AWAITING_SEEK;
+            }
+        }
+        Ok(())
+    }
+
+    /// When the next paused table resumes.
+    fn next_resume(&self) -> Option<tokio::time::Instant> {
+        self.failing.values().filter_map(|f| f.until).min()
+    }
+
+    /// Resumes the paused tables whose pause is over: their partitions are re-read from
+    /// the offsets the tables hold.
+    fn resume_due(&mut self) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<String> = self
+            .failing
+            .iter_mut()
+            .filter(|(_, f)| f.until.is_some_and(|u| u <= now))
+            .map(|(t, f)| {
+                f.until = None;
+                t.clone()
+            })
+            .collect();
+        for topic in due {
+            let parts: Vec<(i32, Option<i64>)> = self
+                .owned
+                .iter()
+                .filter(|((t, _), _)| *t == topic)
+                .map(|((_, p), o)| (*p, o.committed_next))
+                .collect();
+            for (p, next) in parts {
+                self.reseek(&topic, p, next);
+            }
+        }
     }
 
     /// Re-reads a partition from `next` (its beginning when `None`).
