@@ -134,3 +134,141 @@ async fn dates(
     );
     Ok(())
 }
+
+/// A table without a primary key (append-only history, like pgbench_history): every event
+/// lands in Bronze once (its Kafka key is an empty record, which used to be quarantined as
+/// `unsupported_schema`); Silver does not hold it and `status` and `reconcile` say why.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_without_a_primary_key_lands_in_bronze_only() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, d) = scenario(
+        &stack,
+        "brzkeyless",
+        "CREATE TABLE {s}.hist (a int, note text);
+         ALTER TABLE {s}.hist REPLICA IDENTITY FULL;
+         CREATE TABLE {s}.keyed (id int PRIMARY KEY, note text);",
+        &format!("{BRONZE_TOML}[silver]\ninterval_ms = 300\n"),
+        2,
+    )
+    .await?;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    let result = keyless(&name, &pg, &d, &mut run).await;
+    if result.is_ok() {
+        ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
+    }
+    drop(run);
+    cleanup(&pg, &d.slot, &d.publication).await;
+    result
+}
+
+async fn keyless(
+    name: &str,
+    pg: &tokio_postgres::Client,
+    d: &Daemon,
+    run: &mut StageProcess,
+) -> Result<()> {
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.hist SELECT g, 'n' || g FROM generate_series(1, 60) g;
+         INSERT INTO {name}.hist SELECT g, 'dup' FROM generate_series(1, 5) g;
+         UPDATE {name}.hist SET note = 'u' WHERE a BETWEEN 11 AND 20;
+         DELETE FROM {name}.hist WHERE a > 55;
+         INSERT INTO {name}.keyed SELECT g, 'k' || g FROM generate_series(1, 20) g;"
+    ))
+    .await?;
+    // 65 inserts, 10 updates, 5 deletes of rows (the 'dup' rows have a <= 5).
+    let hist = scan(&d.bronze("hist"));
+    wait_for(
+        &format!("SELECT count(*) FROM {hist}"),
+        80,
+        Duration::from_secs(90),
+        run,
+    )?;
+    let rows = duckdb(&format!(
+        "SELECT op, count(*), count(DISTINCT (kafka_partition, kafka_offset)) FROM {hist} GROUP BY op ORDER BY op"
+    ))?;
+    ensure!(
+        rows == vec![
+            vec![json!("c"), json!(65), json!(65)],
+            vec![json!("d"), json!(5), json!(5)],
+            vec![json!("u"), json!(10), json!(10)],
+        ],
+        "every event once: {rows:?}"
+    );
+    let updated = duckdb(&format!(
+        "SELECT before.a, before.note, after.note FROM {hist} WHERE op = 'u' AND after.a = 11"
+    ))?;
+    ensure!(
+        updated == vec![vec![json!(11), json!("n11"), json!("u")]],
+        "the whole old row: {updated:?}"
+    );
+    let q = scan(&d.lake().join("quarantine/records"));
+    let quarantined = duckdb_i64(&format!("SELECT count(*) FROM {q}")).unwrap_or(0);
+    ensure!(quarantined == 0, "{quarantined} events quarantined");
+    let keyed = scan(&d.silver("keyed"));
+    wait_for(
+        &format!("SELECT count(*) FROM {keyed}"),
+        20,
+        Duration::from_secs(60),
+        run,
+    )?;
+    ensure!(
+        !d.silver("hist").join("_delta_log").exists(),
+        "no Silver table for the keyless table"
+    );
+
+    let out = d.command(&["status", "--json"])?;
+    let doc: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let table = format!("{name}.hist");
+    let bronze = &doc["stages"]["bronze"]["tables"];
+    ensure!(
+        bronze
+            .as_array()
+            .is_some_and(|ts| ts.iter().any(|t| t["table"] == table.as_str()
+                && t["bronze_only"] == true
+                && t["lag_events"] == 0)),
+        "status: Bronze only, caught up: {bronze}"
+    );
+    let silver = &doc["stages"]["silver"]["tables"];
+    ensure!(
+        silver.as_array().is_some_and(|ts| ts.iter().any(|t| t["table"] == table.as_str()
+            && t["not_in_silver"]
+                .as_str()
+                .is_some_and(|s| s.contains("no primary key: Bronze only")))),
+        "status: not in Silver, and why: {silver}"
+    );
+    let text = d.command(&["status"])?;
+    ensure!(
+        String::from_utf8_lossy(&text.stdout).contains("not in Silver (no primary key: Bronze only"),
+        "status text: {}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+
+    let out = d.command(&["reconcile", "--json"])?;
+    let report: Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    ensure!(
+        out.status.code() == Some(0),
+        "reconcile equal: {report} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(
+        report["tables_without_primary_key"] == json!([table])
+            && report["tables_not_in_silver"] == json!([]),
+        "reconcile says why the table is not compared: {report}"
+    );
+    let text = d.command(&["reconcile"])?;
+    ensure!(
+        String::from_utf8_lossy(&text.stdout)
+            .contains(&format!("not compared (no primary key: Bronze only (append-only history)): {table}")),
+        "reconcile text: {}",
+        String::from_utf8_lossy(&text.stdout)
+    );
+    let log = std::fs::read_to_string(&run.log)?;
+    ensure!(
+        log.matches("kept in Bronze only").count() == 1,
+        "the silver stage says it once: {}",
+        run.log_text()
+    );
+    Ok(())
+}

@@ -16,7 +16,8 @@
 //! | `event_ts` | Timestamp(µs, UTC) | `ts_ms`: when capture produced the event |
 //! | `schema_id` | Int32 | the registry id the event was written with |
 //!
-//! [`key_column`] adds `key`, the decoded Kafka key (the primary key), and [`out_of_range_column`] `out_of_range_values`, the original of
+//! [`key_column`] adds `key`, the decoded Kafka key (the primary key; no column for a
+//! table without one), and [`out_of_range_column`] `out_of_range_values`, the original of
 //! every value the lake holds mapped (`List(Struct{column, value})`, see [`super::dates`]).
 
 use std::sync::Arc;
@@ -228,15 +229,20 @@ pub fn envelope_columns(
 }
 
 /// The `key` column: the events' Kafka keys (the primary key, as a struct typed like the
-/// row images), decoded with `schema`; `None` (a TRUNCATE) is null.
+/// row images), decoded with `schema`; `None` (a TRUNCATE) is null. A table without a
+/// primary key has an empty key record, which neither Arrow nor Parquet can hold as a
+/// struct: such a table's Bronze rows have no `key` column (`Ok(None)`).
 pub fn key_column(
     schema: &Schema,
     keys: &[Option<&Value>],
-) -> Result<(Field, ArrayRef), ArrowMappingError> {
+) -> Result<Option<(Field, ArrayRef)>, ArrowMappingError> {
     let types = ArrowTypes::new(schema)?;
     let ty = types.data_type(schema, "key")?;
+    if matches!(&ty, DataType::Struct(fields) if fields.is_empty()) {
+        return Ok(None);
+    }
     let array = super::arrow::build_array(&ty, keys, "key")?;
-    Ok((Field::new("key", ty, true), array))
+    Ok(Some((Field::new("key", ty, true), array)))
 }
 
 /// The `out_of_range_values` column: per event, the values the lake holds in place of the

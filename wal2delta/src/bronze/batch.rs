@@ -289,9 +289,10 @@ impl TopicBuffer {
             let outcome = envelope_columns(&schema.parsed, schema.id, &values)
                 .and_then(|mut cols| {
                     if let Some(ks) = &key_schema {
-                        let (field, array) = key_column(&ks.parsed, &keys)?;
-                        cols.fields.push(field);
-                        cols.arrays.push(array);
+                        if let Some((field, array)) = key_column(&ks.parsed, &keys)? {
+                            cols.fields.push(field);
+                            cols.arrays.push(array);
+                        }
                     }
                     let (field, array) = out_of_range_column(&values, &keys)?;
                     cols.fields.push(field);

@@ -18,6 +18,9 @@ pub struct TableLag {
     pub lag_events: i64,
     /// Latest Bronze table version, when the table exists.
     pub version: Option<u64>,
+    /// The source table has no primary key: it is kept in Bronze only (append-only
+    /// history) and Silver does not hold it.
+    pub bronze_only: bool,
 }
 
 /// The Bronze lag of every table topic.
@@ -61,6 +64,7 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             topic,
             lag_events,
             version: table.version(),
+            bronze_only: table.has_key() == Some(false),
         });
     }
     Ok(out)
