@@ -261,6 +261,11 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
                             ""
                         }
                     );
+                    if let Some(s) = t.stalled_s {
+                        println!(
+                            "    STALLED: no Bronze commit for {s} s while events wait; is a bronze writer running, and does it hold partitions? (docs/bronze.md)"
+                        );
+                    }
                 }
             }
             Err(e) => println!("bronze: unknown ({e})"),

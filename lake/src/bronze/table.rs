@@ -156,6 +156,19 @@ impl BronzeTable {
         Ok(t.has_key())
     }
 
+    /// How long ago the loaded version was committed (the age of its log file; `file://`
+    /// lakes).
+    pub fn last_commit_age(&self) -> Option<std::time::Duration> {
+        let v = self.version()?;
+        let log = self
+            .url
+            .to_file_path()
+            .ok()?
+            .join("_delta_log")
+            .join(format!("{v:020}.json"));
+        std::fs::metadata(log).ok()?.modified().ok()?.elapsed().ok()
+    }
+
     /// The loaded table version.
     pub fn version(&self) -> Option<u64> {
         self.table.as_ref().and_then(DeltaTable::version)

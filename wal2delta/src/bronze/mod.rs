@@ -26,7 +26,9 @@ use wal2delta_lake::quarantine::QuarantineTable;
 use wal2delta_lake::{Lake, LakeError};
 use wal2delta_model::ErrorClass;
 use wal2delta_quarantine::Stage as QuarantineStage;
-use wal2delta_stream::consumer::{ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage};
+use wal2delta_stream::consumer::{
+    Assignment, ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage,
+};
 use wal2delta_stream::decode::{DecodeError, EventDecoder};
 use wal2delta_stream::topic::table_topic_pattern;
 use wal2delta_stream::StreamError;
@@ -116,6 +118,20 @@ struct Failing {
     until: Option<tokio::time::Instant>,
 }
 
+/// A writer holding no partitions (a group that gave it none): since when, and when the
+/// topics were last checked for events it should be reading.
+#[derive(Default)]
+struct Idle {
+    since: Option<std::time::Instant>,
+    checked: Option<std::time::Instant>,
+    /// Unread events at the last check.
+    unread: Option<i64>,
+}
+
+/// How long a writer may hold no partitions before the topics are checked for unread
+/// events (a group rebalance takes a few seconds), and how often they are checked then.
+const IDLE_CHECK: Duration = Duration::from_secs(30);
+
 /// Why one table's commit failed.
 #[derive(Debug, thiserror::Error)]
 enum TableFailure {
@@ -144,6 +160,7 @@ struct Session<'a> {
     /// Set once anything is committed (the stage's restart backoff then starts over).
     committed: &'a mut bool,
     failing: HashMap<String, Failing>,
+    idle: Idle,
     decoder: EventDecoder,
     consumer: ChangeConsumer,
     owned: HashMap<(String, i32), Owned>,
@@ -180,9 +197,18 @@ async fn session(
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
     let topics = bronze_topics(config);
+    let assignment = if b.assignment == "group" {
+        Assignment::Group
+    } else {
+        let t = topics.clone();
+        Assignment::Direct {
+            wanted: std::sync::Arc::new(move |topic: &str| t.table_name(topic).is_some()),
+        }
+    };
     let settings = ConsumerSettings {
         brokers: config.kafka.brokers.clone(),
         group_id: b.group_id.clone(),
+        assignment,
         subscription: vec![
             table_topic_pattern(&topics.prefix),
             topics.transactions.clone(),
@@ -210,8 +236,10 @@ async fn session(
         tables: HashMap::new(),
         quarantine: QuarantineTable::new(lake.quarantine_records()),
         topics,
+        idle: Idle::default(),
     };
-    tracing::info!(group = %b.group_id, "bronze stage started");
+    metrics::gauge!(m::BRONZE_PARTITIONS).set(0.0);
+    tracing::info!(assignment = %b.assignment, group = %b.group_id, "bronze stage started");
     let mut lag_tick = tokio::time::interval(Duration::from_secs(5));
     let max_wait = Duration::from_millis(b.max_batch_ms);
     loop {
@@ -234,7 +262,10 @@ async fn session(
             _ = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
                 s.flush().await?;
             }
-            _ = lag_tick.tick() => s.report_lag(),
+            _ = lag_tick.tick() => {
+                s.report_lag();
+                s.check_idle(config).await;
+            }
             _ = async { if let Some(d) = s.next_resume() { tokio::time::sleep_until(d).await } }, if s.next_resume().is_some() => {
                 s.resume_due();
             }
@@ -554,6 +585,47 @@ impl Session<'_> {
             }
         }
         Ok(())
+    }
+
+    /// A writer that holds no partitions while the topics hold events no Bronze table has
+    /// is stuck (a consumer group that gave it none, e.g. a broker keeping a killed member
+    /// in the group): say so in a warning and in `wal2delta_bronze_unowned_events`.
+    async fn check_idle(&mut self, config: &Config) {
+        metrics::gauge!(m::BRONZE_PARTITIONS).set(self.owned.len() as f64);
+        if !self.owned.is_empty() {
+            if self.idle.since.is_some() {
+                metrics::gauge!(m::BRONZE_UNOWNED_EVENTS).set(0.0);
+            }
+            self.idle = Idle::default();
+            return;
+        }
+        let since = *self.idle.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < IDLE_CHECK
+            || self.idle.checked.is_some_and(|c| c.elapsed() < IDLE_CHECK)
+        {
+            return;
+        }
+        self.idle.checked = Some(std::time::Instant::now());
+        match status::lag(config).await {
+            Ok(tables) => {
+                let unread: i64 = tables.iter().map(|t| t.lag_events).sum();
+                metrics::gauge!(m::BRONZE_UNOWNED_EVENTS).set(unread as f64);
+                // Unread events that no other writer drains either (a writer idle beside
+                // busy group members is fine).
+                let stuck = unread > 0 && self.idle.unread.is_some_and(|before| unread >= before);
+                self.idle.unread = Some(unread);
+                if stuck {
+                    tracing::warn!(
+                        unread,
+                        idle_s = since.elapsed().as_secs(),
+                        assignment = %config.bronze.assignment,
+                        group = %config.bronze.group_id,
+                        "this bronze writer holds no partitions while events wait in Kafka: another member of the consumer group holds them, or the broker kept a dead member in the group (docs/bronze.md; assignment = \"direct\" does not depend on the group)"
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot check the topics for unread events"),
+        }
     }
 
     /// When the next paused table resumes.

@@ -21,6 +21,16 @@ pub struct TableLag {
     /// The source table has no primary key: it is kept in Bronze only (append-only
     /// history) and Silver does not hold it.
     pub bronze_only: bool,
+    /// Seconds since the table's last commit, when events wait and that is longer than
+    /// [`stalled_after`]: no bronze writer is storing this table (none running, or one
+    /// its consumer group gave no partitions).
+    pub stalled_s: Option<u64>,
+}
+
+/// How long a table with waiting events may go without a commit before `status` calls it
+/// stalled: ten micro-batches, at least 30 s.
+pub fn stalled_after(config: &Config) -> Duration {
+    Duration::from_millis(config.bronze.max_batch_ms * 10).max(Duration::from_secs(30))
 }
 
 /// The Bronze lag of every table topic.
@@ -65,6 +75,10 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             lag_events,
             version: table.version(),
             bronze_only: table.has_key() == Some(false),
+            stalled_s: table
+                .last_commit_age()
+                .filter(|age| lag_events > 0 && *age > stalled_after(config))
+                .map(|age| age.as_secs()),
         });
     }
     Ok(out)
