@@ -40,7 +40,11 @@ async fn a_sigkilled_writer_restarted_at_once_stores_every_event_once() -> Resul
     let mut bronze = d.spawn_stage("bronze", "bronze-0")?;
     let result = restarts(&stack, &name, &pg, &d, &mut capture, &mut bronze).await;
     if result.is_ok() {
-        ensure!(bronze.stop()?.success(), "clean stop: {}", bronze.log_text());
+        ensure!(
+            bronze.stop()?.success(),
+            "clean stop: {}",
+            bronze.log_text()
+        );
     }
     drop(bronze);
     capture.kill9();

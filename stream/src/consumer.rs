@@ -320,8 +320,7 @@ impl ChangeConsumer {
         let consumer: BaseConsumer<GroupContext> = config.create_with_context(context)?;
         let direct = match &settings.assignment {
             Assignment::Group => {
-                let topics: Vec<&str> =
-                    settings.subscription.iter().map(String::as_str).collect();
+                let topics: Vec<&str> = settings.subscription.iter().map(String::as_str).collect();
                 consumer.subscribe(&topics)?;
                 None
             }
@@ -480,7 +479,10 @@ impl Direct {
             held = self.held.len(),
             "partitions assigned directly (no consumer group); positions read from the lake"
         );
-        if events.blocking_send(ConsumerEvent::Assigned(starts)).is_err() {
+        if events
+            .blocking_send(ConsumerEvent::Assigned(starts))
+            .is_err()
+        {
             return Err(());
         }
         Ok(())

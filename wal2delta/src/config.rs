@@ -999,7 +999,11 @@ uri = "file:///tmp/lake"
         let c = load(MINIMAL, &[]).unwrap();
         assert_eq!(c.bronze.max_batch_events, 50_000);
         assert_eq!(c.bronze.assignment, "direct");
-        let err = load(&format!("{MINIMAL}\n[bronze]\nassignment = \"both\"\n"), &[]).unwrap_err();
+        let err = load(
+            &format!("{MINIMAL}\n[bronze]\nassignment = \"both\"\n"),
+            &[],
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("bronze.assignment"), "{err}");
         let err = load(&format!("{MINIMAL}\n[bronze]\nmax_batch_ms = 10\n"), &[]).unwrap_err();
         assert!(err.to_string().contains("bronze.max_batch_ms"), "{err}");

@@ -230,12 +230,19 @@ pub fn envelope_columns(
 
 /// The `key` column: the events' Kafka keys (the primary key, as a struct typed like the
 /// row images), decoded with `schema`; `None` (a TRUNCATE) is null. A table without a
-/// primary key has an empty key record, which neither Arrow nor Parquet can hold as a
-/// struct: such a table's Bronze rows have no `key` column (`Ok(None)`).
+/// primary key has no `key` column (`Ok(None)`): its key schema says
+/// `"pg.primary_key": false` (the key is the replica identity, the whole row under
+/// REPLICA IDENTITY FULL, which must not be merged on), or is an empty record, which
+/// neither Arrow nor Parquet can hold as a struct.
 pub fn key_column(
     schema: &Schema,
     keys: &[Option<&Value>],
 ) -> Result<Option<(Field, ArrayRef)>, ArrowMappingError> {
+    if let Schema::Record(r) = schema {
+        if r.attributes.get("pg.primary_key") == Some(&serde_json::Value::Bool(false)) {
+            return Ok(None);
+        }
+    }
     let types = ArrowTypes::new(schema)?;
     let ty = types.data_type(schema, "key")?;
     if matches!(&ty, DataType::Struct(fields) if fields.is_empty()) {

@@ -247,6 +247,7 @@ async fn session(
             .batch
             .started
             .map(|t| tokio::time::Instant::from_std(t + max_wait));
+        let resume = s.next_resume();
         tokio::select! {
             _ = shutdown.changed() => {
                 // Commit what was read so a clean stop leaves nothing to re-read.
@@ -266,7 +267,7 @@ async fn session(
                 s.report_lag();
                 s.check_idle(config).await;
             }
-            _ = async { if let Some(d) = s.next_resume() { tokio::time::sleep_until(d).await } }, if s.next_resume().is_some() => {
+            _ = async { if let Some(r) = resume { tokio::time::sleep_until(r).await } }, if resume.is_some() => {
                 s.resume_due();
             }
         }
@@ -324,7 +325,11 @@ impl Session<'_> {
     }
 
     async fn on_message(&mut self, msg: RawMessage) -> Result<(), SessionError> {
-        if self.failing.get(&msg.topic).is_some_and(|f| f.until.is_some()) {
+        if self
+            .failing
+            .get(&msg.topic)
+            .is_some_and(|f| f.until.is_some())
+        {
             return Ok(()); // its table is paused; re-read from the table when it resumes
         }
         let Some(owned) = self.owned.get_mut(&(msg.topic.clone(), msg.partition)) else {

@@ -62,7 +62,7 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             .stored_offsets(&topic, &ids)
             .await
             .map_err(|e| e.to_string())?;
-        let lag_events = parts
+        let lag_events: i64 = parts
             .iter()
             .map(|(p, high)| {
                 let next = stored.get(p).copied().flatten().map_or(0, |s| s + 1);

@@ -121,7 +121,10 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
         if tables.is_empty() {
             snapshot.close().await;
             if !keyless.is_empty() {
-                bail!("{w} is not compared: {}; Silver does not hold it", crate::commands::KEYLESS);
+                bail!(
+                    "{w} is not compared: {}; Silver does not hold it",
+                    crate::commands::KEYLESS
+                );
             }
             if not_in_silver.is_empty() {
                 bail!(
