@@ -39,7 +39,7 @@ async fn two_writers_in_one_group_store_every_offset_once_across_rebalances() ->
         &stack,
         "brzgrp",
         "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);",
-        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\nmax_batch_events = 3000\ntopic_refresh_ms = 500\n",
+        "[bronze]\nassignment = \"group\"\ngroup_id = \"{s}\"\nmax_batch_ms = 300\nmax_batch_events = 3000\ntopic_refresh_ms = 500\n",
         4,
     )
     .await?;

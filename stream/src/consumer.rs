@@ -7,6 +7,12 @@
 //! message is read from anywhere else. Offsets are never committed to Kafka
 //! (`enable.auto.commit=false`): the Delta commit is the only record of progress.
 //!
+//! With [`Assignment::Direct`] there is no group at all: the consumer thread lists the
+//! topics every `metadata_refresh`, and assigns every partition of every matching topic
+//! it does not hold yet, at the offset the lake gives. Nothing then depends on the broker's
+//! group bookkeeping (a broker that keeps a SIGKILLed member in the group can leave a
+//! restarted group member with no partitions).
+//!
 //! Every assignment and every [`ChangeConsumer::seek`] of a partition starts a new *epoch*
 //! of it; each message carries the epoch it was read in, so the stage can drop messages of
 //! an earlier epoch still queued in the channel after a seek or a rebalance.
@@ -36,12 +42,36 @@ pub trait StartOffsets: Send + Sync + 'static {
     fn next_offsets(&self, partitions: &[(String, i32)]) -> Result<Vec<Option<i64>>, String>;
 }
 
+/// Which topics a directly assigned consumer reads.
+pub type TopicFilter = Arc<dyn Fn(&str) -> bool + Send + Sync>;
+
+/// How partitions are given to the consumer.
+#[derive(Clone)]
+pub enum Assignment {
+    /// A consumer group shares them between processes (`subscription`).
+    Group,
+    /// This process reads every partition of every topic `wanted` accepts (new topics
+    /// are found every `metadata_refresh`); no group is joined.
+    Direct { wanted: TopicFilter },
+}
+
+impl std::fmt::Debug for Assignment {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Assignment::Group => "Group",
+            Assignment::Direct { .. } => "Direct",
+        })
+    }
+}
+
 /// Consumer settings.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
     pub brokers: String,
     pub group_id: String,
-    /// A librdkafka subscription pattern (starts with `^`) or plain topic names.
+    pub assignment: Assignment,
+    /// A librdkafka subscription pattern (starts with `^`) or plain topic names (group
+    /// assignment only).
     pub subscription: Vec<String>,
     /// How often new topics matching the pattern are discovered.
     pub metadata_refresh: Duration,
@@ -288,14 +318,25 @@ impl ChangeConsumer {
                 settings.metadata_refresh.as_millis().to_string(),
             );
         let consumer: BaseConsumer<GroupContext> = config.create_with_context(context)?;
-        let topics: Vec<&str> = settings.subscription.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
+        let direct = match &settings.assignment {
+            Assignment::Group => {
+                let topics: Vec<&str> = settings.subscription.iter().map(String::as_str).collect();
+                consumer.subscribe(&topics)?;
+                None
+            }
+            Assignment::Direct { wanted } => Some(Direct {
+                wanted: wanted.clone(),
+                every: settings.metadata_refresh,
+                held: Default::default(),
+                next: std::time::Instant::now(),
+            }),
+        };
         let (cmd_tx, cmd_rx) = std_mpsc::channel();
         let stop = Arc::new(AtomicBool::new(false));
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("bronze-consumer".into())
-            .spawn(move || poll_loop(consumer, tx, cmd_rx, epochs, thread_stop))
+            .spawn(move || poll_loop(consumer, tx, cmd_rx, epochs, thread_stop, direct))
             .map_err(|e| StreamError::Topic {
                 topic: settings.subscription.join(","),
                 reason: format!("cannot start the consumer thread: {e}"),
@@ -355,12 +396,106 @@ impl Drop for ChangeConsumer {
     }
 }
 
+/// Direct assignment state of the consumer thread.
+struct Direct {
+    wanted: TopicFilter,
+    every: Duration,
+    /// Partitions assigned so far.
+    held: std::collections::HashSet<(String, i32)>,
+    /// When the topics are listed next.
+    next: std::time::Instant,
+}
+
+impl Direct {
+    /// Assigns every partition of the wanted topics not held yet, at the offsets the lake
+    /// gives. A failed topic listing is retried at the next refresh; a lake or assignment
+    /// failure ends the consumer (`Failed`), as in a group.
+    fn discover(
+        &mut self,
+        consumer: &BaseConsumer<GroupContext>,
+        events: &mpsc::Sender<ConsumerEvent>,
+    ) -> Result<(), ()> {
+        if std::time::Instant::now() < self.next {
+            return Ok(());
+        }
+        self.next = std::time::Instant::now() + self.every;
+        let metadata = match consumer.fetch_metadata(None, Duration::from_secs(10)) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list the topics; retrying at the next refresh");
+                return Ok(());
+            }
+        };
+        let mut new: Vec<(String, i32)> = Vec::new();
+        for t in metadata.topics() {
+            if t.error().is_some() || !(self.wanted)(t.name()) {
+                continue;
+            }
+            for p in t.partitions() {
+                let key = (t.name().to_owned(), p.id());
+                if !self.held.contains(&key) {
+                    new.push(key);
+                }
+            }
+        }
+        if new.is_empty() {
+            return Ok(());
+        }
+        let context = consumer.context();
+        let fail = |reason: String| {
+            let _ = events.blocking_send(ConsumerEvent::Failed(reason));
+            Err(())
+        };
+        let next = match context.start_offsets(&new) {
+            Ok(n) => n,
+            Err(e) => return fail(e),
+        };
+        let mut tpl = TopicPartitionList::new();
+        let mut starts = Vec::with_capacity(new.len());
+        for ((topic, partition), next) in new.into_iter().zip(next) {
+            let offset = next.map_or(Offset::Beginning, Offset::Offset);
+            if let Err(e) = tpl.add_partition_offset(&topic, partition, offset) {
+                return fail(format!("cannot position {topic}/{partition}: {e}"));
+            }
+            starts.push((topic, partition, next));
+        }
+        if let Err(e) = consumer.incremental_assign(&tpl) {
+            return fail(format!("cannot assign partitions: {e}"));
+        }
+        let starts: Vec<PartitionStart> = starts
+            .into_iter()
+            .map(|(topic, partition, next)| {
+                self.held.insert((topic.clone(), partition));
+                PartitionStart {
+                    epoch: context.next_epoch(&topic, partition),
+                    topic,
+                    partition,
+                    next,
+                }
+            })
+            .collect();
+        tracing::info!(
+            partitions = starts.len(),
+            held = self.held.len(),
+            "partitions assigned directly (no consumer group); positions read from the lake"
+        );
+        if events
+            .blocking_send(ConsumerEvent::Assigned(starts))
+            .is_err()
+        {
+            return Err(());
+        }
+        Ok(())
+    }
+}
+
 fn poll_loop(
     consumer: BaseConsumer<GroupContext>,
     events: mpsc::Sender<ConsumerEvent>,
     commands: std_mpsc::Receiver<Command>,
     epochs: Epochs,
     stop: Arc<AtomicBool>,
+    mut direct: Option<Direct>,
 ) {
     let epoch_of = |topic: &str, partition: i32| {
         epochs
@@ -371,6 +506,11 @@ fn poll_loop(
             .unwrap_or(0)
     };
     while !stop.load(Ordering::Relaxed) {
+        if let Some(d) = direct.as_mut() {
+            if d.discover(&consumer, &events).is_err() {
+                return;
+            }
+        }
         while let Ok(Command::Seek {
             topic,
             partition,

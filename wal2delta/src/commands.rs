@@ -223,11 +223,17 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
         };
         doc["stages"]["silver"] = match &silver {
             Ok(tables) => {
-                serde_json::json!({ "tables": tables.iter().map(|(t, w)| serde_json::json!({
-                "table": t,
-                "watermark_lsn": wal2delta_model::Lsn(*w as u64).to_string(),
-                "lag_bytes": behind(*w),
-            })).collect::<Vec<_>>() })
+                serde_json::json!({ "tables": tables.iter().map(|(t, w)| match w {
+                Some(w) => serde_json::json!({
+                    "table": t,
+                    "watermark_lsn": wal2delta_model::Lsn(*w as u64).to_string(),
+                    "lag_bytes": behind(*w),
+                }),
+                None => serde_json::json!({
+                    "table": t,
+                    "not_in_silver": KEYLESS,
+                }),
+            }).collect::<Vec<_>>() })
             }
             Err(e) => serde_json::json!({ "error": e }),
         };
@@ -245,11 +251,21 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
                 println!("bronze:");
                 for t in tables {
                     println!(
-                        "  {}: {} events behind Kafka (table version {})",
+                        "  {}: {} events behind Kafka (table version {}){}",
                         t.table,
                         t.lag_events,
-                        t.version.map_or("none".into(), |v| v.to_string())
+                        t.version.map_or("none".into(), |v| v.to_string()),
+                        if t.bronze_only {
+                            "; no primary key: kept in Bronze only (append-only history), not in Silver"
+                        } else {
+                            ""
+                        }
                     );
+                    if let Some(s) = t.stalled_s {
+                        println!(
+                            "    STALLED: no Bronze commit for {s} s while events wait; is a bronze writer running, and does it hold partitions? (docs/bronze.md)"
+                        );
+                    }
                 }
             }
             Err(e) => println!("bronze: unknown ({e})"),
@@ -259,6 +275,10 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
             Ok(tables) => {
                 println!("silver:");
                 for (t, w) in tables {
+                    let Some(w) = w else {
+                        println!("  {t}: not in Silver ({KEYLESS})");
+                        continue;
+                    };
                     println!(
                         "  {t}: watermark {}{}",
                         wal2delta_model::Lsn(*w as u64),
@@ -289,14 +309,26 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     })
 }
 
-/// Each Silver table's watermark (commit LSN), by `schema.table`.
-async fn silver_positions(config: &Config) -> Result<Vec<(String, i64)>, String> {
+/// Why a table is not in Silver when its source table has no primary key.
+pub const KEYLESS: &str = "no primary key: Bronze only (append-only history)";
+
+/// Each Silver table's watermark (commit LSN), by `schema.table`; `None` for a table
+/// without a primary key, which Silver does not hold.
+async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>, String> {
     let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for (schema, table, _) in lake.bronze_tables() {
+    for (schema, table, url) in lake.bronze_tables() {
+        let name = format!("{schema}.{table}");
+        let has_key = wal2delta_lake::bronze::BronzeTable::has_key_at(&name, &url)
+            .await
+            .map_err(|e| e.to_string())?;
+        if has_key == Some(false) {
+            out.push((name, None));
+            continue;
+        }
         let t = wal2delta_lake::silver::SilverTable::new(&lake, &schema, &table, 1);
         let p = t.progress().await.map_err(|e| e.to_string())?;
-        out.push((format!("{schema}.{table}"), p.watermark));
+        out.push((name, Some(p.watermark)));
     }
     Ok(out)
 }

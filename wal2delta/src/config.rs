@@ -68,9 +68,16 @@ pub struct Config {
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BronzeConfig {
-    /// Consumer group shared by every `wal2delta run --stage bronze` process.
+    /// Consumer group shared by every `wal2delta run --stage bronze` process (used with
+    /// `assignment = "group"`).
     #[serde(default = "BronzeConfig::default_group_id")]
     pub group_id: String,
+    /// How this process gets its partitions. `direct` (the default): it reads every
+    /// partition of every table topic itself, with no consumer group, so a restart after a
+    /// crash never waits for the broker to forget the old member (tansu never does). Use
+    /// `group` when several bronze processes share the topics through `group_id`.
+    #[serde(default = "BronzeConfig::default_assignment")]
+    pub assignment: String,
     /// A micro-batch is committed after this long, or when it reaches
     /// `max_batch_events` events or `max_batch_bytes` bytes of payload, whichever is first.
     #[serde(default = "BronzeConfig::default_max_batch_ms")]
@@ -98,6 +105,9 @@ impl BronzeConfig {
     fn default_group_id() -> String {
         "wal2delta-bronze".into()
     }
+    fn default_assignment() -> String {
+        "direct".into()
+    }
     fn default_max_batch_ms() -> u64 {
         5_000
     }
@@ -122,6 +132,12 @@ impl BronzeConfig {
     fn validate(&self) -> Result<(), ConfigError> {
         if self.group_id.trim().is_empty() {
             return Err(invalid("bronze.group_id", "must not be empty"));
+        }
+        if !matches!(self.assignment.as_str(), "direct" | "group") {
+            return Err(invalid(
+                "bronze.assignment",
+                "must be \"direct\" (one bronze process reads every partition) or \"group\" (processes share them through group_id)",
+            ));
         }
         if !(50..=600_000).contains(&self.max_batch_ms) {
             return Err(invalid(
@@ -170,6 +186,7 @@ impl Default for BronzeConfig {
     fn default() -> Self {
         BronzeConfig {
             group_id: Self::default_group_id(),
+            assignment: Self::default_assignment(),
             max_batch_ms: Self::default_max_batch_ms(),
             max_batch_events: Self::default_max_batch_events(),
             max_batch_bytes: Self::default_max_batch_bytes(),
@@ -1002,6 +1019,13 @@ uri = "file:///tmp/lake"
     fn bronze_settings_are_checked_by_name() {
         let c = load(MINIMAL, &[]).unwrap();
         assert_eq!(c.bronze.max_batch_events, 50_000);
+        assert_eq!(c.bronze.assignment, "direct");
+        let err = load(
+            &format!("{MINIMAL}\n[bronze]\nassignment = \"both\"\n"),
+            &[],
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("bronze.assignment"), "{err}");
         let err = load(&format!("{MINIMAL}\n[bronze]\nmax_batch_ms = 10\n"), &[]).unwrap_err();
         assert!(err.to_string().contains("bronze.max_batch_ms"), "{err}");
         let err = load(

@@ -87,6 +87,14 @@ pub const BRONZE_COMMIT_CONFLICTS: &str = "wal2delta_bronze_commit_conflicts_tot
 pub const BRONZE_OFFSET_GAPS: &str = "wal2delta_bronze_offset_gaps_total";
 /// Bronze sessions restarted after a transient failure.
 pub const BRONZE_RESTARTS: &str = "wal2delta_bronze_restarts_total";
+/// Commits of one Bronze table that failed (labels `table`, `kind`: `error` or `panic`);
+/// the table retries with its own backoff while the others go on.
+pub const BRONZE_TABLE_FAILURES: &str = "wal2delta_bronze_table_failures_total";
+/// Partitions this bronze writer holds.
+pub const BRONZE_PARTITIONS: &str = "wal2delta_bronze_partitions_assigned";
+/// Events waiting in Kafka while this bronze writer has held no partition for 30 s or more
+/// (0 otherwise): a writer left idle by its consumer group.
+pub const BRONZE_UNOWNED_EVENTS: &str = "wal2delta_bronze_unowned_events";
 /// Streamed changes Silver read again at or below its watermark and dropped as copies
 /// (label `table`).
 pub const SILVER_DUPLICATES: &str = "wal2delta_silver_duplicates_dropped_total";

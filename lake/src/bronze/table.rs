@@ -139,6 +139,36 @@ impl BronzeTable {
         Some(t.snapshot().ok()?.snapshot().arrow_schema())
     }
 
+    /// Whether the loaded table has a `key` column (`None` before it exists). The Bronze
+    /// table of a source table without a primary key has none: its Kafka key is an empty
+    /// record, which Arrow and Parquet cannot hold as a struct. Silver does not hold such
+    /// tables (docs/silver.md).
+    pub fn has_key(&self) -> Option<bool> {
+        Some(self.arrow_schema()?.field_with_name("key").is_ok())
+    }
+
+    /// [`Self::has_key`] of the table at `url`, at its latest version.
+    pub async fn has_key_at(name: &str, url: &Url) -> Result<Option<bool>, LakeError> {
+        let mut t = BronzeTable::new(name, url.clone());
+        if !t.refresh().await? {
+            return Ok(None);
+        }
+        Ok(t.has_key())
+    }
+
+    /// How long ago the loaded version was committed (the age of its log file; `file://`
+    /// lakes).
+    pub fn last_commit_age(&self) -> Option<std::time::Duration> {
+        let v = self.version()?;
+        let log = self
+            .url
+            .to_file_path()
+            .ok()?
+            .join("_delta_log")
+            .join(format!("{v:020}.json"));
+        std::fs::metadata(log).ok()?.modified().ok()?.elapsed().ok()
+    }
+
     /// The loaded table version.
     pub fn version(&self) -> Option<u64> {
         self.table.as_ref().and_then(DeltaTable::version)

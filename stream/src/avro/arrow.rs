@@ -7,7 +7,7 @@
 //! | `boolean`, `int`, `long`, `float`, `double` | `Boolean`, `Int32`, `Int64`, `Float32`, `Float64` |
 //! | `string` (also `uuid`, enums) | `Utf8` |
 //! | `bytes`, `fixed` | `Binary` |
-//! | `date` | `Date32` (`infinity`: `i32::MAX`, as DuckDB reads it) |
+//! | `date` | `Date32`; `±infinity` and years past 262,142 mapped into range ([`super::dates`]) |
 //! | `time-micros` / `time-millis` | `Int64` / `Int32` (Delta has no time type) |
 //! | `timestamp-micros` / `-millis` | `Timestamp(µs, "UTC")` |
 //! | `local-timestamp-micros` / `-millis` | `Timestamp(µs)` (Delta `timestamp_ntz`) |
@@ -174,7 +174,10 @@ pub fn build_array(
         DataType::Int64 => scalars!(Int64Array, Value::Long(i) | Value::TimeMicros(i) => *i),
         DataType::Float32 => scalars!(Float32Array, Value::Float(f) => *f),
         DataType::Float64 => scalars!(Float64Array, Value::Double(f) => *f),
-        DataType::Date32 => scalars!(Date32Array, Value::Date(d) | Value::Int(d) => *d),
+        // Kept inside the calendar Delta writers can describe (`super::dates`).
+        DataType::Date32 => {
+            scalars!(Date32Array, Value::Date(d) | Value::Int(d) => super::dates::lake_date(*d).0)
+        }
         DataType::Utf8 => {
             let mut out: Vec<Option<String>> = Vec::with_capacity(values.len());
             for v in values {

@@ -16,18 +16,20 @@
 //! | `event_ts` | Timestamp(µs, UTC) | `ts_ms`: when capture produced the event |
 //! | `schema_id` | Int32 | the registry id the event was written with |
 //!
-//! [`key_column`] adds `key`, the decoded Kafka key (the primary key).
+//! [`key_column`] adds `key`, the decoded Kafka key (the primary key; no column for a
+//! table without one), and [`out_of_range_column`] `out_of_range_values`, the original of
+//! every value the lake holds mapped (`List(Struct{column, value})`, see [`super::dates`]).
 
 use std::sync::Arc;
 
 use apache_avro::schema::Schema;
 use apache_avro::types::Value;
 use arrow::array::{
-    Array, ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, StringArray,
+    Array, ArrayRef, BooleanArray, Int32Array, Int64Array, ListArray, StringArray, StructArray,
     TimestampMicrosecondArray,
 };
 use arrow::buffer::{NullBuffer, OffsetBuffer};
-use arrow::datatypes::{DataType, Field, TimeUnit};
+use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
 
 use super::arrow::{present, record_field, ArrowMappingError, ArrowTypes, LIST_ITEM};
 
@@ -227,15 +229,90 @@ pub fn envelope_columns(
 }
 
 /// The `key` column: the events' Kafka keys (the primary key, as a struct typed like the
-/// row images), decoded with `schema`; `None` (a TRUNCATE) is null.
+/// row images), decoded with `schema`; `None` (a TRUNCATE) is null. A table without a
+/// primary key has no `key` column (`Ok(None)`): its key schema says
+/// `"pg.primary_key": false` (the key is the replica identity, the whole row under
+/// REPLICA IDENTITY FULL, which must not be merged on), or is an empty record, which
+/// neither Arrow nor Parquet can hold as a struct.
 pub fn key_column(
     schema: &Schema,
     keys: &[Option<&Value>],
-) -> Result<(Field, ArrayRef), ArrowMappingError> {
+) -> Result<Option<(Field, ArrayRef)>, ArrowMappingError> {
+    if let Schema::Record(r) = schema {
+        if r.attributes.get("pg.primary_key") == Some(&serde_json::Value::Bool(false)) {
+            return Ok(None);
+        }
+    }
     let types = ArrowTypes::new(schema)?;
     let ty = types.data_type(schema, "key")?;
+    if matches!(&ty, DataType::Struct(fields) if fields.is_empty()) {
+        return Ok(None);
+    }
     let array = super::arrow::build_array(&ty, keys, "key")?;
-    Ok((Field::new("key", ty, true), array))
+    Ok(Some((Field::new("key", ty, true), array)))
+}
+
+/// The `out_of_range_values` column: per event, the values the lake holds in place of the
+/// ones sent (dates outside the calendar Delta writers can describe, see
+/// [`super::dates`]) as a list of `{column, value}`: the field's path
+/// (`after.valid_to`, `before.days[2]`, `key.day`) and the original as PostgreSQL text.
+/// Null when the event has none.
+pub fn out_of_range_column(
+    events: &[&Value],
+    keys: &[Option<&Value>],
+) -> Result<(Field, ArrayRef), ArrowMappingError> {
+    let build = |reason: String| ArrowMappingError::Build {
+        path: "out_of_range_values".into(),
+        reason,
+    };
+    let mut offsets = vec![0i32];
+    let mut valid = Vec::with_capacity(events.len());
+    let mut columns: Vec<String> = Vec::new();
+    let mut values: Vec<String> = Vec::new();
+    for (i, v) in events.iter().enumerate() {
+        let mut found = Vec::new();
+        if let Value::Record(fs) = v {
+            for image in ["before", "after"] {
+                if let Some(img) = field(fs, image) {
+                    super::dates::out_of_range(image, img, &mut found);
+                }
+            }
+        }
+        if let Some(Some(k)) = keys.get(i) {
+            super::dates::out_of_range("key", k, &mut found);
+        }
+        valid.push(!found.is_empty());
+        for f in found {
+            columns.push(f.column);
+            values.push(f.value);
+        }
+        offsets.push(i32::try_from(columns.len()).map_err(|_| build("too many items".into()))?);
+    }
+    let entry = Fields::from(vec![
+        Field::new("column", DataType::Utf8, true),
+        Field::new("value", DataType::Utf8, true),
+    ]);
+    let entries = StructArray::try_new(
+        entry.clone(),
+        vec![
+            Arc::new(StringArray::from(columns)) as ArrayRef,
+            Arc::new(StringArray::from(values)),
+        ],
+        None,
+    )
+    .map_err(|e| build(e.to_string()))?;
+    let item = Arc::new(Field::new(LIST_ITEM, DataType::Struct(entry), true));
+    let list = ListArray::try_new(
+        item.clone(),
+        OffsetBuffer::new(offsets.into()),
+        Arc::new(entries),
+        Some(NullBuffer::from(valid)),
+    )
+    .map_err(|e| build(e.to_string()))?;
+    Ok((
+        Field::new("out_of_range_values", DataType::List(item), true),
+        Arc::new(list),
+    ))
 }
 
 #[cfg(test)]

@@ -61,6 +61,18 @@ fn namespace_part(s: &str) -> String {
     avro_names(std::iter::once(s.to_owned())).remove(0)
 }
 
+/// Whether the table's key columns are a primary key. The decoder marks the primary-key
+/// columns when the table has one, else the replica identity's, which pgoutput makes
+/// every column under REPLICA IDENTITY FULL: a table whose key is empty, or is every
+/// column under FULL, has no primary key (a primary key over every column of a FULL table
+/// reads the same, and is taken as none).
+pub fn has_primary_key(table: &TableSchema) -> bool {
+    let keys = table.columns.iter().filter(|c| c.is_key).count();
+    keys > 0
+        && !(table.replica_identity == wal2delta_model::ReplicaIdentity::Full
+            && keys == table.columns.len())
+}
+
 /// Builds the key and value schemas for a table version.
 pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSchemas, StreamError> {
     let ns = format!(
@@ -82,7 +94,14 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
             key_fields.push(json!({"name": field, "type": kty, "pg.column": col.name}));
         }
     }
-    let key_json = json!({"type": "record", "name": "Key", "namespace": ns, "fields": key_fields});
+    let mut key_json =
+        json!({"type": "record", "name": "Key", "namespace": ns, "fields": key_fields});
+    if !has_primary_key(table) {
+        // The key is the replica identity (the whole row under REPLICA IDENTITY FULL, or
+        // nothing): consumers must not merge rows by it. Only set when true, so tables with
+        // a primary key keep their registered key schema.
+        key_json["pg.primary_key"] = json!(false);
+    }
     let value_json = json!({
         "type": "record", "name": "Envelope", "namespace": ns,
         "connect.name": format!("{ns}.Envelope"),

@@ -2,5 +2,6 @@
 
 pub mod arrow;
 pub mod columns;
+pub mod dates;
 pub mod envelope;
 pub mod types;

@@ -15,7 +15,7 @@ use wal2delta_lake::bronze::{bronze_batch, merge_schemas, KafkaCoordinates, Offs
 use wal2delta_lake::deltalake::arrow::array::RecordBatch;
 use wal2delta_lake::deltalake::arrow::datatypes::Schema;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
-use wal2delta_stream::avro::columns::{envelope_columns, key_column};
+use wal2delta_stream::avro::columns::{envelope_columns, key_column, out_of_range_column};
 use wal2delta_stream::consumer::RawMessage;
 use wal2delta_stream::decode::AvroSchema;
 use wal2delta_stream::transactions::{transaction_columns, TransactionRecord};
@@ -289,10 +289,14 @@ impl TopicBuffer {
             let outcome = envelope_columns(&schema.parsed, schema.id, &values)
                 .and_then(|mut cols| {
                     if let Some(ks) = &key_schema {
-                        let (field, array) = key_column(&ks.parsed, &keys)?;
-                        cols.fields.push(field);
-                        cols.arrays.push(array);
+                        if let Some((field, array)) = key_column(&ks.parsed, &keys)? {
+                            cols.fields.push(field);
+                            cols.arrays.push(array);
+                        }
                     }
+                    let (field, array) = out_of_range_column(&values, &keys)?;
+                    cols.fields.push(field);
+                    cols.arrays.push(array);
                     Ok(cols)
                 })
                 .map_err(|e| ("unsupported_schema", e.to_string()))

@@ -32,7 +32,17 @@ pub fn spawn(
             for (schema, table, url) in lake.bronze_tables() {
                 let name = format!("{schema}.{table}");
                 let started = std::time::Instant::now();
-                match maintain(&name, &url, target).await {
+                // In a task of its own: a panic in the writer (compaction rewrites files and
+                // their statistics) fails this table's maintenance, not the loop.
+                let task = {
+                    let name = name.clone();
+                    tokio::spawn(async move { maintain(&name, &url, target).await })
+                };
+                let outcome = match task.await {
+                    Ok(r) => r.map_err(|e| e.to_string()),
+                    Err(e) => Err(format!("maintenance task ended: {e}")),
+                };
+                match outcome {
                     Ok(r) => {
                         metrics::counter!(m::LAKE_FILES_COMPACTED, "table" => name.clone())
                             .increment(r.files_removed);

@@ -26,7 +26,9 @@ use wal2delta_lake::quarantine::QuarantineTable;
 use wal2delta_lake::{Lake, LakeError};
 use wal2delta_model::ErrorClass;
 use wal2delta_quarantine::Stage as QuarantineStage;
-use wal2delta_stream::consumer::{ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage};
+use wal2delta_stream::consumer::{
+    Assignment, ChangeConsumer, ConsumerEvent, ConsumerSettings, RawMessage,
+};
 use wal2delta_stream::decode::{DecodeError, EventDecoder};
 use wal2delta_stream::topic::table_topic_pattern;
 use wal2delta_stream::StreamError;
@@ -65,11 +67,18 @@ impl SessionError {
 pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let maintenance = maintenance::spawn(config, lake.clone(), shutdown.clone());
-    let mut backoff = Duration::from_millis(500);
+    const FIRST_BACKOFF: Duration = Duration::from_millis(500);
+    let mut backoff = FIRST_BACKOFF;
     let result = loop {
-        match session(config, &lake, &mut shutdown).await {
+        let mut committed = false;
+        match session(config, &lake, &mut shutdown, &mut committed).await {
             Ok(()) => break Ok(()),
             Err(e) if e.class() == ErrorClass::Transient => {
+                // A session that stored something was healthy: its end is a new failure,
+                // not the next of a series.
+                if committed {
+                    backoff = FIRST_BACKOFF;
+                }
                 metrics::counter!(m::BRONZE_RESTARTS).increment(1);
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "bronze session ended; restarting from the offsets stored in the Bronze tables");
                 tokio::select! {
@@ -101,8 +110,57 @@ struct Owned {
 /// Waiting for a seek to take effect: no message epoch matches.
 const AWAITING_SEEK: u64 = u64::MAX;
 
+/// A table whose last commit failed: its topic's events are dropped until `until`, then
+/// re-read from what the table holds. Other tables go on meanwhile.
+struct Failing {
+    delay: Duration,
+    /// `Some` while paused; `None` once resumed and not yet committed again.
+    until: Option<tokio::time::Instant>,
+}
+
+/// A writer holding no partitions (a group that gave it none): since when, and when the
+/// topics were last checked for events it should be reading.
+#[derive(Default)]
+struct Idle {
+    since: Option<std::time::Instant>,
+    checked: Option<std::time::Instant>,
+    /// Unread events at the last check.
+    unread: Option<i64>,
+}
+
+/// How long a writer may hold no partitions before the topics are checked for unread
+/// events (a group rebalance takes a few seconds), and how often they are checked then.
+const IDLE_CHECK: Duration = Duration::from_secs(30);
+
+/// Why one table's commit failed.
+#[derive(Debug, thiserror::Error)]
+enum TableFailure {
+    #[error(transparent)]
+    Lake(#[from] LakeError),
+    /// The writer panicked (a bug in it, or a value it cannot handle); caught at the task
+    /// boundary so the other tables and the session go on.
+    #[error("the Delta writer panicked: {0}")]
+    Panicked(String),
+}
+
+impl TableFailure {
+    fn kind(&self) -> &'static str {
+        match self {
+            TableFailure::Lake(_) => "error",
+            TableFailure::Panicked(_) => "panic",
+        }
+    }
+}
+
+/// The first and the largest pause of a failing table.
+const TABLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
+
 struct Session<'a> {
     lake: &'a Lake,
+    /// Set once anything is committed (the stage's restart backoff then starts over).
+    committed: &'a mut bool,
+    failing: HashMap<String, Failing>,
+    idle: Idle,
     decoder: EventDecoder,
     consumer: ChangeConsumer,
     owned: HashMap<(String, i32), Owned>,
@@ -110,6 +168,17 @@ struct Session<'a> {
     tables: HashMap<String, BronzeTable>,
     quarantine: QuarantineTable,
     topics: BronzeTopics,
+}
+
+/// The text of a caught panic (`panic!` payloads are `&str` or `String`), cut short: it
+/// comes from library code and goes to the log.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    let text = payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic without a message".to_owned());
+    text.chars().take(200).collect()
 }
 
 /// The topics Bronze stores.
@@ -124,12 +193,22 @@ async fn session(
     config: &Config,
     lake: &Lake,
     shutdown: &mut watch::Receiver<bool>,
+    committed: &mut bool,
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
     let topics = bronze_topics(config);
+    let assignment = if b.assignment == "group" {
+        Assignment::Group
+    } else {
+        let t = topics.clone();
+        Assignment::Direct {
+            wanted: std::sync::Arc::new(move |topic: &str| t.table_name(topic).is_some()),
+        }
+    };
     let settings = ConsumerSettings {
         brokers: config.kafka.brokers.clone(),
         group_id: b.group_id.clone(),
+        assignment,
         subscription: vec![
             table_topic_pattern(&topics.prefix),
             topics.transactions.clone(),
@@ -148,6 +227,8 @@ async fn session(
     let consumer = ChangeConsumer::start(settings, offsets, capacity)?;
     let mut s = Session {
         lake,
+        committed,
+        failing: HashMap::new(),
         decoder: EventDecoder::new(&config.schema_registry.url)?,
         consumer,
         owned: HashMap::new(),
@@ -155,8 +236,10 @@ async fn session(
         tables: HashMap::new(),
         quarantine: QuarantineTable::new(lake.quarantine_records()),
         topics,
+        idle: Idle::default(),
     };
-    tracing::info!(group = %b.group_id, "bronze stage started");
+    metrics::gauge!(m::BRONZE_PARTITIONS).set(0.0);
+    tracing::info!(assignment = %b.assignment, group = %b.group_id, "bronze stage started");
     let mut lag_tick = tokio::time::interval(Duration::from_secs(5));
     let max_wait = Duration::from_millis(b.max_batch_ms);
     loop {
@@ -164,6 +247,7 @@ async fn session(
             .batch
             .started
             .map(|t| tokio::time::Instant::from_std(t + max_wait));
+        let resume = s.next_resume();
         tokio::select! {
             _ = shutdown.changed() => {
                 // Commit what was read so a clean stop leaves nothing to re-read.
@@ -179,7 +263,13 @@ async fn session(
             _ = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
                 s.flush().await?;
             }
-            _ = lag_tick.tick() => s.report_lag(),
+            _ = lag_tick.tick() => {
+                s.report_lag();
+                s.check_idle(config).await;
+            }
+            _ = async { if let Some(r) = resume { tokio::time::sleep_until(r).await } }, if resume.is_some() => {
+                s.resume_due();
+            }
         }
         if s.batch.events >= b.max_batch_events || s.batch.bytes >= b.max_batch_bytes {
             s.flush().await?;
@@ -235,6 +325,13 @@ impl Session<'_> {
     }
 
     async fn on_message(&mut self, msg: RawMessage) -> Result<(), SessionError> {
+        if self
+            .failing
+            .get(&msg.topic)
+            .is_some_and(|f| f.until.is_some())
+        {
+            return Ok(()); // its table is paused; re-read from the table when it resumes
+        }
         let Some(owned) = self.owned.get_mut(&(msg.topic.clone(), msg.partition)) else {
             return Ok(()); // revoked meanwhile
         };
@@ -310,7 +407,12 @@ impl Session<'_> {
                     None => continue, // not a table topic; the subscription excludes these
                 },
             };
-            table.refresh().await?;
+            if let Err(e) = table.refresh().await {
+                let name = table.name().to_owned();
+                self.tables.insert(topic.clone(), table);
+                self.table_failed(&topic, &name, e.into())?;
+                continue;
+            }
             let schema = table.arrow_schema();
             let prepared = buf.prepare(schema.as_deref());
             quarantined.extend(prepared.quarantined.iter().cloned());
@@ -333,33 +435,45 @@ impl Session<'_> {
             tracing::debug!(stored, "quarantine records appended");
         }
 
-        let appends = work
+        // Each table commits in a task of its own: a panic in the writer (deltalake-core
+        // panics on some values it cannot describe in file statistics) ends that task only,
+        // and becomes that table's failure.
+        let appends: Vec<_> = work
             .into_iter()
-            .map(|(topic, buf, mut table, prepared)| async move {
-                let rows: usize = prepared.batches.iter().map(|b| b.num_rows()).sum();
-                let conflicts_before = table.conflicts();
-                let outcome = table
-                    .append(Append {
-                        topic: topic.clone(),
-                        batches: prepared.batches,
-                        ranges: buf.ranges.clone(),
-                    })
-                    .await;
-                let conflicts = table.conflicts() - conflicts_before;
-                (
-                    topic,
-                    buf,
-                    table,
-                    rows,
-                    prepared.payload_bytes,
-                    conflicts,
-                    outcome,
-                )
-            });
-        let results = futures::future::join_all(appends).await;
-        let mut first_error = None;
-        for (topic, buf, table, rows, bytes, conflicts, outcome) in results {
-            let name = table.name().to_owned();
+            .map(|(topic, buf, mut table, prepared)| {
+                let name = table.name().to_owned();
+                let append = Append {
+                    topic: topic.clone(),
+                    batches: prepared.batches,
+                    ranges: buf.ranges.clone(),
+                };
+                let bytes = prepared.payload_bytes;
+                let task = tokio::spawn(async move {
+                    let rows: usize = append.batches.iter().map(|b| b.num_rows()).sum();
+                    let conflicts_before = table.conflicts();
+                    let outcome = table.append(append).await;
+                    let conflicts = table.conflicts() - conflicts_before;
+                    (table, rows, conflicts, outcome)
+                });
+                (topic, buf, name, bytes, task)
+            })
+            .collect();
+        for (topic, buf, name, bytes, task) in appends {
+            let (table, rows, conflicts, outcome) = match task.await {
+                Ok(done) => done,
+                Err(e) => {
+                    let reason = match e.try_into_panic() {
+                        Ok(p) => panic_message(p.as_ref()),
+                        Err(e) => e.to_string(),
+                    };
+                    // The handle went down with the task; a new one reloads the table.
+                    if let Some(t) = LakeOffsets::table_for(self.lake, &self.topics, &topic) {
+                        self.tables.insert(topic.clone(), t);
+                    }
+                    self.table_failed(&topic, &name, TableFailure::Panicked(reason))?;
+                    continue;
+                }
+            };
             self.tables.insert(topic.clone(), table);
             if conflicts > 0 {
                 metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone())
@@ -371,6 +485,10 @@ impl Session<'_> {
                     schema_changed,
                     ..
                 }) => {
+                    *self.committed = true;
+                    if self.failing.remove(&topic).is_some() {
+                        tracing::info!(table = %name, "Bronze table committing again");
+                    }
                     metrics::counter!(m::BRONZE_ROWS, "table" => name.clone())
                         .increment(rows as u64);
                     metrics::counter!(m::BRONZE_BYTES, "table" => name.clone())
@@ -411,21 +529,25 @@ impl Session<'_> {
                                 &topic,
                                 &buf.ranges.keys().copied().collect::<Vec<_>>(),
                             )
-                            .await?
+                            .await
                         }
-                        None => Default::default(),
+                        None => Ok(Default::default()),
                     };
-                    for p in buf.ranges.keys() {
-                        self.reseek(&topic, *p, stored.get(p).copied().flatten().map(|s| s + 1));
+                    match stored {
+                        Ok(stored) => {
+                            for p in buf.ranges.keys() {
+                                self.reseek(
+                                    &topic,
+                                    *p,
+                                    stored.get(p).copied().flatten().map(|s| s + 1),
+                                );
+                            }
+                        }
+                        Err(e) => self.table_failed(&topic, &name, e.into())?,
                     }
                 }
-                Err(e) => {
-                    first_error.get_or_insert(e);
-                }
+                Err(e) => self.table_failed(&topic, &name, e.into())?,
             }
-        }
-        if let Some(e) = first_error {
-            return Err(e.into());
         }
         metrics::histogram!(m::BRONZE_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
         tracing::debug!(
@@ -435,6 +557,111 @@ impl Session<'_> {
         );
         self.report_lag();
         Ok(())
+    }
+
+    /// One table's commit failed: unless the failure needs an operator, its topic pauses
+    /// (events dropped, so nothing of it is buffered) with a backoff of its own, and is then
+    /// re-read from the offsets the table holds. The other tables go on.
+    fn table_failed(
+        &mut self,
+        topic: &str,
+        table: &str,
+        failure: TableFailure,
+    ) -> Result<(), SessionError> {
+        let failure = match failure {
+            TableFailure::Lake(e) if e.class() == ErrorClass::Operator => {
+                return Err(SessionError::Lake(e))
+            }
+            other => other,
+        };
+        metrics::counter!(m::BRONZE_TABLE_FAILURES, "table" => table.to_owned(), "kind" => failure.kind())
+            .increment(1);
+        let f = self.failing.entry(topic.to_owned()).or_insert(Failing {
+            delay: TABLE_BACKOFF.0 / 2,
+            until: None,
+        });
+        f.delay = (f.delay * 2).min(TABLE_BACKOFF.1);
+        f.until = Some(tokio::time::Instant::now() + f.delay);
+        tracing::error!(table = %table, error = %failure, retry_in_ms = f.delay.as_millis() as u64, "Bronze commit of this table failed; the other tables go on, this one is re-read from its stored offsets after the pause");
+        // Messages already queued are of the old epoch once the table resumes (it re-seeks).
+        for ((t, _), o) in self.owned.iter_mut() {
+            if t == topic {
+                o.epoch = AWAITING_SEEK;
+            }
+        }
+        Ok(())
+    }
+
+    /// A writer that holds no partitions while the topics hold events no Bronze table has
+    /// is stuck (a consumer group that gave it none, e.g. a broker keeping a killed member
+    /// in the group): say so in a warning and in `wal2delta_bronze_unowned_events`.
+    async fn check_idle(&mut self, config: &Config) {
+        metrics::gauge!(m::BRONZE_PARTITIONS).set(self.owned.len() as f64);
+        if !self.owned.is_empty() {
+            if self.idle.since.is_some() {
+                metrics::gauge!(m::BRONZE_UNOWNED_EVENTS).set(0.0);
+            }
+            self.idle = Idle::default();
+            return;
+        }
+        let since = *self.idle.since.get_or_insert_with(std::time::Instant::now);
+        if since.elapsed() < IDLE_CHECK
+            || self.idle.checked.is_some_and(|c| c.elapsed() < IDLE_CHECK)
+        {
+            return;
+        }
+        self.idle.checked = Some(std::time::Instant::now());
+        match status::lag(config).await {
+            Ok(tables) => {
+                let unread: i64 = tables.iter().map(|t| t.lag_events).sum();
+                metrics::gauge!(m::BRONZE_UNOWNED_EVENTS).set(unread as f64);
+                // Unread events that no other writer drains either (a writer idle beside
+                // busy group members is fine).
+                let stuck = unread > 0 && self.idle.unread.is_some_and(|before| unread >= before);
+                self.idle.unread = Some(unread);
+                if stuck {
+                    tracing::warn!(
+                        unread,
+                        idle_s = since.elapsed().as_secs(),
+                        assignment = %config.bronze.assignment,
+                        group = %config.bronze.group_id,
+                        "this bronze writer holds no partitions while events wait in Kafka: another member of the consumer group holds them, or the broker kept a dead member in the group (docs/bronze.md; assignment = \"direct\" does not depend on the group)"
+                    );
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "cannot check the topics for unread events"),
+        }
+    }
+
+    /// When the next paused table resumes.
+    fn next_resume(&self) -> Option<tokio::time::Instant> {
+        self.failing.values().filter_map(|f| f.until).min()
+    }
+
+    /// Resumes the paused tables whose pause is over: their partitions are re-read from
+    /// the offsets the tables hold.
+    fn resume_due(&mut self) {
+        let now = tokio::time::Instant::now();
+        let due: Vec<String> = self
+            .failing
+            .iter_mut()
+            .filter(|(_, f)| f.until.is_some_and(|u| u <= now))
+            .map(|(t, f)| {
+                f.until = None;
+                t.clone()
+            })
+            .collect();
+        for topic in due {
+            let parts: Vec<(i32, Option<i64>)> = self
+                .owned
+                .iter()
+                .filter(|((t, _), _)| *t == topic)
+                .map(|((_, p), o)| (*p, o.committed_next))
+                .collect();
+            for (p, next) in parts {
+                self.reseek(&topic, p, next);
+            }
+        }
     }
 
     /// Re-reads a partition from `next` (its beginning when `None`).

@@ -18,6 +18,19 @@ pub struct TableLag {
     pub lag_events: i64,
     /// Latest Bronze table version, when the table exists.
     pub version: Option<u64>,
+    /// The source table has no primary key: it is kept in Bronze only (append-only
+    /// history) and Silver does not hold it.
+    pub bronze_only: bool,
+    /// Seconds since the table's last commit, when events wait and that is longer than
+    /// [`stalled_after`]: no bronze writer is storing this table (none running, or one
+    /// its consumer group gave no partitions).
+    pub stalled_s: Option<u64>,
+}
+
+/// How long a table with waiting events may go without a commit before `status` calls it
+/// stalled: ten micro-batches, at least 30 s.
+pub fn stalled_after(config: &Config) -> Duration {
+    Duration::from_millis(config.bronze.max_batch_ms * 10).max(Duration::from_secs(30))
 }
 
 /// The Bronze lag of every table topic.
@@ -49,7 +62,7 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             .stored_offsets(&topic, &ids)
             .await
             .map_err(|e| e.to_string())?;
-        let lag_events = parts
+        let lag_events: i64 = parts
             .iter()
             .map(|(p, high)| {
                 let next = stored.get(p).copied().flatten().map_or(0, |s| s + 1);
@@ -61,6 +74,11 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             topic,
             lag_events,
             version: table.version(),
+            bronze_only: table.has_key() == Some(false),
+            stalled_s: table
+                .last_commit_age()
+                .filter(|age| lag_events > 0 && *age > stalled_after(config))
+                .map(|age| age.as_secs()),
         });
     }
     Ok(out)

@@ -104,12 +104,15 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
     let captured = snapshot.captured_tables(&config.source.publication).await?;
     let mut tables = Vec::new();
     let mut not_in_silver = Vec::new();
+    let mut keyless = Vec::new();
     for t in captured {
         if wanted.as_ref().is_some_and(|w| w != &t) {
             continue;
         }
         if has_silver(&lake, &t) {
             tables.push(t);
+        } else if is_keyless(&lake, &t).await {
+            keyless.push(t.to_string());
         } else {
             not_in_silver.push(t.to_string());
         }
@@ -117,6 +120,12 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
     if let Some(w) = &wanted {
         if tables.is_empty() {
             snapshot.close().await;
+            if !keyless.is_empty() {
+                bail!(
+                    "{w} is not compared: {}; Silver does not hold it",
+                    crate::commands::KEYLESS
+                );
+            }
             if not_in_silver.is_empty() {
                 bail!(
                     "{w} is not captured: publication {:?} does not include it (`wal2delta setup` lists the captured tables)",
@@ -172,6 +181,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
         equal: reports.iter().all(|r| r.equal),
         tables: reports,
         tables_not_in_silver: not_in_silver,
+        tables_without_primary_key: keyless,
     })
 }
 
@@ -192,6 +202,16 @@ fn hint(e: anyhow::Error) -> anyhow::Error {
         Some(h) => anyhow!("{e:#} (hint: {h})"),
         None => e,
     }
+}
+
+/// The table's Bronze rows have no `key`: its source table has no primary key, so Silver
+/// does not hold it (it is kept in Bronze only).
+async fn is_keyless(lake: &Lake, t: &TableName) -> bool {
+    let url = lake.bronze(&t.schema, &t.name);
+    matches!(
+        wal2delta_lake::bronze::BronzeTable::has_key_at(&t.to_string(), &url).await,
+        Ok(Some(false))
+    )
 }
 
 fn has_silver(lake: &Lake, t: &TableName) -> bool {

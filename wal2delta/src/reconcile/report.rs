@@ -15,6 +15,9 @@ pub struct Report {
     pub tables: Vec<TableReport>,
     /// Captured source tables that have no Silver table (not compared).
     pub tables_not_in_silver: Vec<String>,
+    /// Captured source tables without a primary key: kept in Bronze only, Silver does not
+    /// hold them, so they are not compared.
+    pub tables_without_primary_key: Vec<String>,
 }
 
 /// One table. Counts and checksums are `null` when the table could not be compared
@@ -199,6 +202,14 @@ impl Report {
                 out,
                 "captured tables without a Silver table (not compared): {}",
                 self.tables_not_in_silver.join(", ")
+            );
+        }
+        if !self.tables_without_primary_key.is_empty() {
+            let _ = writeln!(
+                out,
+                "not compared ({}): {}",
+                crate::commands::KEYLESS,
+                self.tables_without_primary_key.join(", ")
             );
         }
         let compared = self.tables.iter().filter(|t| t.error.is_none()).count();

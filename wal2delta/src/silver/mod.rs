@@ -23,6 +23,7 @@ pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let mut tables: HashMap<String, Tracked> = HashMap::new();
     let mut watermarks: HashMap<String, i64> = HashMap::new();
+    let mut keyless: HashMap<String, Instant> = HashMap::new();
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
     let mut counted: Option<Instant> = None;
@@ -31,7 +32,7 @@ pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow
             break;
         }
         let started = Instant::now();
-        if let Err(e) = round(config, &lake, &mut tables, &mut watermarks).await {
+        if let Err(e) = round(config, &lake, &mut tables, &mut watermarks, &mut keyless).await {
             tracing::warn!(error = %e, "silver round failed; retrying next round");
         }
         if counted.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
@@ -63,6 +64,10 @@ struct Tracked {
 }
 
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+
+/// How often a Bronze table without a `key` column is looked at again (it gains one when
+/// its source table gains a primary key).
+const KEYLESS_RECHECK: Duration = Duration::from_secs(60);
 
 /// The Silver table of `schema.table` with its masking and checks from the config.
 pub fn silver_table(
@@ -108,11 +113,35 @@ async fn round(
     lake: &Lake,
     tables: &mut HashMap<String, Tracked>,
     watermarks: &mut HashMap<String, i64>,
+    keyless: &mut HashMap<String, Instant>,
 ) -> Result<(), LakeError> {
     let mut names = Vec::new();
-    for (schema, table, _) in lake.bronze_tables() {
+    for (schema, table, url) in lake.bronze_tables() {
         let name = format!("{schema}.{table}");
         if !tables.contains_key(&name) {
+            // Silver merges by primary key: a table without one (its Bronze rows have no
+            // `key`) is kept in Bronze only, as append-only history.
+            if keyless
+                .get(&name)
+                .is_some_and(|at| at.elapsed() < KEYLESS_RECHECK)
+            {
+                continue;
+            }
+            match wal2delta_lake::bronze::BronzeTable::has_key_at(&name, &url).await {
+                Ok(Some(false)) => {
+                    if keyless.insert(name.clone(), Instant::now()).is_none() {
+                        tracing::info!(table = %name, "no primary key: the table is kept in Bronze only (append-only history); Silver does not hold it");
+                    }
+                    continue;
+                }
+                Ok(_) => {
+                    keyless.remove(&name);
+                }
+                Err(e) => {
+                    tracing::warn!(table = %name, error = %e, "cannot read the Bronze table's schema; retrying next round");
+                    continue;
+                }
+            }
             let t = match open_table(config, lake, &schema, &table).await {
                 Ok(t) => t,
                 Err(e) => {
