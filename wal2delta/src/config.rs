@@ -757,6 +757,17 @@ impl Config {
                 "must be non-empty and use only a-z, A-Z, 0-9, '.', '_' and '-'",
             ));
         }
+        if k.topic_prefix.len() > wal2delta_model::names::MAX_TOPIC_PREFIX {
+            // Table topics are `{prefix}.{schema}.{table}` with parts of up to
+            // MAX_IDENT_PART characters; Kafka refuses topic names over 249.
+            return Err(invalid(
+                "kafka.topic_prefix",
+                format!(
+                    "must be at most {} characters, so that every table topic fits Kafka's 249",
+                    wal2delta_model::names::MAX_TOPIC_PREFIX
+                ),
+            ));
+        }
         if !(1..=10_000).contains(&k.topic_partitions) {
             return Err(invalid(
                 "kafka.topic_partitions",

@@ -195,7 +195,8 @@ fn hint(e: anyhow::Error) -> anyhow::Error {
 }
 
 fn has_silver(lake: &Lake, t: &TableName) -> bool {
-    lake.silver(&t.schema, &t.name)
+    let (schema, table) = t.ident_parts();
+    lake.silver(&schema, &table)
         .to_file_path()
         .is_ok_and(|p| p.join("_delta_log").is_dir())
 }
@@ -235,8 +236,10 @@ impl Job<'_> {
     ) -> Result<TableReport> {
         let name = t.to_string();
         let l = self.lsn.0 as i64;
+        // Lake tables are named by the table's identity (its escaped name).
+        let (schema, table) = t.ident_parts();
         let masking = self.config.silver.masking(&name)?;
-        let stage = crate::silver::silver_table(self.config, self.lake, &t.schema, &t.name)?;
+        let stage = crate::silver::silver_table(self.config, self.lake, &schema, &table)?;
         let recorded = stage
             .recorded_masking()
             .await?
@@ -253,7 +256,7 @@ impl Job<'_> {
         let chunk_rows = self.config.snapshot.chunk_rows;
 
         let watermark = self.wait_for_watermark(&stage, l).await?;
-        let silver = SilverRead::open(self.lake, &t.schema, &t.name)
+        let silver = SilverRead::open(self.lake, &schema, &table)
             .await?
             .ok_or_else(|| anyhow!("the Silver table disappeared"))?;
         let silver_schema = silver.schema()?;
@@ -285,7 +288,7 @@ impl Job<'_> {
             truncated_after: silver.progress().truncated.is_some_and(|p| p.0 >= l),
             ..Exclusions::default()
         };
-        for b in tombstones_from(self.lake, &t.schema, &t.name, &src.key, l).await? {
+        for b in tombstones_from(self.lake, &schema, &table, &src.key, l).await? {
             let keys = shape
                 .conform_keys(&b)
                 .map_err(|e| anyhow!("tombstones: {e}"))?;
@@ -295,7 +298,8 @@ impl Job<'_> {
         let (quarantined, without_key) = quarantined::quarantined_keys(
             &self.quarantine.records,
             &self.quarantine.resolved,
-            &name,
+            // Silver's records name the table by its identity, as its lake path does.
+            &t.ident(),
             &shape,
         );
         ex.quarantined = quarantined;
