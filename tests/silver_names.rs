@@ -158,3 +158,89 @@ async fn body(stack: &Stack, name: &str, pg: &Client, d: &Daemon) -> Result<()> 
     run.stop()?;
     Ok(())
 }
+
+/// Issue 11, defect 14: a masking policy names the real column `"Card No"` of the real
+/// table `"Card Holders"`; no raw value may reach a Silver file.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_on_real_names_masks_the_column() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, d) = scenario(
+        &stack,
+        "mask_names",
+        "CREATE TABLE {s}.\"Card Holders\" (id int PRIMARY KEY, \"Card No\" text, owner text);",
+        &format!("{TOML}[silver.mask]\n\"{{s}}.Card Holders.Card No\" = \"redact\"\n"),
+        1,
+    )
+    .await?;
+    let result = async {
+        let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+        pg.batch_execute(&format!(
+            "INSERT INTO {name}.\"Card Holders\" SELECT g, '41111111' || lpad(g::text, 8, '0'), 'o' || g FROM generate_series(1, 50) g;
+             UPDATE {name}.\"Card Holders\" SET \"Card No\" = '41111111' || lpad((id + 1000)::text, 8, '0') WHERE id <= 10;"
+        ))
+        .await?;
+        d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+        let path = silver_path(&d, &name, "Card Holders");
+        let start = Instant::now();
+        loop {
+            run.assert_running()?;
+            let rows = duckdb(&format!(
+                "SELECT count(*), count(*) FILTER (WHERE \"Card_No\" = '****') FROM {}",
+                scan(&path)
+            ))
+            .unwrap_or_default();
+            if rows.first().is_some_and(|r| r[0] == Value::from(50)) {
+                assert_eq!(rows[0][1], Value::from(50), "every card number is redacted");
+                break;
+            }
+            if start.elapsed() > Duration::from_secs(90) {
+                bail!("Silver never held the 50 rows ({rows:?}): {}", run.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+        let silver = d.lake().join("silver");
+        let leaks = duckdb(&format!(
+            "SELECT count(*) FROM read_parquet('{}/**/*.parquet', union_by_name = true) t WHERE CAST(t AS VARCHAR) LIKE '%41111111%'",
+            silver.display()
+        ))?;
+        assert_eq!(leaks[0][0], Value::from(0), "raw card numbers under {}", silver.display());
+        run.stop()?;
+        Ok(())
+    }
+    .await;
+    cleanup(&pg, &name, &name).await;
+    result
+}
+
+/// A policy naming a column the table does not have stops the start, naming the entry.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_policy_naming_no_column_refuses_to_start() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, d) = scenario(
+        &stack,
+        "mask_unknown",
+        "CREATE TABLE {s}.\"Card Holders\" (id int PRIMARY KEY, \"Card No\" text);",
+        &format!("{TOML}[silver.mask]\n\"{{s}}.Card Holders.Card Number\" = \"redact\"\n"),
+        1,
+    )
+    .await?;
+    let result = async {
+        let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+        let Some(status) = run.wait_exit(Duration::from_secs(60))? else {
+            bail!(
+                "wal2delta kept running with a policy naming no column: {}",
+                run.log_text()
+            );
+        };
+        assert!(!status.success(), "{status}");
+        let log = run.log_text();
+        assert!(
+            log.contains("silver.mask") && log.contains("\"Card Number\""),
+            "the error names the entry and the column: {log}"
+        );
+        Ok(())
+    }
+    .await;
+    cleanup(&pg, &name, &name).await;
+    result
+}

@@ -58,6 +58,12 @@ fn avro_names(columns: impl Iterator<Item = String>) -> Vec<String> {
     out
 }
 
+/// The Avro field name (and so the Bronze and Silver column name) of each of a table's
+/// columns, given all its published columns in order: what capture names them.
+pub fn field_names(columns: &[String]) -> Vec<String> {
+    avro_names(columns.iter().cloned())
+}
+
 fn namespace_part(s: &str) -> String {
     avro_names(std::iter::once(s.to_owned())).remove(0)
 }

@@ -33,7 +33,7 @@ use wal2delta_model::{Lsn, TableName};
 use wal2delta_quarantine::QuarantineRecord;
 
 use crate::capture::tokenize::Tokenizer;
-use crate::config::Config;
+use crate::config::{Config, Policies};
 use compare::{commit_lsns, hex, Exclusions, Picker, Shape, Tally};
 use report::{Differences, Excluded, Report, TableReport};
 use source::{Decoder, Snapshot, SourceTable};
@@ -92,6 +92,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let dsn = config.source.effective_dsn()?;
     let tokenizer = Tokenizer::from_config(&config.tokenize)?;
+    let policies = crate::policies::silver(config).await?;
     let wanted = match &options.table {
         Some(t) => Some(parse_table(t)?),
         None => None,
@@ -145,6 +146,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
         lsn,
         deadline,
         quarantine: &quarantine,
+        policies: &policies,
     };
     let mut decoder = Decoder::new(tokenizer, &config.kafka.topic_prefix);
     let mut reports = Vec::new();
@@ -225,6 +227,8 @@ struct Job<'a> {
     lsn: Lsn,
     deadline: Instant,
     quarantine: &'a Quarantine,
+    /// Silver's policies, resolved against the source's names.
+    policies: &'a Policies,
 }
 
 impl Job<'_> {
@@ -238,8 +242,9 @@ impl Job<'_> {
         let l = self.lsn.0 as i64;
         // Lake tables are named by the table's identity (its escaped name).
         let (schema, table) = t.ident_parts();
-        let masking = self.config.silver.masking(&name)?;
-        let stage = crate::silver::silver_table(self.config, self.lake, &schema, &table)?;
+        let masking = self.policies.of(&t.ident()).masking;
+        let stage =
+            crate::silver::silver_table(self.config, self.policies, self.lake, &schema, &table);
         let recorded = stage
             .recorded_masking()
             .await?

@@ -34,8 +34,9 @@ pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     }
+    let policies = crate::policies::silver(config).await?;
     for (schema, name) in tables {
-        let mut silver = crate::silver::silver_table(config, &lake, &schema, &name)?;
+        let mut silver = crate::silver::silver_table(config, &policies, &lake, &schema, &name);
         let started = std::time::Instant::now();
         let r = silver.rebuild(&lake, &schema, &name).await?;
         println!(
