@@ -1,13 +1,14 @@
-//! Resolving type OIDs into [`ColumnType`]s from the source's catalog.
+//! Resolving type OIDs into [`ColumnType`]s from the source's catalog, and the published
+//! tables' column names.
 //!
 //! Only `pg_type`, `pg_enum` and `pg_range` are read, never product tables. Results are
 //! cached per OID; a `Type` message from pgoutput (sent when a user type is first used
 //! or changed) drops the cached entry so an altered enum is re-read.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use tokio_postgres::Client;
-use wal2delta_model::{BaseType, ColumnType, TypeKind};
+use wal2delta_model::{BaseType, ColumnType, TableName, TypeKind};
 
 use crate::CdcError;
 
@@ -113,6 +114,29 @@ pub async fn primary_key_columns(client: &Client, rel_id: u32) -> Result<Vec<Str
         )
         .await?;
     Ok(rows.iter().map(|r| r.get(0)).collect())
+}
+
+/// The tables of `publication` with the names of their published columns in the order
+/// the stream sends them (by `attnum`; dropped and generated columns left out, as
+/// pgoutput does; a publication's column list respected). Only the catalog is read.
+/// Used to check that the policies of the config name real tables and columns.
+pub async fn published_columns(
+    client: &Client,
+    publication: &str,
+) -> Result<BTreeMap<TableName, Vec<String>>, CdcError> {
+    let rows = client
+        .query(
+            "SELECT pt.schemaname::text, pt.tablename::text, a.attname::text              FROM pg_publication_tables pt              JOIN pg_namespace n ON n.nspname = pt.schemaname              JOIN pg_class c ON c.relnamespace = n.oid AND c.relname = pt.tablename              JOIN pg_attribute a ON a.attrelid = c.oid              WHERE pt.pubname = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attgenerated = ''                AND a.attname = ANY(pt.attnames)              ORDER BY 1, 2, a.attnum",
+            &[&publication],
+        )
+        .await?;
+    let mut out: BTreeMap<TableName, Vec<String>> = BTreeMap::new();
+    for r in rows {
+        out.entry(TableName::new(r.get::<_, String>(0), r.get::<_, String>(1)))
+            .or_default()
+            .push(r.get(2));
+    }
+    Ok(out)
 }
 
 fn set_typmod(ty: &mut ColumnType, typmod: i32) {

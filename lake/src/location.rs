@@ -49,8 +49,10 @@ impl Lake {
         Ok(Lake { root })
     }
 
-    /// The table at `parts` under the root. Parts are path segments; characters other than
-    /// letters, digits, `_` and `-` become `_` so a name can never escape its layer.
+    /// The table at `parts` under the root. Parts are path segments: a source table's
+    /// `schema` and `table` are its identity ([`wal2delta_model::TableName::ident_parts`],
+    /// the escaped name, made of `[a-z0-9_-]`), which pass unchanged. Any other character
+    /// still becomes `_`, only as a guard so that a segment can never escape its layer.
     pub fn table(&self, parts: &[&str]) -> Url {
         let path: Vec<String> = parts.iter().map(|p| segment(p)).collect();
         // Joining a relative path of safe segments to a directory URL cannot fail.
@@ -59,10 +61,12 @@ impl Lake {
             .unwrap_or_else(|_| self.root.clone())
     }
 
+    /// The Bronze table of a source table, by its identity parts.
     pub fn bronze(&self, schema: &str, table: &str) -> Url {
         self.table(&["bronze", schema, table])
     }
 
+    /// The Silver table of a source table, by its identity parts.
     pub fn silver(&self, schema: &str, table: &str) -> Url {
         self.table(&["silver", schema, table])
     }
@@ -78,7 +82,8 @@ impl Lake {
         self.table(&["bronze", INTERNAL_SCHEMA, "transactions"])
     }
 
-    /// Every Bronze table of a source table that exists: `(schema, table, url)`, sorted.
+    /// Every Bronze table of a source table that exists: `(schema, table, url)` with the
+    /// identity parts, sorted.
     pub fn bronze_tables(&self) -> Vec<(String, String, Url)> {
         let mut out = Vec::new();
         let Ok(root) = self.root.to_file_path() else {

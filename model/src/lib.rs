@@ -7,6 +7,7 @@ pub mod change;
 pub mod datum;
 pub mod error_class;
 pub mod lsn;
+pub mod names;
 pub mod pg_type;
 pub mod schema;
 pub mod table;

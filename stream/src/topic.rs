@@ -3,18 +3,15 @@
 
 use wal2delta_model::TableName;
 
-/// The Kafka topic of a table. Characters Kafka does not allow in topic names become `_`.
+/// The Kafka topic of a table: `{prefix}.{identity}`, the name escaped one-to-one
+/// ([`wal2delta_model::names`]), so two tables never share a topic.
 pub fn table_topic(prefix: &str, table: &TableName) -> String {
-    format!(
-        "{}.{}.{}",
-        prefix,
-        sanitize(&table.schema),
-        sanitize(&table.name)
-    )
+    format!("{prefix}.{}", table.ident())
 }
 
-/// The `(schema, table)` parts of a table topic `{prefix}.{schema}.{table}`, as sanitized
-/// in the topic name; `None` for any other topic (positions, snapshots, DLQ).
+/// The `(schema, table)` parts of a table topic `{prefix}.{schema}.{table}`, as they are
+/// in the topic name (the table's identity, also its lake path); `None` for any other
+/// topic (positions, snapshots, DLQ).
 pub fn table_of_topic<'t>(prefix: &str, topic: &'t str) -> Option<(&'t str, &'t str)> {
     let rest = topic.strip_prefix(prefix)?.strip_prefix('.')?;
     let (schema, table) = rest.split_once('.')?;
@@ -49,18 +46,6 @@ pub fn value_subject(topic: &str) -> String {
     format!("{topic}-value")
 }
 
-fn sanitize(part: &str) -> String {
-    part.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '_' || c == '-' {
-                c
-            } else {
-                '_'
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -75,7 +60,17 @@ mod tests {
         );
         assert_eq!(
             table_topic("cdc", &TableName::new("My Schema", "a.b")),
-            "cdc.My_Schema.a_b"
+            "cdc.-4dy-20-53chema.a-2eb"
+        );
+        assert_ne!(
+            table_topic("cdc", &TableName::new("public", "a b")),
+            table_topic("cdc", &TableName::new("public", "a_b"))
+        );
+        let t = table_topic("cdc", &TableName::new("public", "Order Items"));
+        let (s, n) = table_of_topic("cdc", &t).unwrap();
+        assert_eq!(
+            TableName::from_ident(&format!("{s}.{n}")),
+            Some(TableName::new("public", "Order Items"))
         );
     }
 

@@ -23,7 +23,9 @@ use serde::{Deserialize, Serialize};
 /// Events of one table in a transaction.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DataCollection {
-    /// `schema.table`.
+    /// The table's identity, `schema.table` escaped one-to-one as in its topic name and
+    /// lake path ([`wal2delta_model::TableName::ident`]); for names of `[a-z0-9_]` only,
+    /// the plain `schema.table`.
     pub data_collection: String,
     /// Messages of this transaction on the table's topic (a TRUNCATE counts once per
     /// partition, as it is sent to every partition).

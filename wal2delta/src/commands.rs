@@ -139,6 +139,13 @@ async fn run_daemon(
             unbuilt.join(", ")
         );
     }
+    // Before anything starts: a policy naming no real table or column is an error.
+    let policies = crate::policies::at_startup(
+        config,
+        stages.contains(&Stage::Capture),
+        stages.contains(&Stage::Silver),
+    )
+    .await?;
     metrics::install(&config.metrics.listen)?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
@@ -163,7 +170,7 @@ async fn run_daemon(
     };
     let silver = async {
         if stages.contains(&Stage::Silver) {
-            silver::run(config, rx.clone()).await
+            silver::run(config, policies.clone(), rx.clone()).await
         } else {
             Ok(())
         }

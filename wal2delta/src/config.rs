@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub mod path;
 mod silver;
 
-pub use silver::SilverConfig;
+pub use silver::{Policies, SilverConfig};
+use wal2delta_model::TableName;
 
 const ENV_PREFIX: &str = "WAL2DELTA__";
 
@@ -271,13 +273,55 @@ impl TokenizeConfig {
         )
     }
 
+    /// An entry's table, column and whether it keeps the last four characters; `None`
+    /// when it is not `schema.table.column[:last4]` (parts as in [`path`]).
+    pub fn entry(&self, spec: &str) -> Option<(TableName, String, bool)> {
+        let (p, keep_last) = match spec.strip_suffix(":last4") {
+            Some(p) => (p, true),
+            None => (spec, false),
+        };
+        let mut parts = path::parse(p, 3)?;
+        let column = parts.pop()?;
+        Some((TableName::new(&parts[0], &parts[1]), column, keep_last))
+    }
+
+    /// Refuses an entry naming a table or column the source does not publish (`catalog`:
+    /// the published tables with their columns): such an entry would tokenize nothing and
+    /// raw values would leave capture.
+    pub fn check_names(
+        &self,
+        catalog: &BTreeMap<TableName, Vec<String>>,
+    ) -> Result<(), ConfigError> {
+        for spec in &self.columns {
+            let Some((table, column, _)) = self.entry(spec) else {
+                continue; // validate() refused it already
+            };
+            let Some(columns) = catalog.get(&table) else {
+                return Err(invalid(
+                    "tokenize.columns",
+                    format!("entry {spec:?} names the table {}, which is not among the published tables (a table that does not exist yet is an error too: create it and run `wal2delta setup` first)", table.quoted()),
+                ));
+            };
+            if !columns.contains(&column) {
+                return Err(invalid(
+                    "tokenize.columns",
+                    format!(
+                        "entry {spec:?} names the column {}, which the table {} does not have",
+                        wal2delta_model::table::quote_ident(&column),
+                        table.quoted()
+                    ),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         if self.columns.is_empty() {
             return Ok(());
         }
         for c in &self.columns {
-            let path = c.strip_suffix(":last4").unwrap_or(c);
-            if path.split('.').count() != 3 || path.split('.').any(str::is_empty) {
+            if self.entry(c).is_none() {
                 return Err(invalid(
                     "tokenize.columns",
                     format!("entry {c:?} must look like schema.table.column[:last4]"),
@@ -781,6 +825,17 @@ impl Config {
             return Err(invalid(
                 "kafka.topic_prefix",
                 "must be non-empty and use only a-z, A-Z, 0-9, '.', '_' and '-'",
+            ));
+        }
+        if k.topic_prefix.len() > wal2delta_model::names::MAX_TOPIC_PREFIX {
+            // Table topics are `{prefix}.{schema}.{table}` with parts of up to
+            // MAX_IDENT_PART characters; Kafka refuses topic names over 249.
+            return Err(invalid(
+                "kafka.topic_prefix",
+                format!(
+                    "must be at most {} characters, so that every table topic fits Kafka's 249",
+                    wal2delta_model::names::MAX_TOPIC_PREFIX
+                ),
             ));
         }
         if !(1..=10_000).contains(&k.topic_partitions) {

@@ -7,6 +7,7 @@ mod commands;
 mod config;
 mod health;
 mod metrics;
+mod policies;
 mod quarantine;
 mod reconcile;
 mod silver;

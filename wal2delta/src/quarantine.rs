@@ -176,6 +176,7 @@ pub async fn replay(config: &Config, id: Option<&str>) -> Result<ExitCode> {
             .filter(|r| r.stage == Stage::Silver && !resolved.contains_key(&r.id))
             .collect(),
     };
+    let policies = crate::policies::silver(config).await?;
     let mut tables = std::collections::HashMap::new();
     let (mut done, mut failing) = (Vec::new(), 0usize);
     for r in chosen {
@@ -195,7 +196,7 @@ pub async fn replay(config: &Config, id: Option<&str>) -> Result<ExitCode> {
         if !tables.contains_key(table) {
             tables.insert(
                 table.to_owned(),
-                crate::silver::silver_table(config, &lake, schema, name)?,
+                crate::silver::silver_table(config, &policies, &lake, schema, name),
             );
         }
         let silver = tables.get_mut(table).expect("inserted above");

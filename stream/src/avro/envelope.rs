@@ -10,6 +10,7 @@
 use apache_avro::types::Value;
 use apache_avro::Schema;
 use serde_json::{json, Value as Json};
+use wal2delta_model::names::avro_part;
 use wal2delta_model::{Change, ColumnValue, TableSchema};
 
 use super::types::{column_schema, to_avro};
@@ -57,6 +58,12 @@ fn avro_names(columns: impl Iterator<Item = String>) -> Vec<String> {
     out
 }
 
+/// The Avro field name (and so the Bronze and Silver column name) of each of a table's
+/// columns, given all its published columns in order: what capture names them.
+pub fn field_names(columns: &[String]) -> Vec<String> {
+    avro_names(columns.iter().cloned())
+}
+
 fn namespace_part(s: &str) -> String {
     avro_names(std::iter::once(s.to_owned())).remove(0)
 }
@@ -73,13 +80,15 @@ pub fn has_primary_key(table: &TableSchema) -> bool {
             && keys == table.columns.len())
 }
 
-/// Builds the key and value schemas for a table version.
+/// Builds the key and value schemas for a table version. Their namespace is
+/// `{prefix}.{schema}.{table}` with the parts escaped one-to-one for Avro
+/// ([`avro_part`]), so two tables never share a schema name.
 pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSchemas, StreamError> {
     let ns = format!(
         "{}.{}.{}",
         namespace_part(topic_prefix),
-        namespace_part(&table.table.schema),
-        namespace_part(&table.table.name)
+        avro_part(&table.table.schema),
+        avro_part(&table.table.name)
     );
     let field_names = avro_names(table.columns.iter().map(|c| c.name.clone()));
     let mut value_fields = Vec::new();

@@ -127,7 +127,9 @@ impl Publisher {
             commit_ts_us: pos.commit_ts_us,
             counts: BTreeMap::new(),
         });
-        *tx.counts.entry(change.table.to_string()).or_insert(0) += n;
+        // Under the table's identity, as its topic and lake tables are named: the consumer
+        // (Silver) looks the count up by its lake path.
+        *tx.counts.entry(change.table.ident()).or_insert(0) += n;
     }
 
     /// Publishes the END record of the transaction whose changes were just published, under

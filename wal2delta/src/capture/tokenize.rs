@@ -66,14 +66,7 @@ impl Tokenizer {
         })?;
         let mut rules: HashMap<TableName, Vec<Rule>> = HashMap::new();
         for spec in &cfg.columns {
-            let (path, keep_last) = match spec.strip_suffix(":last4") {
-                Some(p) => (p, true),
-                None => (spec.as_str(), false),
-            };
-            let mut parts = path.splitn(3, '.');
-            let (Some(schema), Some(table), Some(column)) =
-                (parts.next(), parts.next(), parts.next())
-            else {
+            let Some((table, column, keep_last)) = cfg.entry(spec) else {
                 return Err(ConfigError::Invalid {
                     field: "tokenize.columns".into(),
                     constraint: format!(
@@ -82,12 +75,9 @@ impl Tokenizer {
                 });
             };
             rules
-                .entry(TableName::new(schema, table))
+                .entry(table)
                 .or_default()
-                .push(Rule {
-                    column: column.to_owned(),
-                    keep_last,
-                });
+                .push(Rule { column, keep_last });
         }
         Ok(Some(Tokenizer {
             mac,

@@ -8,7 +8,10 @@ use serde::Deserialize;
 use wal2delta_lake::silver::mask::{MaskPolicy, Masking};
 use wal2delta_lake::silver::Check;
 
-use super::{invalid, load_key, ConfigError};
+use wal2delta_model::TableName;
+use wal2delta_stream::avro::envelope::field_names;
+
+use super::{invalid, load_key, path, ConfigError};
 
 /// `[silver]`.
 #[derive(Debug, Clone, Deserialize)]
@@ -86,8 +89,11 @@ impl SilverConfig {
         }
         for (column, policy) in &self.mask {
             let field = format!("silver.mask.\"{column}\"");
-            if split_column(column).is_none() {
-                return Err(invalid(&field, "must name a column as schema.table.column"));
+            if path::parse(column, 3).is_none() {
+                return Err(invalid(
+                    &field,
+                    "must name a column as schema.table.column (double-quote a part holding a '.')",
+                ));
             }
             MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
         }
@@ -129,34 +135,123 @@ impl SilverConfig {
         Ok(Some(Arc::from(key)))
     }
 
-    /// The masking of `schema.table` (empty when no column of it is listed).
-    pub fn masking(&self, table: &str) -> Result<Masking, ConfigError> {
-        let mut columns = BTreeMap::new();
-        for (path, policy) in &self.mask {
-            if let Some((t, c)) = split_column(path) {
-                if t == table {
-                    let p = MaskPolicy::parse(policy)
-                        .map_err(|e| invalid(&format!("silver.mask.\"{path}\""), e))?;
-                    columns.insert(c.to_owned(), p);
-                }
-            }
+    /// Whether any masking policy or check is configured.
+    pub fn has_policies(&self) -> bool {
+        !self.mask.is_empty() || !self.checks.is_empty()
+    }
+
+    /// The masking and checks of every table a policy names, by the table's identity (its
+    /// lake name, [`TableName::ident`]). Entries name the real (source) tables and columns;
+    /// they are matched against `catalog` (the published tables, their columns in order)
+    /// and turned into Silver's column names (the Avro field names capture gives them). A
+    /// table or column the catalog does not have is an error naming the entry: a policy
+    /// that silently matches nothing would let raw values into Silver.
+    pub fn resolve(
+        &self,
+        catalog: &BTreeMap<TableName, Vec<String>>,
+    ) -> Result<Policies, ConfigError> {
+        let mut masks: BTreeMap<String, BTreeMap<String, MaskPolicy>> = BTreeMap::new();
+        for (entry, policy) in &self.mask {
+            let field = format!("silver.mask.\"{entry}\"");
+            let parts = path::parse(entry, 3)
+                .ok_or_else(|| invalid(&field, "must name a column as schema.table.column"))?;
+            let table = TableName::new(&parts[0], &parts[1]);
+            let column = silver_column(catalog, &field, &table, &parts[2])?;
+            let p = MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
+            masks.entry(table.ident()).or_default().insert(column, p);
         }
-        let key = if columns.values().any(|p| *p == MaskPolicy::Hash) {
+        let key = if self.mask.values().any(|p| p == "hash") {
             self.mask_key()?
         } else {
             None
         };
-        Masking::new(columns, key).map_err(|e| invalid("silver.mask", e.to_string()))
+        let mut tables: BTreeMap<String, TablePolicy> = BTreeMap::new();
+        for (ident, columns) in masks {
+            let masking = Masking::new(columns, key.clone())
+                .map_err(|e| invalid("silver.mask", e.to_string()))?;
+            tables.entry(ident).or_default().masking = masking;
+        }
+        for (i, c) in self.checks.iter().enumerate() {
+            let at = |f: &str| format!("silver.checks[{i}].{f}");
+            let parts = path::parse(&c.table, 2)
+                .ok_or_else(|| invalid(&at("table"), "must look like schema.table"))?;
+            let table = TableName::new(&parts[0], &parts[1]);
+            if !catalog.contains_key(&table) {
+                return Err(unpublished(&at("table"), &table));
+            }
+            let mut c = c.clone();
+            if let Some(col) = &c.not_null {
+                c.not_null = Some(silver_column(catalog, &at("not_null"), &table, col)?);
+            }
+            if let Some(col) = &c.column {
+                c.column = Some(silver_column(catalog, &at("column"), &table, col)?);
+            }
+            let check = c.compile().map_err(|(f, why)| invalid(&at(f), why))?;
+            tables.entry(table.ident()).or_default().checks.push(check);
+        }
+        Ok(Policies { tables })
     }
+}
 
-    /// The checks of `schema.table`, compiled to SQL.
-    pub fn checks_for(&self, table: &str) -> Vec<Check> {
-        self.checks
-            .iter()
-            .filter(|c| c.table == table)
-            .filter_map(|c| c.compile().ok())
-            .collect()
+/// The masking and checks of one Silver table.
+#[derive(Debug, Clone, Default)]
+pub struct TablePolicy {
+    pub masking: Masking,
+    pub checks: Vec<Check>,
+}
+
+/// The Silver policies of every table, resolved against the source's names
+/// ([`SilverConfig::resolve`]).
+#[derive(Debug, Clone, Default)]
+pub struct Policies {
+    tables: BTreeMap<String, TablePolicy>,
+}
+
+impl Policies {
+    /// The policy of the table with identity `ident` (`schema.table` as in its lake path);
+    /// none when no entry names it.
+    pub fn of(&self, ident: &str) -> TablePolicy {
+        self.tables.get(ident).cloned().unwrap_or_default()
     }
+}
+
+/// The error for an entry naming a table that is not published.
+fn unpublished(field: &str, table: &TableName) -> ConfigError {
+    invalid(
+        field,
+        format!(
+            "names the table {}, which is not among the published tables (a table that does not exist yet is an error too: create it and run `wal2delta setup` first)",
+            table.quoted()
+        ),
+    )
+}
+
+/// Silver's name (the Avro field name) of the source column `column` of `table`.
+fn silver_column(
+    catalog: &BTreeMap<TableName, Vec<String>>,
+    field: &str,
+    table: &TableName,
+    column: &str,
+) -> Result<String, ConfigError> {
+    let columns = catalog
+        .get(table)
+        .ok_or_else(|| unpublished(field, table))?;
+    let i = columns.iter().position(|c| c == column).ok_or_else(|| {
+        invalid(
+            field,
+            format!(
+                "names the column {}, which the table {} does not have (its columns: {})",
+                quote(column),
+                table.quoted(),
+                columns
+                    .iter()
+                    .map(|c| quote(c))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        )
+    })?;
+    Ok(field_names(columns).swap_remove(i))
 }
 
 impl Default for SilverConfig {
@@ -171,16 +266,6 @@ impl Default for SilverConfig {
             checks: Vec::new(),
         }
     }
-}
-
-/// `schema.table.column` → (`schema.table`, `column`).
-fn split_column(path: &str) -> Option<(&str, &str)> {
-    let mut parts = path.splitn(3, '.');
-    let (s, t, c) = (parts.next()?, parts.next()?, parts.next()?);
-    if s.is_empty() || t.is_empty() || c.is_empty() {
-        return None;
-    }
-    Some((&path[..s.len() + 1 + t.len()], c))
 }
 
 /// A SQL identifier, quoted.
@@ -214,7 +299,7 @@ impl CheckConfig {
                 "must be non-empty and use only letters, digits, '_', '-' and '.'".into(),
             ));
         }
-        if self.table.split('.').count() != 2 || self.table.split('.').any(str::is_empty) {
+        if path::parse(&self.table, 2).is_none() {
             return Err(("table", "must look like schema.table".into()));
         }
         let column = || {
@@ -376,17 +461,75 @@ mod tests {
     }
 
     #[test]
+    fn policies_name_real_tables_and_columns() {
+        let catalog = BTreeMap::from([(
+            TableName::new("public", "Order Items"),
+            vec!["id".to_owned(), "Card No".to_owned(), "Card_No".to_owned()],
+        )]);
+        let c: SilverConfig = toml::from_str(
+            "[mask]\n\"public.Order Items.Card No\" = \"redact\"\n'public.\"Order Items\".Card_No' = \"null\"\n\
+             [[checks]]\nname = \"nn\"\ntable = \"public.Order Items\"\nnot_null = \"Card No\"",
+        )
+        .unwrap();
+        c.validate().unwrap();
+        let p = c.resolve(&catalog).unwrap();
+        // Silver's columns are the Avro field names: `Card_No`, and `Card_No_2` for the
+        // second column that sanitises to it.
+        let t = p.of("public.-4frder-20-49tems");
+        assert_eq!(t.masking.policy("Card_No"), Some(MaskPolicy::Redact));
+        assert_eq!(t.masking.policy("Card_No_2"), Some(MaskPolicy::Null));
+        assert_eq!(t.checks[0].sql, "\"Card_No\" IS NOT NULL");
+        assert!(p.of("public.Order_Items").masking.is_empty());
+
+        let unknown = |toml_text: &str| {
+            let c: SilverConfig = toml::from_str(toml_text).unwrap();
+            c.validate().unwrap();
+            c.resolve(&catalog).unwrap_err().to_string()
+        };
+        let e = unknown("[mask]\n\"public.Order Items.Card Number\" = \"redact\"");
+        assert!(
+            e.contains("silver.mask") && e.contains("\"Card Number\""),
+            "{e}"
+        );
+        let e = unknown("[mask]\n\"public.Order_Items.Card No\" = \"redact\"");
+        assert!(
+            e.contains("\"Order_Items\"") && e.contains("not among the published"),
+            "{e}"
+        );
+        let e = unknown(
+            "[[checks]]\nname = \"x\"\ntable = \"public.Order Items\"\ncolumn = \"qty\"\nmin = 0",
+        );
+        assert!(
+            e.contains("silver.checks[0].column") && e.contains("\"qty\""),
+            "{e}"
+        );
+        let e = unknown("[[checks]]\nname = \"x\"\ntable = \"public.nope\"\nsql = \"true\"");
+        assert!(e.contains("silver.checks[0].table"), "{e}");
+    }
+
+    #[test]
     fn masking_is_per_table_and_hash_needs_a_key() {
         let c: SilverConfig = toml::from_str(
             "[mask]\n\"public.c.email\" = \"redact\"\n\"public.p.card\" = \"keep_last:4\"",
         )
         .unwrap();
         c.validate().unwrap();
+        let catalog = BTreeMap::from([
+            (
+                TableName::new("public", "c"),
+                vec!["id".to_owned(), "email".to_owned(), "card".to_owned()],
+            ),
+            (
+                TableName::new("public", "p"),
+                vec!["id".to_owned(), "card".to_owned()],
+            ),
+        ]);
+        let p = c.resolve(&catalog).unwrap();
         assert_eq!(
-            c.masking("public.c").unwrap().policy("email"),
+            p.of("public.c").masking.policy("email"),
             Some(MaskPolicy::Redact)
         );
-        assert_eq!(c.masking("public.c").unwrap().policy("card"), None);
+        assert_eq!(p.of("public.c").masking.policy("card"), None);
         let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"hash\"").unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("silver.mask"), "{e}");

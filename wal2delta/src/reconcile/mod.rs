@@ -33,7 +33,7 @@ use wal2delta_model::{Lsn, TableName};
 use wal2delta_quarantine::QuarantineRecord;
 
 use crate::capture::tokenize::Tokenizer;
-use crate::config::Config;
+use crate::config::{Config, Policies};
 use compare::{commit_lsns, hex, Exclusions, Picker, Shape, Tally};
 use report::{Differences, Excluded, Report, TableReport};
 use source::{Decoder, Snapshot, SourceTable};
@@ -92,6 +92,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let dsn = config.source.effective_dsn()?;
     let tokenizer = Tokenizer::from_config(&config.tokenize)?;
+    let policies = crate::policies::silver(config).await?;
     let wanted = match &options.table {
         Some(t) => Some(parse_table(t)?),
         None => None,
@@ -154,6 +155,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
         lsn,
         deadline,
         quarantine: &quarantine,
+        policies: &policies,
     };
     let mut decoder = Decoder::new(tokenizer, &config.kafka.topic_prefix);
     let mut reports = Vec::new();
@@ -215,7 +217,8 @@ async fn is_keyless(lake: &Lake, t: &TableName) -> bool {
 }
 
 fn has_silver(lake: &Lake, t: &TableName) -> bool {
-    lake.silver(&t.schema, &t.name)
+    let (schema, table) = t.ident_parts();
+    lake.silver(&schema, &table)
         .to_file_path()
         .is_ok_and(|p| p.join("_delta_log").is_dir())
 }
@@ -244,6 +247,8 @@ struct Job<'a> {
     lsn: Lsn,
     deadline: Instant,
     quarantine: &'a Quarantine,
+    /// Silver's policies, resolved against the source's names.
+    policies: &'a Policies,
 }
 
 impl Job<'_> {
@@ -255,8 +260,11 @@ impl Job<'_> {
     ) -> Result<TableReport> {
         let name = t.to_string();
         let l = self.lsn.0 as i64;
-        let masking = self.config.silver.masking(&name)?;
-        let stage = crate::silver::silver_table(self.config, self.lake, &t.schema, &t.name)?;
+        // Lake tables are named by the table's identity (its escaped name).
+        let (schema, table) = t.ident_parts();
+        let masking = self.policies.of(&t.ident()).masking;
+        let stage =
+            crate::silver::silver_table(self.config, self.policies, self.lake, &schema, &table);
         let recorded = stage
             .recorded_masking()
             .await?
@@ -273,7 +281,7 @@ impl Job<'_> {
         let chunk_rows = self.config.snapshot.chunk_rows;
 
         let watermark = self.wait_for_watermark(&stage, l).await?;
-        let silver = SilverRead::open(self.lake, &t.schema, &t.name)
+        let silver = SilverRead::open(self.lake, &schema, &table)
             .await?
             .ok_or_else(|| anyhow!("the Silver table disappeared"))?;
         let silver_schema = silver.schema()?;
@@ -305,7 +313,7 @@ impl Job<'_> {
             truncated_after: silver.progress().truncated.is_some_and(|p| p.0 >= l),
             ..Exclusions::default()
         };
-        for b in tombstones_from(self.lake, &t.schema, &t.name, &src.key, l).await? {
+        for b in tombstones_from(self.lake, &schema, &table, &src.key, l).await? {
             let keys = shape
                 .conform_keys(&b)
                 .map_err(|e| anyhow!("tombstones: {e}"))?;
@@ -315,7 +323,8 @@ impl Job<'_> {
         let (quarantined, without_key) = quarantined::quarantined_keys(
             &self.quarantine.records,
             &self.quarantine.resolved,
-            &name,
+            // Silver's records name the table by its identity, as its lake path does.
+            &t.ident(),
             &shape,
         );
         ex.quarantined = quarantined;

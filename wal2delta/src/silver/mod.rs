@@ -16,10 +16,16 @@ use tokio::sync::watch;
 use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts};
 use wal2delta_lake::{Lake, LakeError};
 
-use crate::config::Config;
+use crate::config::{Config, Policies};
 use crate::metrics as m;
 
-pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
+/// `policies`: the masking and checks resolved against the source at startup
+/// ([`crate::policies`]).
+pub async fn run(
+    config: &Config,
+    policies: Policies,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let mut tables: HashMap<String, Tracked> = HashMap::new();
     let mut watermarks: HashMap<String, i64> = HashMap::new();
@@ -32,7 +38,16 @@ pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow
             break;
         }
         let started = Instant::now();
-        if let Err(e) = round(config, &lake, &mut tables, &mut watermarks, &mut keyless).await {
+        if let Err(e) = round(
+            config,
+            &policies,
+            &lake,
+            &mut tables,
+            &mut watermarks,
+            &mut keyless,
+        )
+        .await
+        {
             tracing::warn!(error = %e, "silver round failed; retrying next round");
         }
         if counted.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
@@ -69,19 +84,18 @@ const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 /// its source table gains a primary key).
 const KEYLESS_RECHECK: Duration = Duration::from_secs(60);
 
-/// The Silver table of `schema.table` with its masking and checks from the config.
+/// The Silver table of `schema.table` (identity parts, as in the lake) with its masking
+/// and checks.
 pub fn silver_table(
     config: &Config,
+    policies: &Policies,
     lake: &Lake,
     schema: &str,
     table: &str,
-) -> anyhow::Result<SilverTable> {
-    let name = format!("{schema}.{table}");
-    let masking = config.silver.masking(&name)?;
-    Ok(
-        SilverTable::new(lake, schema, table, config.silver.max_rows_per_partition)
-            .with_policy(masking, config.silver.checks_for(&name)),
-    )
+) -> SilverTable {
+    let policy = policies.of(&format!("{schema}.{table}"));
+    SilverTable::new(lake, schema, table, config.silver.max_rows_per_partition)
+        .with_policy(policy.masking, policy.checks)
 }
 
 /// Opens a table for the stage. When the masking its last commit recorded differs from
@@ -89,11 +103,12 @@ pub fn silver_table(
 /// earlier versions are deleted, so no file keeps values masked the old way.
 async fn open_table(
     config: &Config,
+    policies: &Policies,
     lake: &Lake,
     schema: &str,
     table: &str,
 ) -> anyhow::Result<SilverTable> {
-    let mut t = silver_table(config, lake, schema, table)?;
+    let mut t = silver_table(config, policies, lake, schema, table);
     let wanted = t.masking_description();
     let recorded = t.recorded_masking().await?;
     let exists = t.progress().await? != Default::default();
@@ -110,6 +125,7 @@ async fn open_table(
 /// Applies every Bronze table once.
 async fn round(
     config: &Config,
+    policies: &Policies,
     lake: &Lake,
     tables: &mut HashMap<String, Tracked>,
     watermarks: &mut HashMap<String, i64>,
@@ -142,7 +158,7 @@ async fn round(
                     continue;
                 }
             }
-            let t = match open_table(config, lake, &schema, &table).await {
+            let t = match open_table(config, policies, lake, &schema, &table).await {
                 Ok(t) => t,
                 Err(e) => {
                     metrics::counter!(m::SILVER_ERRORS, "table" => name.clone(), "class" => "operator")

@@ -8,13 +8,21 @@ use wal2delta_lake::Lake;
 
 use crate::config::Config;
 
+/// Whether `want` names the Bronze table `schema.table` (identity parts): by its source
+/// name (`public.Order Items`) or by its identity (`public.-4frder-20-49tems`).
+fn names_table(want: &str, schema: &str, table: &str) -> bool {
+    let ident = format!("{schema}.{table}");
+    want == ident
+        || wal2delta_model::TableName::from_ident(&ident).is_some_and(|t| t.to_string() == want)
+}
+
 pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let tables: Vec<(String, String)> = lake
         .bronze_tables()
         .into_iter()
         .map(|(s, t, _)| (s, t))
-        .filter(|(s, t)| table.is_none_or(|want| want == format!("{s}.{t}")))
+        .filter(|(s, t)| table.is_none_or(|want| names_table(want, s, t)))
         .collect();
     if tables.is_empty() {
         eprintln!(
@@ -26,8 +34,9 @@ pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
         );
         return Ok(ExitCode::from(1));
     }
+    let policies = crate::policies::silver(config).await?;
     for (schema, name) in tables {
-        let mut silver = crate::silver::silver_table(config, &lake, &schema, &name)?;
+        let mut silver = crate::silver::silver_table(config, &policies, &lake, &schema, &name);
         let started = std::time::Instant::now();
         let r = silver.rebuild(&lake, &schema, &name).await?;
         println!(
