@@ -4,6 +4,7 @@
 //! Every test works in its own PostgreSQL schema, slot, publication and topic prefix, so
 //! tests never see each other's data.
 
+pub mod chaos;
 pub mod daemon;
 pub mod kafka;
 pub mod lake;
