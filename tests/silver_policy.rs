@@ -248,3 +248,77 @@ async fn checks_quarantine_masking_and_replay() -> Result<()> {
     cleanup(&pg, &name, &name).await;
     Ok(())
 }
+
+/// Issue 11, defect 14: changing a key column's masking to `hash` rebuilds the table and
+/// rewrites its tombstones too. They used to keep the raw keys of every delete (the
+/// rebuilt tombstones were merged into the old ones), and the old files stayed on disk.
+#[tokio::test(flavor = "multi_thread")]
+async fn hashing_a_key_column_rewrites_the_tombstones() -> Result<()> {
+    let stack = Stack::from_env();
+    std::fs::write(KEY_FILE, "a test key of at least 16 bytes\n")?;
+    let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n\
+                [silver]\ninterval_ms = 300\nmask_key_file = \"/tmp/wal2delta-test-mask-key\"\n";
+    let (name, pg, d) = scenario(
+        &stack,
+        "polkey",
+        "CREATE TABLE {s}.acct (id int PRIMARY KEY, v text);",
+        toml,
+        1,
+    )
+    .await?;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    let s = &name;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.acct SELECT g, 'v' || g FROM generate_series(1, 20) g;
+         DELETE FROM {s}.acct WHERE id <= 5;"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    let tombs = d
+        .lake()
+        .join("silver/_wal2delta/tombstones")
+        .join(s)
+        .join("acct");
+    let all_files = format!("read_parquet('{}/*.parquet')", tombs.display());
+    wait_for("15 rows and 5 raw tombstones", &mut run, || {
+        let rows = duckdb(&format!("SELECT count(*) FROM {}", scan(&d.silver("acct"))))?;
+        let raw = duckdb(&format!(
+            "SELECT count(*) FROM {} WHERE CAST(id AS BIGINT) <= 5",
+            scan(&tombs)
+        ))
+        .unwrap_or_default();
+        Ok((rows == vec![vec![serde_json::json!(15)]] && raw == vec![vec![serde_json::json!(5)]])
+            .then_some(()))
+    })
+    .await?;
+    run.stop()?;
+
+    let config = d.lake().parent().expect("test dir").join("wal2delta.toml");
+    let mut text = std::fs::read_to_string(&config)?;
+    text.push_str(&format!("[silver.mask]\n\"{s}.acct.id\" = \"hash\"\n"));
+    std::fs::write(&config, text)?;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run2")?;
+    wait_for("the rebuilt table", &mut run, || {
+        let rows = duckdb(&format!(
+            "SELECT count(*) FROM {} WHERE length(CAST(id AS VARCHAR)) = 32",
+            scan(&d.silver("acct"))
+        ))?;
+        Ok((rows == vec![vec![serde_json::json!(15)]]).then_some(()))
+    })
+    .await?;
+    // Every file left under the tombstones, referenced or not, holds the 5 deletes keyed
+    // by hash: no raw key.
+    let tombstones = duckdb(&format!(
+        "SELECT CAST(id AS VARCHAR) FROM {all_files} ORDER BY 1"
+    ))?;
+    if tombstones.len() != 5
+        || tombstones
+            .iter()
+            .any(|r| r[0].as_str().is_none_or(|id| id.len() != 32))
+    {
+        bail!("tombstone files after the rebuild: {tombstones:?}");
+    }
+    run.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

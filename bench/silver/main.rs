@@ -530,7 +530,7 @@ async fn apply(path: &Path, window: i64) -> anyhow::Result<Value> {
         if r.read == 0 && r.version.is_none() {
             break; // caught up: this round found nothing
         }
-        if r.version.is_none() {
+        if r.version.is_none() && !r.again {
             bail!("a round read {} rows and committed nothing: {r:?}", r.read);
         }
         read += r.read;
@@ -539,7 +539,7 @@ async fn apply(path: &Path, window: i64) -> anyhow::Result<Value> {
         caught_up_at = started.elapsed().as_secs_f64();
         rounds.push(json!({
             "seconds": seconds, "read": r.read, "upserts": r.upserts, "deletes": r.deletes,
-            "waiting": r.waiting, "rss_kib": rss, "hwm_kib": hwm,
+            "waiting": r.waiting, "again": r.again, "rss_kib": rss, "hwm_kib": hwm,
         }));
         eprintln!(
             "  round {}: {} rows in {seconds:.1}s, RSS {} MiB (peak {} MiB)",

@@ -3,8 +3,8 @@
 //!
 //! The table is built from scratch into a staging table
 //! (`silver/_wal2delta/rebuild/{schema}/{table}`) by the same rounds the stage runs, until
-//! a round finds nothing more to apply. Then the staging tombstones join the live ones and
-//! the live table is overwritten with the staging rows in one commit, which carries the
+//! a round finds nothing more to apply. Then the staging tombstones replace the live ones
+//! (keyed under the new masking) and the live table is overwritten with the staging rows in one commit, which carries the
 //! staging progress: readers see the old version or the rebuilt one, never a mix, and the
 //! stage continues from the rebuilt progress. The source is never read.
 //!
@@ -131,7 +131,7 @@ impl SilverTable {
             return Ok(report);
         };
         let progress = Progress::load(&self.name, &built).await?;
-        self.tombstones.absorb(&staging.tombstones).await?;
+        self.tombstones.replace_with(&staging.tombstones).await?;
 
         let live = delta::open(&self.name, &self.url).await?;
         if live.as_ref().and_then(|t| t.version()) != started_at {
@@ -177,11 +177,12 @@ impl SilverTable {
     }
 
     /// Deletes the files no version after the latest needs (every earlier version's
-    /// files): after a masking change, so no file under the table holds values masked the
-    /// old way. Time travel to earlier versions ends here.
+    /// files), of the table and of its tombstones: after a masking change, so no file under
+    /// either holds values masked the old way. Time travel to earlier versions ends here.
     pub async fn purge_history(&self) -> Result<usize, LakeError> {
+        let tombstones = self.tombstones.purge_history().await?;
         let Some(table) = delta::open(&self.name, &self.url).await? else {
-            return Ok(0);
+            return Ok(tombstones);
         };
         let (_, metrics) = table
             .vacuum()
@@ -189,6 +190,6 @@ impl SilverTable {
             .with_enforce_retention_duration(false)
             .await
             .map_err(LakeError::delta(&self.name))?;
-        Ok(metrics.files_deleted.len())
+        Ok(tombstones + metrics.files_deleted.len())
     }
 }

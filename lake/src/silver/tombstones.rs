@@ -6,6 +6,7 @@
 //! rewriting it is idempotent (the higher position stays).
 
 use deltalake::arrow::array::RecordBatch;
+use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
 use url::Url;
@@ -100,32 +101,54 @@ impl Tombstones {
         Ok(())
     }
 
-    /// Records every tombstone of `other` here (a rebuilt table's tombstones join the live
-    /// ones; the higher position of a key stays).
-    pub async fn absorb(&self, other: &Tombstones) -> Result<usize, LakeError> {
-        let Some(table) = other.open().await? else {
-            return Ok(0);
-        };
-        let batches = delta::query(&other.name, &table, "SELECT * FROM t").await?;
-        let Some(first) = batches.first() else {
-            return Ok(0);
-        };
-        let schema = first.schema();
-        let keys: Vec<String> = schema
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|n| ![COMMIT_LSN, ORDINAL, COMMIT_TS].contains(&n.as_str()))
-            .collect();
-        let all = deltalake::arrow::compute::concat_batches(&schema, &batches).map_err(|e| {
-            LakeError::Rows {
-                table: other.name.clone(),
-                reason: e.to_string(),
+    /// Replaces every tombstone here with those of `other` (a rebuilt table's). The rebuilt
+    /// tombstones come from all of Bronze under the new masking, so they hold every delete
+    /// the live ones guard, keyed as the rebuilt rows are: merging the two instead would
+    /// keep the raw values of a key column that is now hashed. Returns how many there are.
+    pub async fn replace_with(&self, other: &Tombstones) -> Result<usize, LakeError> {
+        let err = LakeError::delta(&self.name);
+        let live = self.open().await?;
+        let Some(rebuilt) = other.open().await? else {
+            // No delete in Bronze at all: no tombstone stays.
+            if let Some(t) = live {
+                t.delete().await.map_err(err)?;
             }
-        })?;
-        let n = all.num_rows();
-        self.record(&keys, all).await?;
+            return Ok(0);
+        };
+        let df_err = |e: deltalake::datafusion::error::DataFusionError| {
+            LakeError::delta(&self.name)(e.into())
+        };
+        let ctx = delta::session();
+        let provider = rebuilt.table_provider().await.map_err(df_err)?;
+        let df = ctx.read_table(provider).map_err(df_err)?;
+        let n = df.clone().count().await.map_err(df_err)?;
+        let target = match live {
+            Some(t) => t,
+            None => delta::handle(&self.name, &self.url)?,
+        };
+        target
+            .write(Vec::new())
+            .with_input_plan(df.logical_plan().clone())
+            .with_save_mode(SaveMode::Overwrite)
+            .with_schema_mode(SchemaMode::Overwrite)
+            .await
+            .map_err(err)?;
         Ok(n)
+    }
+
+    /// Deletes the files no version after the latest needs, so that no file here holds a
+    /// key as an earlier masking wrote it. Returns how many were deleted.
+    pub async fn purge_history(&self) -> Result<usize, LakeError> {
+        let Some(table) = self.open().await? else {
+            return Ok(0);
+        };
+        let (_, metrics) = table
+            .vacuum()
+            .with_retention_period(chrono::Duration::zero())
+            .with_enforce_retention_duration(false)
+            .await
+            .map_err(LakeError::delta(&self.name))?;
+        Ok(metrics.files_deleted.len())
     }
 
     /// Deletes the tombstones at or below `watermark` whose delete committed before
