@@ -494,3 +494,57 @@ impl RawRow {
         parts.join("; ")
     }
 }
+
+#[cfg(test)]
+mod key_change_tests {
+    use super::*;
+    use wal2delta_model::{BaseType, ColumnType, Datum, TypeKind};
+
+    fn schema(identity: ReplicaIdentity, keys: [bool; 2]) -> TableSchema {
+        let ty = ColumnType {
+            oid: 23,
+            typmod: -1,
+            name: "integer".into(),
+            kind: TypeKind::Base(BaseType::Int4),
+        };
+        TableSchema {
+            relation_oid: 1,
+            table: TableName::new("public", "t"),
+            columns: ["id", "v"]
+                .iter()
+                .zip(keys)
+                .map(|(n, is_key)| Column {
+                    name: (*n).into(),
+                    ty: ty.clone(),
+                    is_key,
+                })
+                .collect(),
+            replica_identity: identity,
+        }
+    }
+
+    fn row(id: Option<i32>, v: i32) -> Row {
+        Row {
+            values: vec![
+                id.map_or(ColumnValue::Null, |i| ColumnValue::Value(Datum::Int32(i))),
+                ColumnValue::Value(Datum::Int32(v)),
+            ],
+        }
+    }
+
+    #[test]
+    fn only_a_changed_primary_key_is_a_key_change() {
+        let pk = schema(ReplicaIdentity::Default, [true, false]);
+        assert!(key_changed(&pk, &row(Some(1), 5), &row(Some(2), 5)));
+        assert!(!key_changed(&pk, &row(Some(1), 5), &row(Some(1), 6)));
+        // An old row that does not name the key (an identity index without it).
+        assert!(!key_changed(&pk, &row(None, 5), &row(Some(2), 5)));
+        // FULL with a primary key: only the key columns count.
+        let full = schema(ReplicaIdentity::Full, [true, false]);
+        assert!(!key_changed(&full, &row(Some(1), 5), &row(Some(1), 6)));
+        assert!(key_changed(&full, &row(Some(1), 5), &row(Some(2), 5)));
+        // No primary key: the key is the whole row under FULL; updates stay updates.
+        let keyless = schema(ReplicaIdentity::Full, [true, true]);
+        assert!(!key_changed(&keyless, &row(Some(1), 5), &row(Some(2), 6)));
+    }
+}
