@@ -14,12 +14,16 @@ fn is_null(v: Option<&Value>) -> bool {
 }
 
 struct Event {
+    /// The envelope's `op`, or `T` for a tombstone (a key with a null value).
     op: String,
     before: Value,
     after: Value,
     toast: Vec<String>,
     commit_lsn: i64,
     ordinal: i64,
+    key: Option<Vec<u8>>,
+    /// The `__debezium.oldkey` header, when present.
+    old_key: Option<Vec<u8>>,
 }
 
 fn events(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<Event>> {
@@ -27,6 +31,23 @@ fn events(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<Event>> {
     let mut dec = AvroDecoder::new(&stack.registry);
     recs.iter()
         .map(|r| {
+            let old_key = r
+                .headers
+                .iter()
+                .find(|(k, _)| k == "__debezium.oldkey")
+                .map(|(_, v)| v.clone());
+            if r.tombstone {
+                return Ok(Event {
+                    op: "T".into(),
+                    before: Value::Null,
+                    after: Value::Null,
+                    toast: vec![],
+                    commit_lsn: -1,
+                    ordinal: -1,
+                    key: r.key.clone(),
+                    old_key,
+                });
+            }
             let v = dec.decode(&r.payload)?;
             let toast = match field(&v, "unchanged_toast_columns") {
                 Some(Value::Array(a)) => a.iter().filter_map(|x| string(Some(x))).collect(),
@@ -40,6 +61,8 @@ fn events(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<Event>> {
                 toast,
                 commit_lsn: long(field(&source, "commit_lsn")).unwrap_or(-1),
                 ordinal: long(field(&v, "ordinal")).unwrap_or(-1),
+                key: r.key.clone(),
+                old_key,
             })
         })
         .collect()
@@ -72,19 +95,22 @@ async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
     pg.batch_execute(&format!(
         "INSERT INTO {name}.dflt VALUES (1, 'one', '{big}'), (2, 'two', 'small');
          UPDATE {name}.dflt SET v = 'uno' WHERE id = 1;
-         UPDATE {name}.dflt SET id = 10 WHERE id = 2;
-         DELETE FROM {name}.dflt WHERE id = 10;
+         UPDATE {name}.dflt SET id = 10 WHERE id = 1;
+         DELETE FROM {name}.dflt WHERE id = 2;
          INSERT INTO {name}.full VALUES (1, 'a');
          UPDATE {name}.full SET v = 'b' WHERE id = 1;
-         DELETE FROM {name}.full WHERE id = 1;
+         UPDATE {name}.full SET id = 2 WHERE id = 1;
+         DELETE FROM {name}.full WHERE id = 2;
          BEGIN; INSERT INTO {name}.dflt VALUES (3, 'x', 'y'); TRUNCATE {name}.dflt; COMMIT;"
     ))
     .await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
 
-    let dflt = events(&stack, &format!("{name}.{name}.dflt"), 7)?;
+    let dflt = events(&stack, &format!("{name}.{name}.dflt"), 10)?;
     let ops: Vec<&str> = dflt.iter().map(|e| e.op.as_str()).collect();
-    assert_eq!(ops, ["c", "c", "u", "u", "d", "c", "t"]);
+    // A key change is a delete of the old key, its tombstone, and a create of the new key;
+    // every delete is followed by a tombstone (`T`).
+    assert_eq!(ops, ["c", "c", "u", "d", "T", "c", "d", "T", "c", "t"]);
     // Insert carries the whole TOASTed value.
     assert_eq!(
         string(field(&dflt[0].after, "doc")).map(|s| s.len()),
@@ -94,24 +120,53 @@ async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
     assert_eq!(dflt[2].toast, vec!["doc".to_string()]);
     assert!(is_null(field(&dflt[2].after, "doc")));
     assert_eq!(string(field(&dflt[2].after, "v")).as_deref(), Some("uno"));
-    // Key change: the old key is in `before` (DEFAULT identity logs the old key).
-    assert_eq!(long(field(&dflt[3].before, "id")), Some(2));
-    assert_eq!(long(field(&dflt[3].after, "id")), Some(10));
-    // Delete under DEFAULT identity: key only.
-    assert_eq!(long(field(&dflt[4].before, "id")), Some(10));
-    assert!(is_null(field(&dflt[4].before, "v")));
+    // Key change 1 -> 10: the delete names the old key (DEFAULT identity logs the old key
+    // only), the tombstone has its key, the create has the new row, the old key in
+    // `before` and in the `__debezium.oldkey` header, and the doc marked unchanged.
+    assert_eq!(long(field(&dflt[3].before, "id")), Some(1));
+    assert!(is_null(field(&dflt[3].after, "id")) || dflt[3].after == Value::Null);
+    assert_eq!(dflt[4].key, dflt[3].key);
+    assert!(dflt[4].key.is_some());
+    assert_eq!(long(field(&dflt[5].after, "id")), Some(10));
+    assert_eq!(long(field(&dflt[5].before, "id")), Some(1));
+    assert_eq!(dflt[5].old_key, dflt[3].key, "the create names the old key");
+    assert_ne!(dflt[5].key, dflt[3].key);
+    assert_eq!(dflt[5].toast, vec!["doc".to_string()]);
+    assert_eq!(string(field(&dflt[5].after, "v")).as_deref(), Some("uno"));
+    // Two changes of one transaction, the delete first.
+    assert_eq!(dflt[3].commit_lsn, dflt[5].commit_lsn);
+    assert_eq!(dflt[3].ordinal + 1, dflt[5].ordinal);
+    // Delete under DEFAULT identity: key only; then its tombstone.
+    assert_eq!(long(field(&dflt[6].before, "id")), Some(2));
+    assert!(is_null(field(&dflt[6].before, "v")));
+    assert_eq!(dflt[7].key, dflt[6].key);
+    // Only creates that move a row carry the header.
+    for (i, e) in dflt.iter().enumerate() {
+        assert_eq!(
+            e.old_key.is_some(),
+            i == 5,
+            "header on event {i} ({})",
+            e.op
+        );
+    }
     // Insert and truncate in one transaction: same commit LSN, ordered by ordinal.
-    assert_eq!(dflt[5].commit_lsn, dflt[6].commit_lsn);
-    assert!(dflt[5].ordinal < dflt[6].ordinal);
+    assert_eq!(dflt[8].commit_lsn, dflt[9].commit_lsn);
+    assert!(dflt[8].ordinal < dflt[9].ordinal);
 
-    let full = events(&stack, &format!("{name}.{name}.full"), 3)?;
+    let full = events(&stack, &format!("{name}.{name}.full"), 7)?;
     assert_eq!(
         full.iter().map(|e| e.op.as_str()).collect::<Vec<_>>(),
-        ["c", "u", "d"]
+        ["c", "u", "d", "T", "c", "d", "T"]
     );
-    // FULL identity: the whole old row is there for updates and deletes.
+    // FULL identity: the whole old row is there for updates, deletes and the create of a
+    // key change.
     assert_eq!(string(field(&full[1].before, "v")).as_deref(), Some("a"));
     assert_eq!(string(field(&full[2].before, "v")).as_deref(), Some("b"));
+    assert_eq!(long(field(&full[4].before, "id")), Some(1));
+    assert_eq!(string(field(&full[4].before, "v")).as_deref(), Some("b"));
+    assert_eq!(long(field(&full[4].after, "id")), Some(2));
+    assert_eq!(full[4].old_key, full[2].key);
+    assert_eq!(string(field(&full[5].before, "v")).as_deref(), Some("b"));
 
     assert!(
         d.stop()?.success(),
@@ -306,7 +361,8 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
         "{:?}",
         ends[0]
     );
-    anyhow::ensure!(counts(&ends[1]) == vec![(b.clone(), 2)], "{:?}", ends[1]);
+    // Two key changes: a delete and a create each; their tombstones are not counted.
+    anyhow::ensure!(counts(&ends[1]) == vec![(b.clone(), 4)], "{:?}", ends[1]);
     anyhow::ensure!(
         counts(&ends[2]) == vec![(a.clone(), 3)],
         "TRUNCATE on 3 partitions: {:?}",
@@ -315,13 +371,17 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
     // The counts match the table topics, transaction by transaction.
     let mut dec = AvroDecoder::new(&stack.registry);
     let mut per_tx = std::collections::BTreeMap::<(i64, String), u64>::new();
-    for (table, n) in [(&a, 10), (&b, 4)] {
+    // b: 2 inserts, 2 key changes (a delete, its tombstone and a create each).
+    for (table, n) in [(&a, 10), (&b, 8)] {
         for r in read_topic(
             &stack.brokers,
             &format!("{name}.{table}"),
             Some(n),
             Duration::from_secs(10),
         )? {
+            if r.tombstone {
+                continue; // not a change event: not counted
+            }
             let v = dec.decode(&r.payload)?;
             let lsn = long(field(
                 field(&v, "source").unwrap_or(&Value::Null),

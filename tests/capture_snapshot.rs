@@ -20,6 +20,9 @@ fn events(stack: &Stack, topic: &str) -> Result<Vec<Event>> {
     let mut dec = AvroDecoder::new(&stack.registry);
     let mut out = Vec::new();
     for r in read_topic_to_end(&stack.brokers, topic)? {
+        if r.tombstone {
+            continue; // after a delete; not a change
+        }
         let v = dec.decode(&r.payload)?;
         let op = match field(&v, "op") {
             Some(Value::String(s)) => s.clone(),

@@ -149,7 +149,11 @@ async fn silver_equals_the_source_and_ignores_redelivered_changes() -> Result<()
     // Re-deliver 400 old events, newest first, straight to the table topic: Bronze stores
     // them (they are new Kafka messages), Silver must not change.
     let topic = format!("{name}.{name}.acct");
-    let old = read_topic_to_end(&stack.brokers, &topic)?;
+    // Change events only: a tombstone is not a change, Bronze stores no row for it.
+    let old: Vec<_> = read_topic_to_end(&stack.brokers, &topic)?
+        .into_iter()
+        .filter(|r| !r.tombstone)
+        .collect();
     let bronze = d.bronze("acct");
     let before = duckdb_i64(&format!("SELECT count(*) FROM {}", scan(&bronze)))?;
     let producer: BaseProducer = ClientConfig::new()
@@ -189,6 +193,211 @@ async fn silver_equals_the_source_and_ignores_redelivered_changes() -> Result<()
     );
     assert!(have == src, "re-delivered changes altered Silver's rows");
 
+    run.stop()?;
+    cleanup(&pg, &name, &name).await;
+    Ok(())
+}
+
+/// A primary-key change reaches Kafka as Debezium emits it (issue 11, defect 15): a delete
+/// of the old key, a tombstone of the old key, a create of the new key naming the old one
+/// in the `__debezium.oldkey` header; every delete is followed by a tombstone; a table
+/// without a primary key gets none. Bronze stores no row and no quarantine record for a
+/// tombstone and moves its offsets past them exactly once; Silver ends with the old keys
+/// gone and the new ones holding the whole row, the unchanged TOASTed doc included
+/// (taken from Silver's row and from the same batch); reconcile says equal.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_key_change_is_a_delete_a_tombstone_and_a_create_naming_the_old_key() -> Result<()> {
+    use wal2delta_tests::kafka::{field, long, string, AvroDecoder};
+    let stack = Stack::from_env();
+    let (name, pg, d) = scenario(
+        &stack,
+        "dbz",
+        "CREATE TABLE {s}.acct (id int PRIMARY KEY, owner text, balance bigint, doc text);
+         ALTER TABLE {s}.acct ALTER COLUMN doc SET STORAGE EXTERNAL;
+         CREATE TABLE {s}.nokey (a int, b text);
+         ALTER TABLE {s}.nokey REPLICA IDENTITY FULL;",
+        TOML,
+        1,
+    )
+    .await?;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    let silver = d.silver("acct");
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.acct VALUES (1, 'a', 10, repeat(md5('1'), 200)), (3, 'c', 30, 'small');"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    wait_equal(&pg, &name, &silver, &mut run, Duration::from_secs(60)).await?;
+    // 2 moves in the transaction that inserted it (its doc is in the same Silver round);
+    // 1 moves alone (its doc is only in Silver, under the old key). Both leave doc alone.
+    pg.batch_execute(&format!(
+        "BEGIN; INSERT INTO {name}.acct VALUES (2, 'b', 20, repeat(md5('2'), 200));
+                UPDATE {name}.acct SET id = 20 WHERE id = 2; COMMIT;
+         UPDATE {name}.acct SET id = 10, balance = 11 WHERE id = 1;
+         DELETE FROM {name}.acct WHERE id = 3;
+         INSERT INTO {name}.nokey VALUES (1, 'x'); UPDATE {name}.nokey SET a = 2; DELETE FROM {name}.nokey;"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+
+    // The topic: d(old), tombstone(old), c(new, header = old key), and a tombstone after
+    // the plain delete.
+    let topic = format!("{name}.{name}.acct");
+    let recs = read_topic_to_end(&stack.brokers, &topic)?;
+    let mut dec = AvroDecoder::new(&stack.registry);
+    let mut shape = Vec::new();
+    for r in &recs {
+        if r.tombstone {
+            shape.push(("T".to_owned(), None, Vec::new(), None));
+            continue;
+        }
+        let v = dec.decode(&r.payload)?;
+        let key = r.key.as_deref().map(|k| dec.decode(k)).transpose()?;
+        let toast = match field(&v, "unchanged_toast_columns") {
+            Some(apache_avro::types::Value::Array(a)) => {
+                a.iter().filter_map(|x| string(Some(x))).collect()
+            }
+            _ => vec![],
+        };
+        let before_id = field(&v, "before").and_then(|b| long(field(b, "id")));
+        shape.push((
+            string(field(&v, "op")).unwrap_or_default(),
+            key.and_then(|k| long(field(&k, "id"))),
+            toast,
+            before_id,
+        ));
+    }
+    let ops: Vec<&str> = shape.iter().map(|s| s.0.as_str()).collect();
+    assert_eq!(
+        ops,
+        ["c", "c", "c", "d", "T", "c", "d", "T", "c", "d", "T"],
+        "events on the topic: {shape:?}"
+    );
+    let ids: Vec<Option<i64>> = shape.iter().map(|s| s.1).collect();
+    assert_eq!(
+        ids,
+        [
+            Some(1),
+            Some(3),
+            Some(2),
+            Some(2),
+            None,
+            Some(20),
+            Some(1),
+            None,
+            Some(10),
+            Some(3),
+            None
+        ]
+    );
+    // Each tombstone has the key of the delete before it and a null value; each create
+    // after a delete names the deleted key in the header and in `before`, and marks the
+    // TOASTed doc unchanged.
+    for i in [4, 7, 10] {
+        assert_eq!(
+            recs[i].key,
+            recs[i - 1].key,
+            "tombstone {i} keys its delete"
+        );
+    }
+    for (i, old) in [(5, 2), (8, 1)] {
+        let header: Vec<&Vec<u8>> = recs[i]
+            .headers
+            .iter()
+            .filter(|(k, _)| k == "__debezium.oldkey")
+            .map(|(_, v)| v)
+            .collect();
+        assert_eq!(
+            header,
+            vec![recs[i - 2].key.as_ref().expect("delete key")],
+            "create {i} names the old key"
+        );
+        assert_eq!(
+            shape[i].3,
+            Some(old),
+            "create {i}: before names the old key"
+        );
+        assert_eq!(
+            shape[i].2,
+            vec!["doc".to_string()],
+            "create {i}: doc unchanged"
+        );
+    }
+    assert!(recs.iter().all(|r| r.tombstone
+        || r.headers.is_empty()
+        || r.headers.iter().all(|(k, _)| k == "__debezium.oldkey")));
+    // No primary key: no tombstone, the update stays an update.
+    let nokey = read_topic_to_end(&stack.brokers, &format!("{name}.{name}.nokey"))?;
+    assert!(
+        nokey.iter().all(|r| !r.tombstone),
+        "no tombstones without a key"
+    );
+    let nokey_ops: Vec<String> = nokey
+        .iter()
+        .map(|r| {
+            dec.decode(&r.payload)
+                .map(|v| string(field(&v, "op")).unwrap_or_default())
+        })
+        .collect::<Result<_>>()?;
+    assert_eq!(nokey_ops, ["c", "u", "d"]);
+
+    // Silver: the old keys are gone, the new ones hold the whole row.
+    wait_equal(&pg, &name, &silver, &mut run, Duration::from_secs(120)).await?;
+    let ids = duckdb(&format!("SELECT id FROM {} ORDER BY id", scan(&silver)))?;
+    assert_eq!(ids, vec![vec![Value::from(10)], vec![Value::from(20)]]);
+
+    // Bronze: one row per change event, none for the tombstones, nothing quarantined, and
+    // its offsets past the last tombstone (no lag).
+    let bronze = scan(&d.bronze("acct"));
+    let rows = duckdb(&format!(
+        "SELECT kafka_offset, op FROM {bronze} ORDER BY kafka_offset"
+    ))?;
+    let want: Vec<Vec<Value>> = recs
+        .iter()
+        .zip(&shape)
+        .filter(|(r, _)| !r.tombstone)
+        .map(|(r, s)| vec![Value::from(r.offset), Value::from(s.0.clone())])
+        .collect();
+    assert_eq!(rows, want, "Bronze rows by offset");
+    let quarantine = d.lake().join("quarantine/records");
+    if quarantine.exists() {
+        let n = duckdb_i64(&format!("SELECT count(*) FROM {}", scan(&quarantine)))?;
+        assert_eq!(n, 0, "nothing quarantined");
+    }
+    let start = Instant::now();
+    loop {
+        let out = d.command(&["status", "--json"])?;
+        let doc: Value = serde_json::from_slice(&out.stdout)?;
+        let caught_up = doc["stages"]["bronze"]["tables"]
+            .as_array()
+            .is_some_and(|t| {
+                t.iter()
+                    .any(|t| t["table"] == format!("{name}.acct") && t["lag_events"] == 0)
+            });
+        if caught_up {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!("Bronze never moved past the tombstones: {doc}");
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let out = d.command(&[
+        "reconcile",
+        "--table",
+        &format!("{name}.acct"),
+        "--json",
+        "--wait-secs",
+        "120",
+    ])?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "reconcile equal: {} {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     run.stop()?;
     cleanup(&pg, &name, &name).await;
     Ok(())

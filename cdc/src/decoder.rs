@@ -29,6 +29,16 @@ pub enum Decoded {
         schema: Arc<TableSchema>,
         change: Change,
     },
+    /// An UPDATE that changed the primary key, as Debezium emits it: a delete of the old
+    /// key, then a create of the new key whose `before` is the old row image (the old key
+    /// under REPLICA IDENTITY DEFAULT, the whole old row under FULL), so consumers keyed by
+    /// the primary key drop the old key and Silver can fill unchanged TOAST columns from
+    /// it. Two changes with consecutive ordinals, in that order (docs/capture.md).
+    KeyChange {
+        schema: Arc<TableSchema>,
+        delete: Change,
+        create: Change,
+    },
     /// Every change of the transaction has been emitted; `end_lsn` may be confirmed once
     /// all of them are acknowledged by Kafka.
     Commit {
@@ -295,6 +305,32 @@ impl Decoder {
         let before = old.as_ref().map(decode).transpose();
         let after = new.as_ref().map(decode).transpose();
         match (before, after) {
+            (Ok(Some(before)), Ok(Some(after)))
+                if op == ChangeOp::Update
+                    && !self.identity_without_key.contains_key(&rel_id)
+                    && key_changed(&schema, &before, &after) =>
+            {
+                // The create takes the next ordinal: the two are distinct changes of the
+                // transaction, the delete first.
+                let create_position = self.position(lsn);
+                Ok(Decoded::KeyChange {
+                    delete: Change {
+                        table: schema.table.clone(),
+                        op: ChangeOp::Delete,
+                        before: Some(before.clone()),
+                        after: None,
+                        position,
+                    },
+                    create: Change {
+                        table: schema.table.clone(),
+                        op: ChangeOp::Insert,
+                        before: Some(before),
+                        after: Some(after),
+                        position: create_position,
+                    },
+                    schema,
+                })
+            }
             (Ok(before), Ok(after)) => Ok(Decoded::Change {
                 change: Change {
                     table: schema.table.clone(),
@@ -339,6 +375,26 @@ impl Decoder {
 
 /// The result of a TRUNCATE of several tables.
 pub type TruncateChanges = Vec<(Arc<TableSchema>, Change)>;
+
+/// Whether an update moved its row to another primary key: the old row names every key
+/// column (REPLICA IDENTITY DEFAULT sends the old key only when it changed; FULL sends the
+/// whole old row every time) and some key column differs in the new row. A table without
+/// a primary key has none to change: its updates stay updates.
+fn key_changed(schema: &TableSchema, before: &Row, after: &Row) -> bool {
+    if !schema.has_primary_key() {
+        return false;
+    }
+    let keys = schema.key_indexes();
+    let named = |row: &Row| {
+        keys.iter()
+            .all(|&i| matches!(row.values.get(i), Some(ColumnValue::Value(_))))
+    };
+    named(before)
+        && named(after)
+        && keys
+            .iter()
+            .any(|&i| before.values.get(i) != after.values.get(i))
+}
 
 fn decode_row(schema: &TableSchema, tuple: &[TupleValue]) -> Result<Row, String> {
     if tuple.len() != schema.columns.len() {
@@ -436,5 +492,59 @@ impl RawRow {
             parts.push(format!("new: {}", render(n)));
         }
         parts.join("; ")
+    }
+}
+
+#[cfg(test)]
+mod key_change_tests {
+    use super::*;
+    use wal2delta_model::{BaseType, ColumnType, Datum, TypeKind};
+
+    fn schema(identity: ReplicaIdentity, keys: [bool; 2]) -> TableSchema {
+        let ty = ColumnType {
+            oid: 23,
+            typmod: -1,
+            name: "integer".into(),
+            kind: TypeKind::Base(BaseType::Int4),
+        };
+        TableSchema {
+            relation_oid: 1,
+            table: TableName::new("public", "t"),
+            columns: ["id", "v"]
+                .iter()
+                .zip(keys)
+                .map(|(n, is_key)| Column {
+                    name: (*n).into(),
+                    ty: ty.clone(),
+                    is_key,
+                })
+                .collect(),
+            replica_identity: identity,
+        }
+    }
+
+    fn row(id: Option<i32>, v: i32) -> Row {
+        Row {
+            values: vec![
+                id.map_or(ColumnValue::Null, |i| ColumnValue::Value(Datum::Int32(i))),
+                ColumnValue::Value(Datum::Int32(v)),
+            ],
+        }
+    }
+
+    #[test]
+    fn only_a_changed_primary_key_is_a_key_change() {
+        let pk = schema(ReplicaIdentity::Default, [true, false]);
+        assert!(key_changed(&pk, &row(Some(1), 5), &row(Some(2), 5)));
+        assert!(!key_changed(&pk, &row(Some(1), 5), &row(Some(1), 6)));
+        // An old row that does not name the key (an identity index without it).
+        assert!(!key_changed(&pk, &row(None, 5), &row(Some(2), 5)));
+        // FULL with a primary key: only the key columns count.
+        let full = schema(ReplicaIdentity::Full, [true, false]);
+        assert!(!key_changed(&full, &row(Some(1), 5), &row(Some(1), 6)));
+        assert!(key_changed(&full, &row(Some(1), 5), &row(Some(2), 5)));
+        // No primary key: the key is the whole row under FULL; updates stay updates.
+        let keyless = schema(ReplicaIdentity::Full, [true, true]);
+        assert!(!key_changed(&keyless, &row(Some(1), 5), &row(Some(2), 6)));
     }
 }

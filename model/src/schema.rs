@@ -55,4 +55,14 @@ impl TableSchema {
             .map(|(i, _)| i)
             .collect()
     }
+
+    /// Whether the table's key columns are a primary key. The decoder marks the
+    /// primary-key columns when the table has one, else the replica identity's, which
+    /// pgoutput makes every column under REPLICA IDENTITY FULL: a table whose key is empty,
+    /// or is every column under FULL, has no primary key (a primary key over every column
+    /// of a FULL table reads the same, and is taken as none).
+    pub fn has_primary_key(&self) -> bool {
+        let keys = self.columns.iter().filter(|c| c.is_key).count();
+        keys > 0 && !(self.replica_identity == ReplicaIdentity::Full && keys == self.columns.len())
+    }
 }

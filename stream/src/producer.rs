@@ -33,6 +33,7 @@ use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
@@ -55,9 +56,22 @@ pub const DEFAULT_MESSAGE_MAX_BYTES: usize = 1_000_000;
 
 /// What librdkafka adds to key plus value when it checks a message against
 /// `message.max.bytes` (a v2 record's varint lengths, attributes, timestamp and offset
-/// deltas; no headers are sent). Rounded up, so that a message passing the check below is
+/// deltas; headers are counted apart, [`headers_bytes`]). Rounded up, so that a message passing the check below is
 /// never refused by librdkafka's own check.
 pub const RECORD_OVERHEAD_BYTES: usize = 64;
+
+/// What Kafka headers add to a message's size as librdkafka counts it against
+/// `message.max.bytes` (names and values; their varint lengths are within
+/// [`RECORD_OVERHEAD_BYTES`] plus [`HEADER_OVERHEAD_BYTES`] each).
+pub fn headers_bytes(headers: &[(&str, &[u8])]) -> usize {
+    headers
+        .iter()
+        .map(|(k, v)| k.len() + v.len() + HEADER_OVERHEAD_BYTES)
+        .sum()
+}
+
+/// What one header adds besides its name and value (varint lengths), rounded up.
+pub const HEADER_OVERHEAD_BYTES: usize = 16;
 
 /// Whether a delivery failed because a message was too large for the producer or the
 /// broker (`MSG_SIZE_TOO_LARGE`, local or from the broker).
@@ -254,12 +268,53 @@ impl EventProducer {
         payload: &[u8],
         token: AckToken,
     ) -> Result<(), StreamError> {
-        let mut record = BaseRecord::with_opaque_to(topic, Box::new(token)).payload(payload);
+        self.send_record(topic, partition, key, Some(payload), &[], token)
+            .await
+    }
+
+    /// Queues a tombstone: `key` with a null value, which tells a compacted topic (and
+    /// key-based consumers) that the key is gone.
+    pub async fn send_tombstone(
+        &self,
+        topic: &str,
+        key: &[u8],
+        token: AckToken,
+    ) -> Result<(), StreamError> {
+        self.send_record(topic, None, Some(key), None, &[], token)
+            .await
+    }
+
+    /// Queues one message with Kafka headers (`payload` `None`: a null value). See
+    /// [`Self::send`].
+    pub async fn send_record(
+        &self,
+        topic: &str,
+        partition: Option<i32>,
+        key: Option<&[u8]>,
+        payload: Option<&[u8]>,
+        headers: &[(&str, &[u8])],
+        token: AckToken,
+    ) -> Result<(), StreamError> {
+        let mut record: BaseRecord<'_, [u8], [u8], Box<AckToken>> =
+            BaseRecord::with_opaque_to(topic, Box::new(token));
+        if let Some(p) = payload {
+            record = record.payload(p);
+        }
         if let Some(k) = key {
             record = record.key(k);
         }
         if let Some(p) = partition {
             record = record.partition(p);
+        }
+        if !headers.is_empty() {
+            let mut h = OwnedHeaders::new_with_capacity(headers.len());
+            for (name, value) in headers {
+                h = h.insert(Header {
+                    key: name,
+                    value: Some(*value),
+                });
+            }
+            record = record.headers(h);
         }
         let started = std::time::Instant::now();
         loop {
@@ -280,7 +335,9 @@ impl EventProducer {
                 Err((e, _)) if is_too_large(&e) => {
                     return Err(StreamError::TooLarge {
                         topic: topic.to_owned(),
-                        bytes: payload.len() + key.map_or(0, <[u8]>::len),
+                        bytes: payload.map_or(0, <[u8]>::len)
+                            + key.map_or(0, <[u8]>::len)
+                            + headers_bytes(headers),
                         limit: self.settings.message_max_bytes,
                     })
                 }

@@ -19,6 +19,11 @@ fn main() -> anyhow::Result<()> {
     println!("{topic}: {} events", records.len());
     let mut decoder = AvroDecoder::new(&registry);
     for r in records.iter().rev().take(n).rev() {
+        if r.tombstone {
+            // A key with a null value, after a delete (docs/capture.md).
+            println!("{{\"tombstone\": true, \"offset\": {}}}", r.offset);
+            continue;
+        }
         let v = decoder.decode(&r.payload)?;
         let json: serde_json::Value = v.try_into().unwrap_or(serde_json::Value::Null);
         println!("{}", serde_json::to_string(&json)?);

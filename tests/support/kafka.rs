@@ -19,7 +19,28 @@ pub struct Record {
     pub partition: i32,
     pub offset: i64,
     pub key: Option<Vec<u8>>,
+    /// The value (empty for a tombstone; see `tombstone`).
     pub payload: Vec<u8>,
+    /// A null value: the tombstone capture sends after a delete.
+    pub tombstone: bool,
+    /// The message's Kafka headers (name, value).
+    pub headers: Vec<(String, Vec<u8>)>,
+}
+
+fn headers_of<M: Message>(m: &M) -> Vec<(String, Vec<u8>)> {
+    use rdkafka::message::Headers;
+    m.headers()
+        .map(|h| {
+            h.iter()
+                .map(|x| {
+                    (
+                        x.key.to_owned(),
+                        x.value.map(<[u8]>::to_vec).unwrap_or_default(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// A consumer that only assigns partitions, in a group of its own (a reused group id can
@@ -90,6 +111,8 @@ pub fn read_topic(
                     offset: m.offset(),
                     key: m.key().map(<[u8]>::to_vec),
                     payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    tombstone: m.payload().is_none(),
+                    headers: headers_of(&m),
                 });
                 last = Instant::now();
             }
@@ -136,6 +159,8 @@ pub fn read_topic_to_end(brokers: &str, topic: &str) -> Result<Vec<Record>> {
                 offset: m.offset(),
                 key: m.key().map(<[u8]>::to_vec),
                 payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                tombstone: m.payload().is_none(),
+                headers: headers_of(&m),
             }),
             Some(Err(e)) => return Err(anyhow!("consuming {topic}: {e}")),
             None => {}

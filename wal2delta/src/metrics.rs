@@ -85,6 +85,9 @@ pub const BRONZE_CONSUMER_LAG: &str = "wal2delta_bronze_consumer_lag_events";
 pub const BRONZE_COMMIT_CONFLICTS: &str = "wal2delta_bronze_commit_conflicts_total";
 /// Offsets the broker no longer held when Bronze reached them.
 pub const BRONZE_OFFSET_GAPS: &str = "wal2delta_bronze_offset_gaps_total";
+/// Tombstones (null-value messages capture sends after deletes) Bronze passed over
+/// (label `table`): not change events, stored as no row.
+pub const BRONZE_TOMBSTONES: &str = "wal2delta_bronze_tombstones_skipped_total";
 /// Bronze sessions restarted after a transient failure.
 pub const BRONZE_RESTARTS: &str = "wal2delta_bronze_restarts_total";
 /// Commits of one Bronze table that failed (labels `table`, `kind`: `error` or `panic`);

@@ -5,12 +5,15 @@
 //! content, so which copy wins does not matter: the fold is idempotent.
 //!
 //! - `c`, `r` (snapshot read) and `u` are upserts of the row in `after`; `d` deletes the
-//!   key in `key`. An update whose `before` holds a different key (the primary key was
-//!   changed) also deletes the old key, at the same position.
+//!   key in `key`. A create or update whose `before` holds a different key (the primary
+//!   key was changed) also deletes the old key, at the same position. Capture sends a key
+//!   change as `d` (old key, ordinal n) then `c` (new key, `before` = old row, ordinal
+//!   n + 1); earlier releases sent one `u`. Both fold to: old key deleted, new key present.
 //! - `t` (TRUNCATE) removes every change positioned before it; the caller also removes
 //!   every Silver row positioned before it ([`Folded::truncate`]).
 //! - A column an update left unchanged (unchanged TOAST) takes its value from the key's
-//!   latest earlier upsert in the batch that carried it. When the batch has none, the
+//!   latest earlier upsert in the batch that carried it, following key moves back to the
+//!   old key (past the move's own delete of it). When the batch has none, the
 //!   column is listed in `_unchanged` and MERGE keeps the Silver value.
 
 use std::collections::{BTreeSet, HashMap};
@@ -203,7 +206,10 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
             )));
         }
         let new_key = new_rows.row(i);
-        if kind == Kind::Upsert && op.value(i) == "u" {
+        // A key move: an update (earlier releases) or a create (the new half of a
+        // primary-key change, after the delete of the old key) whose `before` names
+        // another key.
+        if kind == Kind::Upsert && matches!(op.value(i), "u" | "c") {
             if let (Some(old), Some(b)) = (&old_rows, before) {
                 let old_key = old.row(i);
                 let has_old = b.is_valid(i)
@@ -270,18 +276,25 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
     }
     // The latest upsert of `key` before `pos` that carried column `name`, following the key
     // back through key moves; or the row of the last move when the chain leaves the batch.
-    let find = |key: &[u8], pos: Position, name: &str| -> Result<usize, usize> {
+    // A key reached through a move (`moved`) skips the move's own delete of it: capture
+    // sends a primary-key change as a delete of the old key right before the create of the
+    // new one (ordinals n and n + 1 of one transaction), and the old key's history before
+    // that delete is what the create's unchanged columns come from.
+    let find = |key: &[u8], pos: Position, name: &str, moved: bool| -> Result<usize, usize> {
         let mut key = key.to_vec();
         let mut pos = pos;
+        let mut moved = moved;
         let mut last_move = None;
         for _ in 0..64 {
             let Some(actions) = groups.get(&key) else {
                 break;
             };
+            let companion = Position(pos.0, pos.1.saturating_sub(1));
             let earlier = actions
                 .iter()
                 .rev()
                 .filter(|a| a.pos < pos && !a.old_key)
+                .filter(|a| !(moved && a.kind == Kind::Delete && a.pos == companion))
                 .take_while(|a| a.kind == Kind::Upsert);
             let mut next = None;
             for a in earlier {
@@ -297,6 +310,7 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
                 Some((old, p, row)) => {
                     key = old;
                     pos = p;
+                    moved = true;
                     last_move = Some(row);
                 }
                 None => break,
@@ -319,10 +333,16 @@ pub fn fold(batch: &RecordBatch, truncated: Option<Position>) -> Result<Folded, 
                 };
                 // The winner itself may be a key move: its old key's history counts.
                 let start = match moved_from.get(&w.row) {
-                    Some(old) => find(old, w.pos, &name).or_else(|m| {
-                        find(k, w.pos, &name).map_err(|_| if m == usize::MAX { w.row } else { m })
+                    Some(old) => find(old, w.pos, &name, true).or_else(|m| {
+                        find(k, w.pos, &name, false).map_err(|_| {
+                            if m == usize::MAX {
+                                w.row
+                            } else {
+                                m
+                            }
+                        })
                     }),
-                    None => find(k, w.pos, &name),
+                    None => find(k, w.pos, &name, false),
                 };
                 match start {
                     Ok(r) => rows_for[j] = r,

@@ -6,7 +6,8 @@
 //!   key. Their row image holds the key columns, so the key is taken from `after` (or
 //!   `before` for a delete). A row whose key cannot be found that way is reported, never
 //!   dropped: the caller quarantines it.
-//! - A key-changing update that fails a quality check still deletes its old key: the
+//! - A key change (a `c` or, from earlier releases, a `u` whose `before` names another
+//!   key) that fails a quality check still deletes its old key: the
 //!   source no longer has that row, whatever is wrong with the new one (issue 11 #8).
 //!   [`old_key_deletes`] turns such rows into deletes of the old key at the same
 //!   position.
@@ -97,8 +98,9 @@ pub fn fill_missing_keys(rows: &RecordBatch) -> Result<(RecordBatch, Vec<usize>)
     Ok((out, missing))
 }
 
-/// For each of `candidates` (row indices of `rows`) that is an update moving its row to a
-/// new key, a delete of the old key at the same position: `op` `d`, `key` from `before`.
+/// For each of `candidates` (row indices of `rows`) that is an update or create moving its
+/// row to a new key (its `before` names another key), a delete of the old key at the same
+/// position: `op` `d`, `key` from `before`.
 /// Rows that are not key moves yield nothing.
 pub fn old_key_deletes(
     rows: &RecordBatch,
@@ -130,7 +132,7 @@ pub fn old_key_deletes(
         .iter()
         .copied()
         .filter(|&i| {
-            op.value(i) == "u"
+            matches!(op.value(i), "u" | "c")
                 && key.is_valid(i)
                 && old_cols.iter().all(|c| c.is_valid(i))
                 && old_rows.row(i) != new_rows.row(i)

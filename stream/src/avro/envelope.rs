@@ -74,10 +74,7 @@ fn namespace_part(s: &str) -> String {
 /// column under FULL, has no primary key (a primary key over every column of a FULL table
 /// reads the same, and is taken as none).
 pub fn has_primary_key(table: &TableSchema) -> bool {
-    let keys = table.columns.iter().filter(|c| c.is_key).count();
-    keys > 0
-        && !(table.replica_identity == wal2delta_model::ReplicaIdentity::Full
-            && keys == table.columns.len())
+    table.has_primary_key()
 }
 
 /// Builds the key and value schemas for a table version. Their namespace is
@@ -172,7 +169,15 @@ pub struct EncodedChange {
     /// `None` for a TRUNCATE, which has no key.
     pub key: Option<Value>,
     pub value: Value,
+    /// The old key of a create that is the new half of a primary-key change (the create's
+    /// `before` names the old row): sent in the `__debezium.oldkey` header.
+    pub old_key: Option<Value>,
 }
+
+/// The Kafka header naming the old key of a create that moved a row from it (Debezium's
+/// name, which Debezium consumers look for). Its value is the old key as the Kafka key of
+/// the old key's events is written (Confluent-framed Avro).
+pub const OLD_KEY_HEADER: &str = "__debezium.oldkey";
 
 fn row_record(
     table: &TableSchema,
@@ -229,29 +234,16 @@ pub fn encode_change(
     };
     // The key comes from the new row, or from the old key for deletes.
     let key_row = change.after.as_ref().or(change.before.as_ref());
-    let key = match key_row {
-        Some(row) => {
-            let mut fields = Vec::new();
-            for (i, col) in table.columns.iter().enumerate().filter(|(_, c)| c.is_key) {
-                let v = match row.values.get(i) {
-                    Some(ColumnValue::Value(d)) => {
-                        to_avro(&col.ty, d).map_err(|e| StreamError::Encode {
-                            table: table.table.to_string(),
-                            reason: format!("key column {}: {e}", col.name),
-                        })?
-                    }
-                    _ => {
-                        return Err(StreamError::Encode {
-                            table: table.table.to_string(),
-                            reason: format!("key column {} has no value", col.name),
-                        })
-                    }
-                };
-                fields.push((names[i].clone(), v));
-            }
-            Some(Value::Record(fields))
+    let key = key_row
+        .map(|row| key_record(table, names, &row.values))
+        .transpose()?;
+    // A create that names an old row is the new half of a primary-key change: its old key
+    // goes in the `__debezium.oldkey` header.
+    let old_key = match (&change.op, &change.before, &change.after) {
+        (wal2delta_model::ChangeOp::Insert, Some(b), Some(_)) => {
+            Some(key_record(table, names, &b.values)?)
         }
-        None => None,
+        _ => None,
     };
     let pos = &change.position;
     let source_rec = Value::Record(vec![
@@ -321,7 +313,35 @@ pub fn encode_change(
             key
         },
         value,
+        old_key,
     })
+}
+
+/// The key record of a row image: its key columns, each required.
+fn key_record(
+    table: &TableSchema,
+    names: &[String],
+    row: &[ColumnValue],
+) -> Result<Value, StreamError> {
+    let mut fields = Vec::new();
+    for (i, col) in table.columns.iter().enumerate().filter(|(_, c)| c.is_key) {
+        let v = match row.get(i) {
+            Some(ColumnValue::Value(d)) => {
+                to_avro(&col.ty, d).map_err(|e| StreamError::Encode {
+                    table: table.table.to_string(),
+                    reason: format!("key column {}: {e}", col.name),
+                })?
+            }
+            _ => {
+                return Err(StreamError::Encode {
+                    table: table.table.to_string(),
+                    reason: format!("key column {} has no value", col.name),
+                })
+            }
+        };
+        fields.push((names[i].clone(), v));
+    }
+    Ok(Value::Record(fields))
 }
 
 #[cfg(test)]

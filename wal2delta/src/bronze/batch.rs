@@ -34,6 +34,11 @@ pub enum Payload {
     Failed(&'static str, String),
     /// Converted: its row is in one of the topic's runs.
     Converted,
+    /// A tombstone (a key with a null value, which capture sends after every delete so
+    /// compacted topics can drop the key): not a change event. It becomes no row and no
+    /// quarantine record; its offset is stored with the batch's others, so it is passed
+    /// exactly once.
+    Tombstone,
 }
 
 /// An event's value and key, decoded with their writer schemas.
@@ -98,6 +103,11 @@ impl BufferedEvent {
             source_lsn,
             state,
         }
+    }
+
+    /// A tombstone of a table topic (see [`Payload::Tombstone`]).
+    pub fn tombstone(m: RawMessage) -> Self {
+        Self::read(m, Payload::Tombstone, None)
     }
 
     pub fn new(m: RawMessage, decoded: Result<DecodedEvent, (&'static str, String)>) -> Self {
@@ -252,7 +262,7 @@ impl TopicBuffer {
                     i += 1;
                     continue;
                 }
-                Payload::Converted => {
+                Payload::Converted | Payload::Tombstone => {
                     i += 1;
                     continue;
                 }

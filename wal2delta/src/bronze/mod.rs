@@ -355,6 +355,17 @@ impl Session<'_> {
                 .push(&topic, table, BufferedEvent::transaction(msg));
             return Ok(());
         }
+        if msg.payload.is_none() && msg.key.is_some() {
+            // A tombstone: skipped, its offset stored with the batch (no row, no
+            // quarantine record).
+            let Some(table) = self.topics.table_name(&topic) else {
+                return Ok(());
+            };
+            metrics::counter!(m::BRONZE_TOMBSTONES, "table" => table.clone()).increment(1);
+            self.batch
+                .push(&topic, &table, BufferedEvent::tombstone(msg));
+            return Ok(());
+        }
         let decoded = match &msg.payload {
             None => Err(("empty_payload", "the message has no value".to_owned())),
             Some(p) => match self.decoder.decode(p).await {

@@ -11,9 +11,11 @@ use wal2delta_model::{
     Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
 };
 use wal2delta_stream::ack::{AckToken, AckTracker};
-use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
+use wal2delta_stream::avro::envelope::{
+    encode_change, table_schemas, SourceInfo, TableSchemas, OLD_KEY_HEADER,
+};
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
-use wal2delta_stream::producer::EventProducer;
+use wal2delta_stream::producer::{headers_bytes, EventProducer};
 use wal2delta_stream::registry::{frame_with, Registry};
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
 use wal2delta_stream::transactions::{TransactionEnd, Watermark};
@@ -312,9 +314,16 @@ impl Publisher {
                 };
                 let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
                     .map_err(|err| encode_err(&change.table, err))?;
-                Ok((key, value))
+                let old_key = match e.old_key {
+                    Some(k) => Some(
+                        frame_with(&reg.key_writer, reg.key_id, &k)
+                            .map_err(|err| encode_err(&change.table, err))?,
+                    ),
+                    None => None,
+                };
+                Ok((key, value, old_key))
             });
-        let (key, value) = match encoded {
+        let (key, value, old_key) = match encoded {
             Ok(kv) => kv,
             Err(e) => {
                 return self
@@ -347,10 +356,14 @@ impl Publisher {
             // An event over the message size goes to the DLQ, checked before sending so
             // that it is never counted in the END record: the count says what is on the
             // table topic, and Silver waits for exactly that many.
-            let bytes = value.len() + key.as_ref().map_or(0, Vec::len);
+            let headers: Vec<(&str, &[u8])> = match &old_key {
+                Some(k) => vec![(OLD_KEY_HEADER, k.as_slice())],
+                None => Vec::new(),
+            };
+            let bytes = value.len() + key.as_ref().map_or(0, Vec::len) + headers_bytes(&headers);
             let sent = if self.producer.fits(bytes) {
                 self.producer
-                    .send(&topic, None, key.as_deref(), &value, token)
+                    .send_record(&topic, None, key.as_deref(), Some(&value), &headers, token)
                     .await
             } else {
                 Err(StreamError::TooLarge {
@@ -370,6 +383,15 @@ impl Publisher {
             }
             tracker.sent(token);
             self.count(change, 1);
+            // A delete is followed by a tombstone of its key (null value), so a compacted
+            // topic can drop the key. Not a change event: the END record does not count it.
+            // A table without a primary key has no key to drop: no tombstone.
+            if change.op == ChangeOp::Delete && schema.has_primary_key() {
+                if let Some(k) = &key {
+                    self.producer.send_tombstone(&topic, k, token).await?;
+                    tracker.sent(token);
+                }
+            }
         }
         if let Some(c) = counter {
             c.increment(1);

@@ -130,6 +130,29 @@ impl State {
                     .await?;
                 self.events += 1;
             }
+            Decoded::KeyChange {
+                schema,
+                delete,
+                create,
+            } => {
+                // A primary-key change: the delete of the old key (and its tombstone), then
+                // the create of the new key naming the old one (docs/capture.md).
+                let token = self.open_token()?;
+                let view = self.published_schema(&schema);
+                for mut change in [delete, create] {
+                    let key_id = match &self.tokenizer {
+                        Some(t) => {
+                            t.change(&schema, &mut change);
+                            t.key_id_for(&schema.table)
+                        }
+                        None => None,
+                    };
+                    publisher
+                        .change(&mut self.tracker, token, &view, &change, now_ms(), key_id)
+                        .await?;
+                    self.events += 1;
+                }
+            }
             Decoded::Truncate(changes) => {
                 let token = self.open_token()?;
                 for (schema, change) in changes {

@@ -249,3 +249,56 @@ fn a_moved_row_takes_unchanged_values_from_its_old_key() {
         }
     }
 }
+
+/// A key move as capture sends it: `d` of the old key (ordinal n), then `c` of the new key
+/// whose `before` names the old one (ordinal n + 1).
+fn debezium_move(old: i32, new: i32, v: Option<&'static str>, lsn: i64, ord: i64) -> [C; 2] {
+    let mut create = c("c", new, v, lsn, ord + 1);
+    create.old_id = Some(old);
+    if v.is_none() {
+        create.toast = vec!["v"];
+    }
+    [c("d", old, None, lsn, ord), create]
+}
+
+#[test]
+fn a_key_change_as_delete_then_create_moves_the_row_and_its_unchanged_values() {
+    // In the batch: 1 is inserted, moved to 2 (v unchanged), then to 3 (v unchanged).
+    let mut changes = vec![c("c", 1, Some("big"), 10, 1)];
+    changes.extend(debezium_move(1, 2, None, 20, 1));
+    changes.extend(debezium_move(2, 3, None, 30, 4));
+    let f = fold(&batch(&changes), None).unwrap();
+    assert_eq!(
+        rows(&f),
+        vec![
+            (1, None, "d".into(), vec![]),
+            (2, None, "d".into(), vec![]),
+            (3, Some("big".into()), "u".into(), vec![])
+        ]
+    );
+
+    // Not in the batch: Silver supplies the value from the old key, which the fold names.
+    let f = fold(&batch(&debezium_move(4, 5, None, 20, 1)), None).unwrap();
+    assert_eq!(
+        rows(&f),
+        vec![
+            (4, None, "d".into(), vec![]),
+            (5, None, "u".into(), vec!["v".into()])
+        ]
+    );
+    let b = f.rows.unwrap();
+    let from = b
+        .column_by_name(&format!("{MOVED_FROM}id"))
+        .expect("old key column")
+        .as_primitive::<deltalake::arrow::datatypes::Int32Type>();
+    assert_eq!(from.iter().flatten().collect::<Vec<_>>(), vec![4]);
+
+    // A plain insert (no `before`) is no move, and a delete then re-insert of one key in
+    // one transaction keeps the row.
+    let f = fold(
+        &batch(&[c("d", 7, None, 40, 1), c("c", 7, Some("x"), 40, 2)]),
+        None,
+    )
+    .unwrap();
+    assert_eq!(rows(&f), vec![(7, Some("x".into()), "u".into(), vec![])]);
+}
