@@ -287,3 +287,113 @@ async fn a_round_that_changes_nothing_still_moves_the_watermark() -> Result<()> 
     cleanup(&pg, &name, &name).await;
     Ok(())
 }
+
+/// The silver table entry of `wal2delta status --json` for `table`.
+fn silver_status(d: &Daemon, table: &str) -> Result<Value> {
+    let out = d.command(&["status", "--json"])?;
+    let doc: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        anyhow::anyhow!(
+            "status --json: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    doc["stages"]["silver"]["tables"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["table"] == table).cloned())
+        .ok_or_else(|| anyhow::anyhow!("status has no silver table {table}: {doc}"))
+}
+
+/// Issue 11, defect 10: an event Bronze quarantined is still counted by its transaction's
+/// END record, so Silver's watermark holds before that transaction (and `status` says
+/// why) until `quarantine resolve` closes the record; then Silver passes the transaction
+/// without it and applies the rest, later transactions included.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() -> Result<()> {
+    let stack = Stack::from_env();
+    let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
+    let (name, pg, d) = scenario(
+        &stack,
+        "qres",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);",
+        toml,
+        2,
+    )
+    .await?;
+    let s = &name;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.t SELECT g, 'a', g FROM generate_series(1, 10) g;"
+    ))
+    .await?;
+    let before = source_rows(&pg, s, "t").await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+
+    // One transaction: an update Bronze stores, and an insert whose column type changed
+    // (int -> bigint), which Bronze cannot merge into the table and quarantines. The next
+    // transaction changes the type back, so its insert lands.
+    pg.batch_execute(&format!(
+        "BEGIN; UPDATE {s}.t SET v = 'updated' WHERE id = 1;
+         ALTER TABLE {s}.t ALTER COLUMN n TYPE bigint; INSERT INTO {s}.t VALUES (11, 'q', 11); COMMIT;
+         BEGIN; ALTER TABLE {s}.t ALTER COLUMN n TYPE int; INSERT INTO {s}.t VALUES (12, 'later', 12); COMMIT;"
+    ))
+    .await?;
+    let records = scan(&d.lake().join("quarantine/records"));
+    let bronze = scan(&d.bronze("t"));
+    let start = Instant::now();
+    let id = loop {
+        run.assert_running()?;
+        let held = duckdb(&format!(
+            "SELECT id FROM {records} WHERE stage = 'bronze' AND table_name = '{s}.t'"
+        ))
+        .unwrap_or_default();
+        let stored = duckdb_i64(&format!("SELECT count(*) FROM {bronze}")).unwrap_or(0);
+        if let (Some(id), 12) = (held.first().and_then(|r| r[0].as_str()), stored) {
+            break id.to_owned();
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            bail!(
+                "Bronze never quarantined the insert and stored the rest ({held:?}, {stored} rows): {}",
+                run.log_text()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+
+    // The transaction is not whole: Silver shows none of it, nor anything after it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    wait_silver(&d, "t", &before, &mut run, Duration::from_secs(5)).await?;
+    let st = silver_status(&d, &format!("{s}.t"))?;
+    let held = st["held_by_quarantine"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !(held.len() == 1 && held[0]["id"] == id.as_str()) {
+        bail!("status names the open Bronze record holding the watermark: {st}");
+    }
+    if !st["held_reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("quarantine resolve"))
+    {
+        bail!("status says how to release it: {st}");
+    }
+
+    let out = d.command(&["quarantine", "resolve", &id])?;
+    if !out.status.success() {
+        bail!(
+            "quarantine resolve: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Silver passes the transaction without the quarantined insert: the update and the
+    // next transaction's insert arrive.
+    let mut want: Vec<Vec<Value>> = source_rows(&pg, s, "t").await?;
+    want.retain(|r| r[0] != 11);
+    wait_silver(&d, "t", &want, &mut run, Duration::from_secs(60)).await?;
+    let st = silver_status(&d, &format!("{s}.t"))?;
+    if st.get("held_by_quarantine").is_some() {
+        bail!("nothing holds the watermark once resolved: {st}");
+    }
+    run.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

@@ -900,6 +900,38 @@ fn project_tombstones(deletes: &RecordBatch, keys: &[String]) -> Result<RecordBa
     deletes.project(&idx).map_err(|e| e.to_string())
 }
 
+/// The Bronze quarantine records a resolution names, of changes committed above `after`:
+/// (`schema.table`, commit LSN, (Kafka partition, ordinal)). Records without a commit LSN
+/// (the event could not be decoded) cannot be placed in a transaction and are left out.
+pub async fn resolved_bronze_events(
+    lake: &Lake,
+    after: i64,
+) -> Result<Vec<(String, i64, (i32, i64))>, LakeError> {
+    use crate::quarantine::{QuarantineTable, Resolutions};
+    let records = QuarantineTable::new(lake.quarantine_records())
+        .read_all()
+        .await?;
+    let placed: Vec<_> = records
+        .into_iter()
+        .filter(|r| r.stage == wal2delta_quarantine::Stage::Bronze)
+        .filter_map(|r| match (r.table, r.commit_lsn, r.partition, r.ordinal) {
+            (Some(t), Some(l), Some(p), Some(o)) if l > after => Some((r.id, t, l, (p, o))),
+            _ => None,
+        })
+        .collect();
+    if placed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let resolved = Resolutions::new(lake.quarantine_resolutions())
+        .read()
+        .await?;
+    Ok(placed
+        .into_iter()
+        .filter(|(id, ..)| resolved.contains_key(id))
+        .map(|(_, t, l, e)| (t, l, e))
+        .collect())
+}
+
 /// The END counts of every table, and how far the records reach, read from
 /// `bronze/_wal2delta/transactions` above `after`.
 pub async fn transaction_counts(
@@ -959,6 +991,15 @@ pub async fn transaction_counts(
                     .or_default()
                     .events
                     .insert(l, counts.value(j) as u64);
+            }
+        }
+    }
+    // Bronze events quarantined and then resolved by an operator count as held: the END
+    // record counts them, Bronze never will.
+    if !by_table.is_empty() {
+        for (table, lsn, event) in resolved_bronze_events(lake, after).await? {
+            if let Some(c) = by_table.get_mut(&table) {
+                c.resolved.entry(lsn).or_default().insert(event);
             }
         }
     }
