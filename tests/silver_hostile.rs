@@ -397,3 +397,73 @@ async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() 
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
+
+/// Issue 11, defect 10: with `on_slot_lost = "recreate"`, the re-snapshot after the slot
+/// was lost re-reads the source, and Silver deletes the rows it did not read again (rows
+/// deleted while the slot was gone), once every row of the re-snapshot is applied. The
+/// first snapshot deleted nothing; changes after the re-snapshot apply as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhile() -> Result<()> {
+    let stack = Stack::from_env();
+    let toml = "[snapshot]\nmode = \"initial\"\nchunk_rows = 40\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
+    let name = wal2delta_tests::unique("resnap");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text, n int);
+         INSERT INTO {name}.t SELECT g, 'snap', g FROM generate_series(1, 200) g;"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, &toml.replace("{s}", &name))?;
+    d.env
+        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
+    d.setup()?;
+    let s = &name;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    let n = wait_equal(&pg, &d, s, "t", &mut run).await?;
+    assert_eq!(n, 200, "the first snapshot deletes nothing");
+    pg.batch_execute(&format!(
+        "UPDATE {s}.t SET v = 'streamed' WHERE id <= 50; DELETE FROM {s}.t WHERE id > 190;"
+    ))
+    .await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+    run.stop()?;
+
+    // The slot is lost while the source changes: deletes (in the middle and at both
+    // ends), updates and inserts nobody streams.
+    pg.execute("SELECT pg_drop_replication_slot($1)", &[&d.slot])
+        .await?;
+    pg.batch_execute(&format!(
+        "DELETE FROM {s}.t WHERE id IN (1, 2, 77, 120, 121, 122, 190);
+         UPDATE {s}.t SET v = 'lost', n = -n WHERE id BETWEEN 40 AND 60;
+         INSERT INTO {s}.t SELECT g, 'new', g FROM generate_series(300, 320) g;"
+    ))
+    .await?;
+    d.env
+        .push(("WAL2DELTA__SOURCE__ON_SLOT_LOST".into(), "recreate".into()));
+    let mut run = d.spawn_stage("capture,bronze,silver", "rerun")?;
+    let n = wait_equal(&pg, &d, s, "t", &mut run).await?;
+    assert_eq!(n, 190 - 7 + 21);
+    // Changes after the re-snapshot (including re-inserting a deleted key) apply.
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.t VALUES (77, 'back', 77); DELETE FROM {s}.t WHERE id = 300;"
+    ))
+    .await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+    let out = d.command(&[
+        "reconcile",
+        "--table",
+        &format!("{s}.t"),
+        "--wait-secs",
+        "60",
+    ])?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "reconcile: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

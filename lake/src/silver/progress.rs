@@ -10,6 +10,9 @@ use deltalake::DeltaTable;
 use super::Position;
 use crate::{delta, LakeError};
 
+/// The `op` of the event that ends a table's re-snapshot after its slot was re-created.
+pub const SNAPSHOT_END: &str = "s";
+
 /// Where a Silver table stands, stored as `txn` actions in its commits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -136,7 +139,8 @@ pub fn plan(
         .as_primitive_opt::<Int64Type>()
         .ok_or("`kafka_offset` is not int64")?;
     let n = rows.num_rows();
-    let streamed = |i: usize| op.value(i) != "r";
+    // Snapshot rows and snapshot ends (`s`) belong to no source transaction.
+    let streamed = |i: usize| !matches!(op.value(i), "r" | SNAPSHOT_END);
 
     // Distinct events Bronze holds per transaction above the watermark.
     let mut held: HashMap<i64, BTreeSet<(i32, i64)>> = HashMap::new();
