@@ -287,3 +287,183 @@ async fn a_round_that_changes_nothing_still_moves_the_watermark() -> Result<()> 
     cleanup(&pg, &name, &name).await;
     Ok(())
 }
+
+/// The silver table entry of `wal2delta status --json` for `table`.
+fn silver_status(d: &Daemon, table: &str) -> Result<Value> {
+    let out = d.command(&["status", "--json"])?;
+    let doc: Value = serde_json::from_slice(&out.stdout).map_err(|e| {
+        anyhow::anyhow!(
+            "status --json: {e}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })?;
+    doc["stages"]["silver"]["tables"]
+        .as_array()
+        .and_then(|ts| ts.iter().find(|t| t["table"] == table).cloned())
+        .ok_or_else(|| anyhow::anyhow!("status has no silver table {table}: {doc}"))
+}
+
+/// Issue 11, defect 10: an event Bronze quarantined is still counted by its transaction's
+/// END record, so Silver's watermark holds before that transaction (and `status` says
+/// why) until `quarantine resolve` closes the record; then Silver passes the transaction
+/// without it and applies the rest, later transactions included.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() -> Result<()> {
+    let stack = Stack::from_env();
+    let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
+    let (name, pg, d) = scenario(
+        &stack,
+        "qres",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);",
+        toml,
+        2,
+    )
+    .await?;
+    let s = &name;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.t SELECT g, 'a', g FROM generate_series(1, 10) g;"
+    ))
+    .await?;
+    let before = source_rows(&pg, s, "t").await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+
+    // One transaction: an update Bronze stores, and an insert whose column type changed
+    // (int -> bigint), which Bronze cannot merge into the table and quarantines. The next
+    // transaction changes the type back, so its insert lands.
+    pg.batch_execute(&format!(
+        "BEGIN; UPDATE {s}.t SET v = 'updated' WHERE id = 1;
+         ALTER TABLE {s}.t ALTER COLUMN n TYPE bigint; INSERT INTO {s}.t VALUES (11, 'q', 11); COMMIT;
+         BEGIN; ALTER TABLE {s}.t ALTER COLUMN n TYPE int; INSERT INTO {s}.t VALUES (12, 'later', 12); COMMIT;"
+    ))
+    .await?;
+    let records = scan(&d.lake().join("quarantine/records"));
+    let bronze = scan(&d.bronze("t"));
+    let start = Instant::now();
+    let id = loop {
+        run.assert_running()?;
+        let held = duckdb(&format!(
+            "SELECT id FROM {records} WHERE stage = 'bronze' AND table_name = '{s}.t'"
+        ))
+        .unwrap_or_default();
+        let stored = duckdb_i64(&format!("SELECT count(*) FROM {bronze}")).unwrap_or(0);
+        if let (Some(id), 12) = (held.first().and_then(|r| r[0].as_str()), stored) {
+            break id.to_owned();
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            bail!(
+                "Bronze never quarantined the insert and stored the rest ({held:?}, {stored} rows): {}",
+                run.log_text()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+
+    // The transaction is not whole: Silver shows none of it, nor anything after it.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    wait_silver(&d, "t", &before, &mut run, Duration::from_secs(5)).await?;
+    let st = silver_status(&d, &format!("{s}.t"))?;
+    let held = st["held_by_quarantine"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !(held.len() == 1 && held[0]["id"] == id.as_str()) {
+        bail!("status names the open Bronze record holding the watermark: {st}");
+    }
+    if !st["held_reason"]
+        .as_str()
+        .is_some_and(|r| r.contains("quarantine resolve"))
+    {
+        bail!("status says how to release it: {st}");
+    }
+
+    let out = d.command(&["quarantine", "resolve", &id])?;
+    if !out.status.success() {
+        bail!(
+            "quarantine resolve: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Silver passes the transaction without the quarantined insert: the update and the
+    // next transaction's insert arrive.
+    let mut want: Vec<Vec<Value>> = source_rows(&pg, s, "t").await?;
+    want.retain(|r| r[0] != 11);
+    wait_silver(&d, "t", &want, &mut run, Duration::from_secs(60)).await?;
+    let st = silver_status(&d, &format!("{s}.t"))?;
+    if st.get("held_by_quarantine").is_some() {
+        bail!("nothing holds the watermark once resolved: {st}");
+    }
+    run.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}
+
+/// Issue 11, defect 10: with `on_slot_lost = "recreate"`, the re-snapshot after the slot
+/// was lost re-reads the source, and Silver deletes the rows it did not read again (rows
+/// deleted while the slot was gone), once every row of the re-snapshot is applied. The
+/// first snapshot deleted nothing; changes after the re-snapshot apply as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhile() -> Result<()> {
+    let stack = Stack::from_env();
+    let toml = "[snapshot]\nmode = \"initial\"\nchunk_rows = 40\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
+    let name = wal2delta_tests::unique("resnap");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text, n int);
+         INSERT INTO {name}.t SELECT g, 'snap', g FROM generate_series(1, 200) g;"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, &toml.replace("{s}", &name))?;
+    d.env
+        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
+    d.setup()?;
+    let s = &name;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    let n = wait_equal(&pg, &d, s, "t", &mut run).await?;
+    assert_eq!(n, 200, "the first snapshot deletes nothing");
+    pg.batch_execute(&format!(
+        "UPDATE {s}.t SET v = 'streamed' WHERE id <= 50; DELETE FROM {s}.t WHERE id > 190;"
+    ))
+    .await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+    run.stop()?;
+
+    // The slot is lost while the source changes: deletes (in the middle and at both
+    // ends), updates and inserts nobody streams.
+    pg.execute("SELECT pg_drop_replication_slot($1)", &[&d.slot])
+        .await?;
+    pg.batch_execute(&format!(
+        "DELETE FROM {s}.t WHERE id IN (1, 2, 77, 120, 121, 122, 190);
+         UPDATE {s}.t SET v = 'lost', n = -n WHERE id BETWEEN 40 AND 60;
+         INSERT INTO {s}.t SELECT g, 'new', g FROM generate_series(300, 320) g;"
+    ))
+    .await?;
+    d.env
+        .push(("WAL2DELTA__SOURCE__ON_SLOT_LOST".into(), "recreate".into()));
+    let mut run = d.spawn_stage("capture,bronze,silver", "rerun")?;
+    let n = wait_equal(&pg, &d, s, "t", &mut run).await?;
+    assert_eq!(n, 190 - 7 + 21);
+    // Changes after the re-snapshot (including re-inserting a deleted key) apply.
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.t VALUES (77, 'back', 77); DELETE FROM {s}.t WHERE id = 300;"
+    ))
+    .await?;
+    wait_equal(&pg, &d, s, "t", &mut run).await?;
+    let out = d.command(&[
+        "reconcile",
+        "--table",
+        &format!("{s}.t"),
+        "--wait-secs",
+        "60",
+    ])?;
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "reconcile: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    run.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    Ok(())
+}

@@ -11,6 +11,12 @@ pub enum ChangeOp {
     Truncate,
     /// A row read by the initial snapshot.
     Read,
+    /// The end of a table's re-snapshot after the slot was re-created (`[source]
+    /// on_slot_lost = "recreate"`): sent to every partition of the table's topic after the
+    /// last snapshot row, at the re-snapshot's start position. Every row of the table that
+    /// has no change at or after that position was deleted at the source (Silver deletes
+    /// it). Not a Debezium op.
+    SnapshotEnd,
 }
 
 impl ChangeOp {
@@ -22,6 +28,7 @@ impl ChangeOp {
             ChangeOp::Delete => "d",
             ChangeOp::Truncate => "t",
             ChangeOp::Read => "r",
+            ChangeOp::SnapshotEnd => "s",
         }
     }
 }

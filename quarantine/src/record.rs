@@ -51,6 +51,11 @@ pub struct QuarantineRecord {
     pub offset: Option<i64>,
     /// The change's source LSN, when known.
     pub source_lsn: Option<i64>,
+    /// The commit LSN of the change's source transaction and the change's position in it,
+    /// when known (the event could be decoded). With them Silver counts a resolved Bronze
+    /// record as one of its transaction's events (docs/silver.md).
+    pub commit_lsn: Option<i64>,
+    pub ordinal: Option<i64>,
     /// Kafka key and value bytes exactly as read.
     pub key: Option<Vec<u8>>,
     pub raw: Option<Vec<u8>>,
@@ -83,6 +88,8 @@ impl QuarantineRecord {
             Field::new("raw", DataType::Binary, true),
             Field::new("quarantined_at", utc, true),
             Field::new("check_name", DataType::Utf8, true),
+            Field::new("commit_lsn", DataType::Int64, true),
+            Field::new("ordinal", DataType::Int64, true),
         ]))
     }
 
@@ -121,6 +128,8 @@ impl QuarantineRecord {
                     .with_timezone("UTC"),
             ),
             s(|r| r.check.as_deref()),
+            Arc::new(records.iter().map(|r| r.commit_lsn).collect::<Int64Array>()),
+            Arc::new(records.iter().map(|r| r.ordinal).collect::<Int64Array>()),
         ];
         RecordBatch::try_new(Self::schema(), columns)
     }
@@ -170,6 +179,20 @@ impl QuarantineRecord {
             Some(_) => text("check_name")?,
             None => vec![None; batch.num_rows()],
         };
+        // Added later still: absent from older tables.
+        let long = |name: &'static str| -> Result<Vec<Option<i64>>, RecordsError> {
+            match batch.column_by_name(name) {
+                Some(a) => {
+                    let a = cast::<Int64Array>(a, name)?;
+                    Ok((0..a.len())
+                        .map(|i| a.is_valid(i).then(|| a.value(i)))
+                        .collect())
+                }
+                None => Ok(vec![None; batch.num_rows()]),
+            }
+        };
+        let commit_lsns = long("commit_lsn")?;
+        let ordinals = long("ordinal")?;
         let partitions = cast::<Int32Array>(col("kafka_partition")?, "kafka_partition")?;
         let offsets = cast::<Int64Array>(col("kafka_offset")?, "kafka_offset")?;
         let lsns = cast::<Int64Array>(col("source_lsn")?, "source_lsn")?;
@@ -191,6 +214,8 @@ impl QuarantineRecord {
                 partition: opt32(partitions, i),
                 offset: opt64(offsets, i),
                 source_lsn: opt64(lsns, i),
+                commit_lsn: commit_lsns[i],
+                ordinal: ordinals[i],
                 key: keys[i].clone(),
                 raw: raws[i].clone(),
                 quarantined_at_us: if at.is_valid(i) { at.value(i) } else { 0 },
@@ -226,6 +251,8 @@ mod tests {
             partition: Some(2),
             offset: Some(41),
             source_lsn: None,
+            commit_lsn: Some(400),
+            ordinal: Some(3),
             key: None,
             raw: Some(vec![0xde, 0xad]),
             quarantined_at_us: 1_700_000_000_000_000,

@@ -34,6 +34,13 @@ pub struct SnapshotProgress {
     pub rows_estimate: u64,
     /// Unix milliseconds of the last update.
     pub ts_ms: i64,
+    /// For a re-snapshot after the slot was re-created (`on_slot_lost = "recreate"`): the
+    /// position (commit LSN) its rows start at. When the table's snapshot is done, capture
+    /// sends a snapshot-end event (`op` = `s`) at this position to every partition, and
+    /// Silver deletes the rows the re-snapshot did not read again. `None` for a first
+    /// snapshot and for tables added later: nothing is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resnapshot_from: Option<u64>,
 }
 
 impl SnapshotProgress {

@@ -219,6 +219,17 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let bronze_lag = bronze::status::lag(config).await;
     let quarantine = quarantine_counts(config).await;
     let silver = silver_positions(config).await;
+    let held = held_by_bronze_quarantine(config).await;
+    let held_for = |t: &str, w: i64| -> Vec<(String, Option<i64>)> {
+        held.get(t)
+            .map(|v| {
+                v.iter()
+                    .filter(|(_, l)| l.is_none_or(|l| l > w))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
     let confirmed = info.confirmed_flush.map(|l| l.0 as i64);
     let behind = |w: i64| confirmed.map(|c| (c - w).max(0));
     if json {
@@ -231,11 +242,22 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
         doc["stages"]["silver"] = match &silver {
             Ok(tables) => {
                 serde_json::json!({ "tables": tables.iter().map(|(t, w)| match w {
-                Some(w) => serde_json::json!({
-                    "table": t,
-                    "watermark_lsn": wal2delta_model::Lsn(*w as u64).to_string(),
-                    "lag_bytes": behind(*w),
-                }),
+                Some(w) => {
+                    let mut doc = serde_json::json!({
+                        "table": t,
+                        "watermark_lsn": wal2delta_model::Lsn(*w as u64).to_string(),
+                        "lag_bytes": behind(*w),
+                    });
+                    let held = held_for(t, *w);
+                    if !held.is_empty() {
+                        doc["held_by_quarantine"] = serde_json::json!(held.iter().map(|(id, l)| serde_json::json!({
+                            "id": id,
+                            "commit_lsn": l.map(|l| wal2delta_model::Lsn(l as u64).to_string()),
+                        })).collect::<Vec<_>>());
+                        doc["held_reason"] = serde_json::json!(HELD);
+                    }
+                    doc
+                }
                 None => serde_json::json!({
                     "table": t,
                     "not_in_silver": KEYLESS,
@@ -293,6 +315,22 @@ async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
                             " ({b} bytes behind the slot's confirmed position)"
                         ))
                     );
+                    let held = held_for(t, *w);
+                    if !held.is_empty() {
+                        println!(
+                            "    HELD: {HELD}; open: {}",
+                            held.iter()
+                                .map(|(id, l)| match l {
+                                    Some(l) => format!(
+                                        "{id} (commit LSN {})",
+                                        wal2delta_model::Lsn(*l as u64)
+                                    ),
+                                    None => id.clone(),
+                                })
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        );
+                    }
                 }
             }
             Err(e) => println!("silver: unknown ({e})"),
@@ -338,6 +376,33 @@ async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>,
         out.push((name, Some(p.watermark)));
     }
     Ok(out)
+}
+
+/// Why a Silver table's watermark holds while Bronze quarantine records of its changes
+/// are open.
+pub const HELD: &str = "the watermark waits for events Bronze quarantined (their transaction's END record counts them); fix the cause (`wal2delta quarantine show ID`), then `wal2delta quarantine resolve ID` lets Silver pass the transaction without them";
+
+/// Open Bronze quarantine records by table, with the commit LSN of their change when
+/// known. Empty when the quarantine cannot be read (the quarantine section says why).
+async fn held_by_bronze_quarantine(
+    config: &Config,
+) -> std::collections::BTreeMap<String, Vec<(String, Option<i64>)>> {
+    let mut out = std::collections::BTreeMap::<String, Vec<_>>::new();
+    let Ok(lake) = wal2delta_lake::Lake::new(&config.lake.uri) else {
+        return out;
+    };
+    let Ok(records) = quarantine::open_records(&lake).await else {
+        return out;
+    };
+    for r in records {
+        if r.stage != wal2delta_quarantine::Stage::Bronze {
+            continue;
+        }
+        if let Some(t) = r.table {
+            out.entry(t).or_default().push((r.id, r.commit_lsn));
+        }
+    }
+    out
 }
 
 /// Open quarantine records (no resolution yet) by `stage/reason_code`.

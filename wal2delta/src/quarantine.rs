@@ -127,6 +127,8 @@ pub async fn show(config: &Config, id: &str) -> Result<ExitCode> {
         "kafka_partition": r.partition,
         "kafka_offset": r.offset,
         "source_lsn": r.source_lsn,
+        "commit_lsn": r.commit_lsn,
+        "ordinal": r.ordinal,
         "quarantined_at": time(r.quarantined_at_us),
         "check": r.check,
         "key_hex": hex(&r.key),

@@ -10,6 +10,9 @@ use deltalake::DeltaTable;
 use super::Position;
 use crate::{delta, LakeError};
 
+/// The `op` of the event that ends a table's re-snapshot after its slot was re-created.
+pub const SNAPSHOT_END: &str = "s";
+
 /// Where a Silver table stands, stored as `txn` actions in its commits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Progress {
@@ -76,6 +79,23 @@ pub struct TransactionCounts {
     pub top: i64,
     /// Events per transaction (commit LSN) for this table.
     pub events: BTreeMap<i64, u64>,
+    /// Events Bronze quarantined and an operator resolved (`quarantine resolve`), per
+    /// transaction, as (Kafka partition, ordinal): they count as held, so the watermark
+    /// passes their transaction without them.
+    pub resolved: BTreeMap<i64, BTreeSet<(i32, i64)>>,
+}
+
+impl TransactionCounts {
+    /// How many distinct events of transaction `lsn` count as held: those in `held` (read
+    /// from Bronze) and the resolved ones.
+    pub fn held(&self, lsn: i64, held: Option<&BTreeSet<(i32, i64)>>) -> u64 {
+        match (held, self.resolved.get(&lsn)) {
+            (Some(h), Some(r)) => h.union(r).count() as u64,
+            (Some(h), None) => h.len() as u64,
+            (None, Some(r)) => r.len() as u64,
+            (None, None) => 0,
+        }
+    }
 }
 
 /// What to do with the rows read in one round.
@@ -119,10 +139,12 @@ pub fn plan(
         .as_primitive_opt::<Int64Type>()
         .ok_or("`kafka_offset` is not int64")?;
     let n = rows.num_rows();
-    let streamed = |i: usize| op.value(i) != "r";
+    // Snapshot rows and snapshot ends (`s`) belong to no source transaction.
+    let streamed = |i: usize| !matches!(op.value(i), "r" | SNAPSHOT_END);
 
     // Distinct events Bronze holds per transaction above the watermark.
     let mut held: HashMap<i64, BTreeSet<(i32, i64)>> = HashMap::new();
+    // (Resolved Bronze quarantine records count too: `TransactionCounts::held`.)
     for i in 0..n {
         let l = lsn.value(i);
         if streamed(i) && l > before.watermark && l <= counts.top {
@@ -141,7 +163,7 @@ pub fn plan(
         .range(before.watermark.saturating_add(1)..)
         .take_while(|(l, _)| **l <= counts.top);
     for (&l, &need) in above {
-        let have = held.get(&l).map_or(0, |s| s.len() as u64);
+        let have = counts.held(l, held.get(&l));
         if have < need {
             if waiting == 0 {
                 watermark = l - 1;
@@ -225,7 +247,30 @@ mod tests {
         TransactionCounts {
             top,
             events: e.iter().copied().collect(),
+            ..TransactionCounts::default()
         }
+    }
+
+    #[test]
+    fn a_resolved_bronze_record_counts_as_held_and_only_once() {
+        // Transaction 200 has 3 events; Bronze quarantined the one in partition 1.
+        let r = rows(&[
+            ("c", 200, 1, 0, 0),
+            ("c", 200, 2, 0, 1),
+            ("c", 300, 1, 0, 2),
+        ]);
+        let mut c = counts(300, &[(200, 3), (300, 1)]);
+        let p = plan(&r, &Progress::default(), &c).unwrap();
+        assert_eq!(p.progress.watermark, 199, "waits while the record is open");
+        c.resolved.insert(200, BTreeSet::from([(1, 3)]));
+        let p = plan(&r, &Progress::default(), &c).unwrap();
+        assert_eq!(p.progress.watermark, 300, "passes once it is resolved");
+        assert!((0..3).all(|i| p.applicable.value(i)));
+        // A resolved record of an event Bronze also holds (a re-published copy) is
+        // counted once: 2 distinct events of 3 do not make the transaction whole.
+        c.resolved.insert(200, BTreeSet::from([(0, 2)]));
+        let p = plan(&r, &Progress::default(), &c).unwrap();
+        assert_eq!(p.progress.watermark, 199);
     }
 
     #[test]

@@ -111,7 +111,7 @@ impl SilverTable {
         let (top, mut counts) = transaction_counts(lake, 0).await?;
         let counts = counts.remove(&self.name).unwrap_or(TransactionCounts {
             top,
-            events: Default::default(),
+            ..TransactionCounts::default()
         });
         let mut report = RebuildReport::default();
         loop {

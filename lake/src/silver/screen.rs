@@ -208,6 +208,11 @@ fn record(
         partition,
         offset,
         source_lsn: lsn,
+        commit_lsn: lsn,
+        ordinal: masked
+            .column_by_name("ordinal")
+            .and_then(|a| a.as_primitive_opt::<Int64Type>())
+            .map(|a| a.value(i)),
         key: json("key")?,
         raw: json("after")?,
         quarantined_at_us: now_us,

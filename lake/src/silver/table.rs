@@ -15,6 +15,7 @@ use url::Url;
 
 use super::checks::Check;
 use super::mask::Masking;
+use super::progress::SNAPSHOT_END;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::{keys_equal, newer, Tombstones};
 use super::window::Window;
@@ -166,8 +167,20 @@ impl SilverTable {
         if planned.progress == before {
             return Ok(report);
         }
+        let mut planned = planned;
         let applicable = filter_record_batch(&rows, &planned.applicable)
             .map_err(|e| self.rows_error(e.to_string()))?;
+        // The end of a re-snapshot: once every partition's end is applied (so every row
+        // the re-snapshot read is), the rows below its position are gone at the source.
+        let (applicable, ends) =
+            take_snapshot_ends(&applicable).map_err(|reason| self.rows_error(reason))?;
+        let resnapshot = self
+            .resnapshot_complete(&bronze, &ends, &planned.progress, before.truncated)
+            .await?;
+        if let Some(p) = resnapshot {
+            tracing::info!(table = %self.name, from_lsn = p.0, "re-snapshot complete: deleting the rows it did not read again (deleted at the source while the slot was lost)");
+            planned.progress.truncated = planned.progress.truncated.max(Some(p));
+        }
         let screened = self.screen(&applicable, before.watermark)?;
         report.stale = screened.stale;
         // Quarantine first: a crash before the Silver commit repeats this round, and the
@@ -178,7 +191,8 @@ impl SilverTable {
             .append_new(wal2delta_quarantine::Stage::Silver, screened.quarantined)
             .await?;
         let applicable = screened.rows;
-        let folded = fold(&applicable, before.truncated).map_err(|e| self.rows_error(e.0))?;
+        let folded = fold(&applicable, before.truncated.max(resnapshot))
+            .map_err(|e| self.rows_error(e.0))?;
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
 
         let props = CommitProperties::default()
@@ -242,6 +256,50 @@ impl SilverTable {
         report.upserts = written.upserts;
         report.version = Some(written.version);
         Ok(report)
+    }
+
+    /// The position below which rows go, when this round completes a re-snapshot: some
+    /// snapshot end (`ends`: commit LSN, partitions it was sent to) is not applied yet
+    /// (above `truncated`), Bronze holds it in as many partitions as it was sent to, and
+    /// `after`'s cursors pass each of them, so every snapshot row before it is applied.
+    async fn resnapshot_complete(
+        &self,
+        bronze: &DeltaTable,
+        ends: &[(i64, i64)],
+        after: &Progress,
+        truncated: Option<Position>,
+    ) -> Result<Option<Position>, LakeError> {
+        let mut done = None;
+        for &(lsn, partitions) in ends {
+            let at = Position(lsn, 0);
+            if Some(at) <= truncated.max(done) {
+                continue;
+            }
+            let sql = format!(
+                "SELECT kafka_partition, MIN(kafka_offset) FROM t WHERE op = '{SNAPSHOT_END}' AND commit_lsn = {lsn} GROUP BY kafka_partition"
+            );
+            let mut held = Vec::new();
+            for b in delta::query(&self.name, bronze, &sql).await? {
+                let (Some(p), Some(o)) = (
+                    b.column(0)
+                        .as_primitive_opt::<deltalake::arrow::datatypes::Int32Type>(),
+                    b.column(1)
+                        .as_primitive_opt::<deltalake::arrow::datatypes::Int64Type>(),
+                ) else {
+                    return Err(self.rows_error(
+                        "unexpected types reading the snapshot end's partitions".into(),
+                    ));
+                };
+                held.extend((0..b.num_rows()).map(|i| (p.value(i), o.value(i))));
+            }
+            let passed = held
+                .iter()
+                .all(|(p, o)| after.cursors.get(p).is_some_and(|c| c >= o));
+            if held.len() as i64 >= partitions && passed {
+                done = done.max(Some(at));
+            }
+        }
+        Ok(done)
     }
 
     /// Writes folded changes: tombstones of the deletes first (a crash after them only
@@ -748,6 +806,34 @@ impl SilverTable {
     }
 }
 
+/// Splits the snapshot ends (`op` = `s`) off `rows`: the other rows, and each end's
+/// (commit LSN, number of partitions it was sent to, carried as its `ordinal`).
+fn take_snapshot_ends(rows: &RecordBatch) -> Result<(RecordBatch, Vec<(i64, i64)>), String> {
+    use deltalake::arrow::datatypes::Int64Type;
+    let (Some(op), Some(lsn), Some(ordinal)) = (
+        rows.column_by_name("op")
+            .and_then(|a| a.as_string_opt::<i32>()),
+        rows.column_by_name("commit_lsn")
+            .and_then(|a| a.as_primitive_opt::<Int64Type>()),
+        rows.column_by_name("ordinal")
+            .and_then(|a| a.as_primitive_opt::<Int64Type>()),
+    ) else {
+        return Err("Bronze columns `op`, `commit_lsn` or `ordinal` are missing".into());
+    };
+    let is_end = |i: usize| op.is_valid(i) && op.value(i) == SNAPSHOT_END;
+    let ends: BTreeSet<(i64, i64)> = (0..rows.num_rows())
+        .filter(|&i| is_end(i))
+        .map(|i| (lsn.value(i), ordinal.value(i)))
+        .collect();
+    if ends.is_empty() {
+        return Ok((rows.clone(), Vec::new()));
+    }
+    let keep: deltalake::arrow::array::BooleanArray =
+        (0..rows.num_rows()).map(|i| Some(!is_end(i))).collect();
+    let rows = filter_record_batch(rows, &keep).map_err(|e| e.to_string())?;
+    Ok((rows, ends.into_iter().collect()))
+}
+
 /// Most key ranges a MERGE condition names (see [`key_ranges`]).
 const MAX_KEY_RANGES: usize = 32;
 
@@ -900,6 +986,38 @@ fn project_tombstones(deletes: &RecordBatch, keys: &[String]) -> Result<RecordBa
     deletes.project(&idx).map_err(|e| e.to_string())
 }
 
+/// The Bronze quarantine records a resolution names, of changes committed above `after`:
+/// (`schema.table`, commit LSN, (Kafka partition, ordinal)). Records without a commit LSN
+/// (the event could not be decoded) cannot be placed in a transaction and are left out.
+pub async fn resolved_bronze_events(
+    lake: &Lake,
+    after: i64,
+) -> Result<Vec<(String, i64, (i32, i64))>, LakeError> {
+    use crate::quarantine::{QuarantineTable, Resolutions};
+    let records = QuarantineTable::new(lake.quarantine_records())
+        .read_all()
+        .await?;
+    let placed: Vec<_> = records
+        .into_iter()
+        .filter(|r| r.stage == wal2delta_quarantine::Stage::Bronze)
+        .filter_map(|r| match (r.table, r.commit_lsn, r.partition, r.ordinal) {
+            (Some(t), Some(l), Some(p), Some(o)) if l > after => Some((r.id, t, l, (p, o))),
+            _ => None,
+        })
+        .collect();
+    if placed.is_empty() {
+        return Ok(Vec::new());
+    }
+    let resolved = Resolutions::new(lake.quarantine_resolutions())
+        .read()
+        .await?;
+    Ok(placed
+        .into_iter()
+        .filter(|(id, ..)| resolved.contains_key(id))
+        .map(|(_, t, l, e)| (t, l, e))
+        .collect())
+}
+
 /// The END counts of every table, and how far the records reach, read from
 /// `bronze/_wal2delta/transactions` above `after`.
 pub async fn transaction_counts(
@@ -959,6 +1077,15 @@ pub async fn transaction_counts(
                     .or_default()
                     .events
                     .insert(l, counts.value(j) as u64);
+            }
+        }
+    }
+    // Bronze events quarantined and then resolved by an operator count as held: the END
+    // record counts them, Bronze never will.
+    if !by_table.is_empty() {
+        for (table, lsn, event) in resolved_bronze_events(lake, after).await? {
+            if let Some(c) = by_table.get_mut(&table) {
+                c.resolved.entry(lsn).or_default().insert(event);
             }
         }
     }

@@ -206,7 +206,8 @@ impl Window {
             "SELECT kafka_partition, MAX(kafka_offset) AS last, COUNT(DISTINCT ordinal) AS events \
              FROM t WHERE commit_lsn = {first} AND op <> 'r' GROUP BY kafka_partition"
         );
-        let mut held = 0u64;
+        // Resolved Bronze quarantine records of the transaction count as held.
+        let mut held = counts.held(first, None);
         let mut ends = BTreeMap::new();
         for b in delta::query(name, bronze, &sql).await? {
             let (Some(part), Some(last), Some(events)) = (

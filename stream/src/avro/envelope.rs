@@ -259,10 +259,10 @@ pub fn encode_change(
             Value::Union(
                 1,
                 Box::new(Value::String(
-                    if change.op == wal2delta_model::ChangeOp::Read {
-                        "true"
-                    } else {
-                        "false"
+                    match change.op {
+                        wal2delta_model::ChangeOp::Read => "true",
+                        wal2delta_model::ChangeOp::SnapshotEnd => "last",
+                        _ => "false",
                     }
                     .into(),
                 )),
@@ -307,7 +307,10 @@ pub fn encode_change(
         ),
     ]);
     Ok(EncodedChange {
-        key: if change.op == wal2delta_model::ChangeOp::Truncate {
+        key: if matches!(
+            change.op,
+            wal2delta_model::ChangeOp::Truncate | wal2delta_model::ChangeOp::SnapshotEnd
+        ) {
             None
         } else {
             key

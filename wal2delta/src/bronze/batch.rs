@@ -54,21 +54,37 @@ pub struct BufferedEvent {
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
     pub source_lsn: Option<i64>,
+    /// `source.commit_lsn` and `ordinal` of a decoded change: a quarantined event keeps
+    /// them so that Silver can count it once it is resolved.
+    pub commit_lsn: Option<i64>,
+    pub ordinal: Option<i64>,
     pub state: Payload,
 }
 
-fn source_lsn(v: &Value) -> Option<i64> {
+/// `source.{name}` of a decoded envelope.
+fn source_long(v: &Value, name: &str) -> Option<i64> {
     let Value::Record(fields) = v else {
         return None;
     };
     let (_, Value::Record(s)) = fields.iter().find(|(n, _)| n == "source")? else {
         return None;
     };
-    match s.iter().find(|(n, _)| n == "lsn").map(|(_, v)| v) {
+    match s.iter().find(|(n, _)| n == name).map(|(_, v)| v) {
         Some(Value::Union(_, v)) => match v.as_ref() {
             Value::Long(l) => Some(*l),
             _ => None,
         },
+        _ => None,
+    }
+}
+
+/// The envelope's `ordinal`.
+fn ordinal(v: &Value) -> Option<i64> {
+    let Value::Record(fields) = v else {
+        return None;
+    };
+    match fields.iter().find(|(n, _)| n == "ordinal").map(|(_, v)| v) {
+        Some(Value::Long(l)) => Some(*l),
         _ => None,
     }
 }
@@ -88,10 +104,16 @@ impl BufferedEvent {
             Payload::Transaction(TransactionRecord::End(e)) => i64::try_from(e.commit_lsn).ok(),
             _ => None,
         };
-        Self::read(m, state, source_lsn)
+        Self::read(m, state, source_lsn, None)
     }
 
-    fn read(m: RawMessage, state: Payload, source_lsn: Option<i64>) -> Self {
+    fn read(
+        m: RawMessage,
+        state: Payload,
+        source_lsn: Option<i64>,
+        position: Option<(Option<i64>, Option<i64>)>,
+    ) -> Self {
+        let (commit_lsn, ordinal) = position.unwrap_or_default();
         BufferedEvent {
             coordinates: KafkaCoordinates {
                 partition: m.partition,
@@ -101,6 +123,8 @@ impl BufferedEvent {
             key: m.key,
             payload: m.payload,
             source_lsn,
+            commit_lsn,
+            ordinal,
             state,
         }
     }
@@ -111,14 +135,15 @@ impl BufferedEvent {
     }
 
     pub fn new(m: RawMessage, decoded: Result<DecodedEvent, (&'static str, String)>) -> Self {
-        let (state, source_lsn) = match decoded {
+        let (state, source_lsn, position) = match decoded {
             Ok(DecodedEvent { schema, value, key }) => {
-                let lsn = source_lsn(&value);
-                (Payload::Decoded(schema, value, key), lsn)
+                let lsn = source_long(&value, "lsn");
+                let position = (source_long(&value, "commit_lsn"), ordinal(&value));
+                (Payload::Decoded(schema, value, key), lsn, Some(position))
             }
-            Err((code, detail)) => (Payload::Failed(code, detail), None),
+            Err((code, detail)) => (Payload::Failed(code, detail), None, None),
         };
-        Self::read(m, state, source_lsn)
+        Self::read(m, state, source_lsn, position)
     }
 
     /// The quarantine record of this event.
@@ -141,6 +166,8 @@ impl BufferedEvent {
             partition: Some(c.partition),
             offset: Some(c.offset),
             source_lsn: self.source_lsn,
+            commit_lsn: self.commit_lsn,
+            ordinal: self.ordinal,
             key: self.key.clone(),
             raw: self.payload.clone(),
             quarantined_at_us: at_us,

@@ -309,6 +309,10 @@ async fn session(
             exported: exported
                 .as_ref()
                 .map(|e| (e.snapshot_name.clone(), e.consistent_point, imported_tx)),
+            resnapshot_from: exported
+                .as_ref()
+                .filter(|_| reset_progress)
+                .map(|e| wal2delta_cdc::snapshot::rows_position(e.consistent_point)),
         };
         snapshot_task = Some(tokio::spawn(snapshot::run(plan, snapshot_tx)));
         if let Some(e) = exported.take() {

@@ -119,7 +119,7 @@ impl Publisher {
     /// Counts `n` messages of `change` on its table topic for the transaction's END record.
     /// Snapshot reads belong to no source transaction and are not counted.
     fn count(&mut self, change: &Change, n: u64) {
-        if change.op == ChangeOp::Read {
+        if matches!(change.op, ChangeOp::Read | ChangeOp::SnapshotEnd) {
             return;
         }
         let pos = &change.position;
@@ -271,6 +271,39 @@ impl Publisher {
         self.prepare(schema).await
     }
 
+    /// Publishes the end of a table's re-snapshot (`op` = `s`, no key, no row images) to
+    /// every partition of its topic, at position (`from`, number of partitions): the
+    /// consumer knows how many partitions must hold it before it may act on it.
+    pub async fn snapshot_end(
+        &mut self,
+        tracker: &mut AckTracker,
+        token: AckToken,
+        schema: &Arc<TableSchema>,
+        from: wal2delta_model::Lsn,
+        now_ms: i64,
+    ) -> Result<(), StreamError> {
+        self.prepare(schema).await?;
+        let Some(p) = self.tables.get(&schema.relation_oid) else {
+            return Ok(());
+        };
+        let n = self.producer.partition_count(&p.topic.clone())?;
+        let change = Change {
+            table: schema.table.clone(),
+            op: ChangeOp::SnapshotEnd,
+            before: None,
+            after: None,
+            position: wal2delta_model::TxPosition {
+                commit_lsn: from,
+                lsn: from,
+                ordinal: n.max(0) as u64,
+                xid: 0,
+                commit_ts_us: now_ms.saturating_mul(1000),
+            },
+        };
+        self.change(tracker, token, schema, &change, now_ms, None)
+            .await
+    }
+
     /// Publishes one change under `token`. Record-level failures become dead letters.
     pub async fn change(
         &mut self,
@@ -342,8 +375,9 @@ impl Publisher {
         };
         let topic = p.topic.clone();
         let counter = p.counters.get(change.op.code()).cloned();
-        if change.op == ChangeOp::Truncate {
-            // A TRUNCATE goes to every partition so it is ordered against the rows of each.
+        if matches!(change.op, ChangeOp::Truncate | ChangeOp::SnapshotEnd) {
+            // A TRUNCATE (and the end of a re-snapshot) goes to every partition so it is
+            // ordered against the rows of each.
             let n = self.producer.partition_count(&topic)?;
             for part in 0..n {
                 self.producer

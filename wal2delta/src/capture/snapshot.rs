@@ -49,6 +49,9 @@ pub struct SnapshotPlan {
     /// The snapshot exported by a slot this session created, with its consistent point,
     /// and who to tell once it is imported (the exporting connection may then close).
     pub exported: Option<(String, Lsn, oneshot::Sender<()>)>,
+    /// The slot was re-created (`on_slot_lost = "recreate"`): the rows' position of its
+    /// exported snapshot, recorded in the progress of every table snapshotted again.
+    pub resnapshot_from: Option<Lsn>,
 }
 
 fn now_ms() -> i64 {
@@ -95,6 +98,8 @@ pub async fn run(mut plan: SnapshotPlan, out: mpsc::Sender<SnapshotChunk>) -> Re
                 }
             }
             Chunker::commit(&client).await?;
+            // Tables added later are first snapshots: they delete nothing.
+            plan.resnapshot_from = None;
         } else if !pending.is_empty() {
             tracing::info!(
                 tables = pending.len(),
@@ -139,6 +144,7 @@ async fn snapshot_table(
             rows_done: 0,
             rows_estimate: estimate_rows(client, table).await?.max(0) as u64,
             ts_ms: now_ms(),
+            resnapshot_from: plan.resnapshot_from.map(|l| l.0),
         },
     };
     progress.state = "running".into();

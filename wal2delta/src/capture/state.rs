@@ -256,6 +256,13 @@ impl State {
                 .snapshot_dead_letter(&mut self.tracker, token, &chunk.schema.table, &reason, raw)
                 .await?;
         }
+        if let (true, Some(from)) = (chunk.progress.is_done(), chunk.progress.resnapshot_from) {
+            // The last chunk of a re-snapshot: its end goes to every partition after the
+            // rows, under the chunk's token, so "done" is recorded only once it is in Kafka.
+            publisher
+                .snapshot_end(&mut self.tracker, token, &view, Lsn(from), now_ms())
+                .await?;
+        }
         let pending = self.tracker.pending(token);
         self.tracker.seal(token, Lsn::ZERO);
         metrics::gauge!(m::SNAPSHOT_TABLES_PENDING).set(if chunk.progress.is_done() {

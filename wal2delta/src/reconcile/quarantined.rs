@@ -92,6 +92,8 @@ mod tests {
             partition: None,
             offset: None,
             source_lsn: Some(1),
+            commit_lsn: Some(1),
+            ordinal: None,
             key: Some(key.as_bytes().to_vec()),
             raw: None,
             quarantined_at_us: 0,

@@ -210,7 +210,7 @@ async fn round(
         let table = &mut tracked.table;
         let counts = counts.get(&name).cloned().unwrap_or(TransactionCounts {
             top,
-            events: Default::default(),
+            ..TransactionCounts::default()
         });
         let started = Instant::now();
         match table.apply(&counts).await {
