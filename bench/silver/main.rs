@@ -522,6 +522,7 @@ async fn apply(path: &Path, window: i64) -> anyhow::Result<Value> {
             .unwrap_or(TransactionCounts {
                 top,
                 events: Default::default(),
+                resolved: Default::default(),
             });
         let r = table.apply(&counts).await?;
         let seconds = t.elapsed().as_secs_f64();
@@ -751,6 +752,7 @@ async fn profile(path: &Path, window: i64) -> anyhow::Result<Value> {
         .unwrap_or(TransactionCounts {
             top,
             events: Default::default(),
+            resolved: Default::default(),
         });
     let mut phases = serde_json::Map::new();
     let mut record = |name: &str, t: Instant, bytes: usize| {

@@ -131,7 +131,7 @@ impl BufferedEvent {
 
     /// A tombstone of a table topic (see [`Payload::Tombstone`]).
     pub fn tombstone(m: RawMessage) -> Self {
-        Self::read(m, Payload::Tombstone, None)
+        Self::read(m, Payload::Tombstone, None, None)
     }
 
     pub fn new(m: RawMessage, decoded: Result<DecodedEvent, (&'static str, String)>) -> Self {
