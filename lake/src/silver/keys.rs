@@ -181,8 +181,10 @@ mod tests {
     use deltalake::arrow::array::Int32Array;
     use deltalake::arrow::datatypes::{Field, Fields, Schema};
 
-    /// Rows (op, key id or None, after id or None, before id or None).
-    fn rows(r: &[(&str, Option<i32>, Option<i32>, Option<i32>)]) -> RecordBatch {
+    /// A Bronze row: op, key id, after id, before id (None: no such image).
+    type Row<'a> = (&'a str, Option<i32>, Option<i32>, Option<i32>);
+
+    fn rows(r: &[Row]) -> RecordBatch {
         let image = |ids: Vec<Option<i32>>| -> ArrayRef {
             let nulls: Vec<bool> = ids.iter().map(Option::is_some).collect();
             Arc::new(StructArray::new(
