@@ -287,8 +287,10 @@ async fn hashing_a_key_column_rewrites_the_tombstones() -> Result<()> {
             scan(&tombs)
         ))
         .unwrap_or_default();
-        Ok((rows == vec![vec![serde_json::json!(15)]] && raw == vec![vec![serde_json::json!(5)]])
-            .then_some(()))
+        Ok(
+            (rows == vec![vec![serde_json::json!(15)]] && raw == vec![vec![serde_json::json!(5)]])
+                .then_some(()),
+        )
     })
     .await?;
     run.stop()?;
