@@ -204,3 +204,137 @@ async fn truncate_is_ordered_after_the_rows_in_every_partition() -> Result<()> {
     cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
+
+/// Finds every JSON object in `v` that has the key `key`.
+fn objects_with<'a>(v: &'a serde_json::Value, key: &str, out: &mut Vec<&'a serde_json::Value>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            if m.contains_key(key) {
+                out.push(v);
+            }
+            m.values().for_each(|x| objects_with(x, key, out));
+        }
+        serde_json::Value::Array(a) => a.iter().for_each(|x| objects_with(x, key, out)),
+        _ => {}
+    }
+}
+
+/// Defect 10 (issue 11): a user type created by a large transaction that PostgreSQL
+/// streams while in progress. Its Relation message arrives before the commit, when the
+/// catalog connection cannot see the type yet; the column must be published with its real
+/// type once the transaction commits, and stay so after a restart. The registry holds no
+/// shape that was never committed: an earlier version registered the in-progress shape
+/// (the column as text, and the columns of a streamed transaction that rolled back).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_type_created_inside_a_streamed_transaction_is_published_with_its_real_type() -> Result<()>
+{
+    let stack = Stack::from_env();
+    let name = unique("styp");
+    let pg = stack.connect().await?;
+    pg.batch_execute(&format!(
+        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v int);"
+    ))
+    .await?;
+    let mut d = Daemon::new(&stack, &name, "")?;
+    // The smallest decoding memory makes the server stream the transactions below, and
+    // each stays open for a while, so they are streamed while still in progress.
+    let sep = if stack.dsn.contains('?') { '&' } else { '?' };
+    d.env.push((
+        "WAL2DELTA__SOURCE__DSN".into(),
+        format!(
+            "{}{sep}options=-c%20logical_decoding_work_mem%3D64kB",
+            stack.dsn
+        ),
+    ));
+    d.setup()?;
+    d.start()?;
+    pg.batch_execute(&format!(
+        "BEGIN;
+         ALTER TABLE {name}.t ADD COLUMN junk int;
+         INSERT INTO {name}.t SELECT g, g, g FROM generate_series(100001, 120000) g;
+         SELECT pg_sleep(2);
+         ROLLBACK;
+         BEGIN;
+         CREATE TYPE {name}.mood AS ENUM ('calm', 'busy');
+         ALTER TABLE {name}.t ADD COLUMN m {name}.mood;
+         INSERT INTO {name}.t SELECT g, g, 'busy' FROM generate_series(1, 20000) g;
+         SELECT pg_sleep(2);
+         COMMIT;"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(300)).await?;
+    let streamed: i64 = pg
+        .query_one(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
+            &[&d.slot],
+        )
+        .await?
+        .get(0);
+    ensure!(
+        streamed >= 2,
+        "both transactions should have been streamed in progress: {streamed}"
+    );
+    let subject = format!("{name}.{name}.t-value");
+    let expected_type = format!("{name}.mood");
+    let check = |when: &'static str| {
+        let url = format!("{}/subjects/{subject}/versions/latest", stack.registry);
+        let expected_type = expected_type.clone();
+        async move {
+            let reply: serde_json::Value = reqwest::get(url).await?.json().await?;
+            let schema: serde_json::Value =
+                serde_json::from_str(reply["schema"].as_str().unwrap_or("null"))?;
+            let mut typed = Vec::new();
+            objects_with(&schema, "pg.type", &mut typed);
+            // Column m: named for its type, or (the defect) for an unresolved OID.
+            let cols: Vec<&serde_json::Value> = typed
+                .into_iter()
+                .filter(|o| {
+                    o["pg.type"]
+                        .as_str()
+                        .is_some_and(|t| t.contains("mood") || t.starts_with("oid:"))
+                })
+                .collect();
+            ensure!(
+                cols.len() == 1
+                    && cols[0]["pg.type"] == serde_json::json!(expected_type)
+                    && cols[0]["pg.enum.labels"] == serde_json::json!(["calm", "busy"]),
+                "{when}: column m must be the enum {expected_type} with its labels: {cols:?}"
+            );
+            anyhow::Ok(())
+        }
+    };
+    check("after the streamed commit").await?;
+    // A restart resolves every type afresh; the column keeps its type.
+    d.stop()?;
+    d.start()?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (0, 0, 'calm')"))
+        .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(120)).await?;
+    check("after a restart").await?;
+    let events = read_topic(
+        &stack.brokers,
+        &format!("{name}.{name}.t"),
+        Some(20_001),
+        Duration::from_secs(60),
+    )?;
+    ensure!(
+        events.len() == 20_001,
+        "every row published: {}",
+        events.len()
+    );
+    ensure!(
+        read_topic(
+            &stack.brokers,
+            &format!("{name}.dlq"),
+            None,
+            Duration::from_secs(2)
+        )?
+        .is_empty(),
+        "nothing went to the DLQ"
+    );
+    d.stop()?;
+    cleanup(&pg, &d.slot, &d.publication).await;
+    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
+        .await?;
+    Ok(())
+}

@@ -4,8 +4,16 @@
 //! Only `pg_type`, `pg_enum` and `pg_range` are read, never product tables. Results are
 //! cached per OID; a `Type` message from pgoutput (sent when a user type is first used
 //! or changed) drops the cached entry so an altered enum is re-read.
+//!
+//! The catalog is read on an ordinary connection, which sees only committed types. A type
+//! created by the transaction being decoded may not be visible yet: the walsender can
+//! send a commit a moment before the committing backend makes it visible to other
+//! sessions. Such an OID is looked up again a few times, and when it stays missing (a type
+//! dropped since) the column is decoded as text for now, but that answer is never cached,
+//! so the next Relation message resolves it afresh.
 
 use std::collections::{BTreeMap, HashMap};
+use std::time::Duration;
 
 use tokio_postgres::Client;
 use wal2delta_model::{BaseType, ColumnType, TableName, TypeKind};
@@ -14,6 +22,12 @@ use crate::CdcError;
 
 /// Nesting deeper than this (domain of array of domain ...) is treated as text.
 const MAX_DEPTH: usize = 8;
+/// Pauses before looking up again a type `pg_type` does not (yet) show.
+const MISSING_RETRIES: [Duration; 3] = [
+    Duration::from_millis(20),
+    Duration::from_millis(100),
+    Duration::from_millis(400),
+];
 
 #[derive(Default)]
 pub struct TypeCatalog {
@@ -45,8 +59,21 @@ impl TypeCatalog {
         let mut ty = match self.cache.get(&oid) {
             Some(t) => t.clone(),
             None => {
-                let t = Box::pin(self.lookup(client, oid, 0)).await?;
-                self.cache.insert(oid, t.clone());
+                let mut missing = false;
+                let mut t = Box::pin(self.lookup(client, oid, 0, &mut missing)).await?;
+                for pause in MISSING_RETRIES {
+                    if !missing {
+                        break;
+                    }
+                    tokio::time::sleep(pause).await;
+                    missing = false;
+                    t = Box::pin(self.lookup(client, oid, 0, &mut missing)).await?;
+                }
+                if missing {
+                    tracing::warn!(oid, type_name = %t.name, "a type of this column is not in pg_type (dropped since, or not yet visible): decoded as text until the next Relation message");
+                } else {
+                    self.cache.insert(oid, t.clone());
+                }
                 t
             }
         };
@@ -59,9 +86,11 @@ impl TypeCatalog {
         client: &Client,
         oid: u32,
         depth: usize,
+        missing: &mut bool,
     ) -> Result<ColumnType, CdcError> {
         let row = fetch(client, oid).await?;
         let Some(row) = row else {
+            *missing = true;
             return Ok(ColumnType {
                 oid,
                 typmod: -1,
@@ -79,17 +108,23 @@ impl TypeCatalog {
                     labels: row.labels.clone().unwrap_or_default(),
                 },
                 "d" => TypeKind::Domain {
-                    base: Box::new(Box::pin(self.lookup(client, row.base, depth + 1)).await?),
+                    base: Box::new(
+                        Box::pin(self.lookup(client, row.base, depth + 1, missing)).await?,
+                    ),
                 },
                 "r" => match row.range_subtype {
                     Some(sub) => TypeKind::Range {
-                        subtype: Box::new(Box::pin(self.lookup(client, sub, depth + 1)).await?),
+                        subtype: Box::new(
+                            Box::pin(self.lookup(client, sub, depth + 1, missing)).await?,
+                        ),
                     },
                     None => TypeKind::Other,
                 },
                 "c" => TypeKind::Composite,
                 "b" if row.category == "A" && row.elem != 0 => TypeKind::Array {
-                    element: Box::new(Box::pin(self.lookup(client, row.elem, depth + 1)).await?),
+                    element: Box::new(
+                        Box::pin(self.lookup(client, row.elem, depth + 1, missing)).await?,
+                    ),
                 },
                 _ => TypeKind::Other,
             }

@@ -1,7 +1,13 @@
 //! Turning pgoutput messages into change events.
 //!
 //! The decoder keeps the relation cache (one [`TableSchema`] per relation OID, replaced on
-//! each Relation message) and the current transaction's position. A row whose value
+//! each Relation message) and the current transaction's position.
+//!
+//! A Relation message inside a stream block (a large transaction still in progress) is
+//! only noted ([`Decoder::stream_schema`]): its column types may have been created by that
+//! very transaction, which the catalog connection cannot see before it commits, and what
+//! it describes may yet be rolled back. It is resolved when a change first needs it after
+//! the commit; normally the replayed Relation message itself replaces it first. A row whose value
 //! cannot be decoded does not stop anything: it becomes [`Decoded::Undecodable`] with the
 //! reason and the raw text, for the dead-letter topic.
 
@@ -90,6 +96,23 @@ pub struct Decoder {
     identity_without_key: HashMap<u32, String>,
     types: TypeCatalog,
     tx: TxState,
+    /// Relation messages seen inside the stream blocks of each open streamed transaction
+    /// (by top-level xid), not resolved yet. While that transaction is replayed, a change
+    /// of such a relation resolves it first: when the replay skips the Relation message
+    /// (it was sent by a subtransaction that rolled back) pgoutput will not send it again
+    /// for that transaction, yet the transaction's later changes are shaped by it.
+    /// Other transactions never see them: pgoutput sends them their own.
+    streamed_relations: HashMap<u32, HashMap<u32, StreamedRelation>>,
+    /// Those of the transaction being replayed.
+    replaying: HashMap<u32, StreamedRelation>,
+}
+
+/// A Relation message from a stream block, kept as sent.
+struct StreamedRelation {
+    namespace: String,
+    name: String,
+    replica_identity: u8,
+    columns: Vec<RelationColumn>,
 }
 
 impl Default for Decoder {
@@ -105,18 +128,74 @@ impl Decoder {
             identity_without_key: HashMap::new(),
             types: TypeCatalog::default(),
             tx: TxState::default(),
+            streamed_relations: HashMap::new(),
+            replaying: HashMap::new(),
         }
     }
 
     /// Starts a transaction that arrives as a whole at its commit (a streamed transaction
     /// replayed from the stream buffer): its changes get this xid, commit LSN and time.
     pub fn begin_transaction(&mut self, xid: u32, commit_lsn: Lsn, commit_ts: i64) {
+        self.replaying = self.streamed_relations.remove(&xid).unwrap_or_default();
         self.tx = TxState {
             xid,
             final_lsn: commit_lsn,
             commit_ts_us: pg_ts_to_unix_us(commit_ts),
             ordinal: 0,
         };
+    }
+
+    /// Notes a Relation or Type message that arrived inside a stream block of top-level
+    /// transaction `xid`. Nothing is read from the catalog and nothing is returned to
+    /// publish: see the module's doc.
+    pub fn stream_schema(&mut self, xid: u32, msg: PgOutputMessage) {
+        match msg {
+            PgOutputMessage::Relation {
+                rel_id,
+                namespace,
+                name,
+                replica_identity,
+                columns,
+            } => {
+                self.streamed_relations.entry(xid).or_default().insert(
+                    rel_id,
+                    StreamedRelation {
+                        namespace,
+                        name,
+                        replica_identity,
+                        columns,
+                    },
+                );
+            }
+            PgOutputMessage::Type { type_oid, .. } => self.types.invalidate(type_oid),
+            _ => {}
+        }
+    }
+
+    /// Forgets what the stream blocks of `xid` described: the transaction rolled back.
+    pub fn stream_aborted(&mut self, xid: u32) {
+        self.streamed_relations.remove(&xid);
+    }
+
+    /// Resolves the relations that changes of `rel_ids` need and that the transaction
+    /// being replayed so far described only inside its stream blocks.
+    async fn settle_streamed(&mut self, catalog: &Client, rel_ids: &[u32]) -> Result<(), CdcError> {
+        for rel_id in rel_ids {
+            if let Some(r) = self.replaying.remove(rel_id) {
+                let schema = self
+                    .relation(
+                        catalog,
+                        *rel_id,
+                        r.namespace,
+                        r.name,
+                        r.replica_identity,
+                        r.columns,
+                    )
+                    .await?;
+                self.relations.insert(*rel_id, Arc::new(schema));
+            }
+        }
+        Ok(())
     }
 
     /// Decodes one message. `lsn` is the XLogData start position it arrived with.
@@ -133,6 +212,8 @@ impl Decoder {
                 commit_ts,
                 xid,
             } => {
+                // What a replayed streamed transaction described is its own.
+                self.replaying.clear();
                 self.tx = TxState {
                     xid,
                     final_lsn,
@@ -156,6 +237,7 @@ impl Decoder {
                 replica_identity,
                 columns,
             } => {
+                self.replaying.remove(&rel_id);
                 let schema = Arc::new(
                     self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
                         .await?,
@@ -168,19 +250,25 @@ impl Decoder {
                 Decoded::Nothing
             }
             PgOutputMessage::Insert { rel_id, new } => {
+                self.settle_streamed(catalog, &[rel_id]).await?;
                 self.row_change(rel_id, ChangeOp::Insert, None, Some(new), lsn)?
             }
-            PgOutputMessage::Update { rel_id, old, new } => self.row_change(
-                rel_id,
-                ChangeOp::Update,
-                old.map(|(_, t)| t),
-                Some(new),
-                lsn,
-            )?,
+            PgOutputMessage::Update { rel_id, old, new } => {
+                self.settle_streamed(catalog, &[rel_id]).await?;
+                self.row_change(
+                    rel_id,
+                    ChangeOp::Update,
+                    old.map(|(_, t)| t),
+                    Some(new),
+                    lsn,
+                )?
+            }
             PgOutputMessage::Delete { rel_id, old } => {
+                self.settle_streamed(catalog, &[rel_id]).await?;
                 self.row_change(rel_id, ChangeOp::Delete, Some(old.1), None, lsn)?
             }
             PgOutputMessage::Truncate { rel_ids, .. } => {
+                self.settle_streamed(catalog, &rel_ids).await?;
                 return Ok(self.truncate(rel_ids, lsn));
             }
             PgOutputMessage::Message {

@@ -117,11 +117,11 @@ pub enum Routed {
     Pass(PgOutputMessage),
     /// Buffered inside a stream block (StreamStart and StreamStop also answer this).
     Buffered,
-    /// A Relation or Type message inside a stream block: buffered in order *and* returned
-    /// now so the caller can update its relation cache. It describes a relation, it is
-    /// not a change; replay yields it again at its position (or not at all if its
-    /// subtransaction aborted).
-    Schema(PgOutputMessage),
+    /// A Relation or Type message inside a stream block of top-level transaction `xid`:
+    /// buffered in order *and* returned now so the caller can note it. It describes a
+    /// relation, it is not a change; replay yields it again at its position (or not at all
+    /// if its subtransaction aborted, though pgoutput will not send it again for `xid`).
+    Schema { xid: u32, message: PgOutputMessage },
     /// `StreamAbort`, after discarding: when `subxid == xid` the whole transaction and its
     /// file, otherwise the changes of subtransaction `subxid` (skipped on replay).
     /// `dropped` counts the buffered messages that will now never be replayed; an abort of
@@ -456,7 +456,10 @@ impl StreamBuffer {
                 let msg = pgoutput::parse(&data, true).map_err(|e| malformed(&data, e))?;
                 let xid = pgoutput::stream_xid(&data).unwrap_or(block_xid);
                 self.append(block_xid, lsn, xid, &data)?;
-                Ok(Routed::Schema(msg))
+                Ok(Routed::Schema {
+                    xid: block_xid,
+                    message: msg,
+                })
             }
             b'I' | b'U' | b'D' | b'T' | b'M' => {
                 let Some(xid) = pgoutput::stream_xid(&data) else {

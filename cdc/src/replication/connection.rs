@@ -27,6 +27,9 @@ pub struct ConnectParams {
     pub password: Option<Vec<u8>>,
     pub dbname: String,
     pub connect_timeout: Duration,
+    /// The DSN's own `options` (e.g. `-c logical_decoding_work_mem=256MB`), sent before
+    /// [`SESSION_OPTIONS`], which the decoder relies on and so take precedence.
+    pub options: Option<String>,
 }
 
 impl std::fmt::Debug for ConnectParams {
@@ -72,6 +75,7 @@ impl ConnectParams {
                 .get_connect_timeout()
                 .copied()
                 .unwrap_or(Duration::from_secs(10)),
+            options: config.get_options().map(str::to_owned),
         })
     }
 
@@ -111,6 +115,10 @@ impl ReplicationConnection {
             socket,
             buf: BytesMut::with_capacity(64 * 1024),
         };
+        let options = match &params.options {
+            Some(own) => format!("{own} {SESSION_OPTIONS}"),
+            None => SESSION_OPTIONS.to_owned(),
+        };
         let mut out = BytesMut::new();
         frontend::startup_message(
             [
@@ -118,7 +126,7 @@ impl ReplicationConnection {
                 ("database", &params.dbname[..]),
                 ("replication", "database"),
                 ("application_name", "wal2delta"),
-                ("options", SESSION_OPTIONS),
+                ("options", &options[..]),
             ],
             &mut out,
         )?;

@@ -288,7 +288,7 @@ fn interleaved_blocks_and_a_normal_transaction_between_them() {
     let schema = h.feed(relation(Some(100), REL));
     let rel_lsn = Lsn(h.lsn);
     assert!(
-        matches!(&schema, Routed::Schema(m) if *m == pgoutput::parse(&relation(Some(100), REL), true).unwrap())
+        matches!(&schema, Routed::Schema { message: m, .. } if *m == pgoutput::parse(&relation(Some(100), REL), true).unwrap())
     );
     let a1 = h.buffered(insert(Some(100), "a1"));
     let a2 = h.buffered(insert(Some(100), "a2"));
@@ -389,7 +389,7 @@ fn commit_replays_every_kind_of_message_exactly_as_parsed() {
             let parsed = pgoutput::parse(data, true).unwrap();
             match data[0] {
                 b'R' | b'Y' => {
-                    assert!(matches!(&routed, Routed::Schema(m) if *m == parsed))
+                    assert!(matches!(&routed, Routed::Schema { message: m, .. } if *m == parsed))
                 }
                 _ => assert!(matches!(routed, Routed::Buffered)),
             }
@@ -412,7 +412,7 @@ fn subtransaction_abort_drops_only_that_subxids_changes() {
     h.buffered(insert(Some(100), "a"));
     assert!(matches!(
         h.feed(relation(Some(101), 777)),
-        Routed::Schema(_)
+        Routed::Schema { .. }
     ));
     h.buffered(insert(Some(101), "b"));
     h.buffered(insert(Some(102), "c"));

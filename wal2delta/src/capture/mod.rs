@@ -474,7 +474,8 @@ async fn session(
                             Err(e) => return Err(SessionError::Cdc(CdcError::Protocol(e.to_string()))),
                         };
                         match routed {
-                            Routed::Pass(parsed) | Routed::Schema(parsed) => {
+                            Routed::Schema { xid, message } => state.decoder.stream_schema(xid, message),
+                            Routed::Pass(parsed) => {
                                 let decoded = state.decoder.decode(&catalog, parsed, wal_start).await?;
                                 // A non-transactional message (a heartbeat) outside any transaction:
                                 // everything up to it has been handled, so the slot may move there.
@@ -488,7 +489,10 @@ async fn session(
                                 state.handle(decoded, &mut publisher).await?;
                             }
                             Routed::Buffered => {}
-                            Routed::Aborted { dropped, .. } => {
+                            Routed::Aborted { xid, subxid, dropped } => {
+                                if xid == subxid {
+                                    state.decoder.stream_aborted(xid);
+                                }
                                 metrics::counter!(m::CAPTURE_STREAMED_ABORTED).increment(1);
                                 tracing::debug!(dropped, "streamed transaction aborted; nothing of it is published");
                             }
