@@ -29,6 +29,21 @@ pub struct AckTracker {
 /// The acknowledgement token of an event: the sequence number of its transaction.
 pub type AckToken = u64;
 
+/// What a message's delivery report belongs to, so each report is handled by kind rather
+/// than by comparing numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryTag {
+    /// An event, END record or dead letter of the transaction (or snapshot chunk) `token`:
+    /// the slot waits for it.
+    Event(AckToken),
+    /// A record of the position log: PostgreSQL may be told up to what it holds.
+    Position,
+    /// A snapshot-progress record: holds nothing.
+    SnapshotProgress,
+    /// A watermark on the transactions topic: holds nothing.
+    Watermark,
+}
+
 impl AckTracker {
     /// Starts from the slot's confirmed position.
     pub fn new(confirmed: Lsn) -> Self {

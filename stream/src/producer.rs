@@ -1,7 +1,7 @@
 //! The Kafka producer with ordered acknowledgements.
 //!
 //! Idempotent (`enable.idempotence=true`, `acks=all`): the broker de-duplicates retries
-//! and keeps per-partition order. Every message carries an [`AckToken`]; librdkafka's
+//! and keeps per-partition order. Every message carries a [`DeliveryTag`]; librdkafka's
 //! delivery callback reports it, success or failure, on a channel that the capture loop
 //! feeds into its [`crate::ack::AckTracker`]. Nothing is acknowledged to PostgreSQL from here.
 //!
@@ -38,13 +38,13 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 
-use crate::ack::AckToken;
+use crate::ack::DeliveryTag;
 use crate::StreamError;
 
 /// The outcome of one message.
 #[derive(Debug)]
 pub struct Delivery {
-    pub token: AckToken,
+    pub tag: DeliveryTag,
     pub result: Result<(), KafkaError>,
     /// Key plus value bytes of the message, so a broker-side "message too large" can say
     /// how large it was.
@@ -99,16 +99,16 @@ impl ClientContext for AckContext {
 }
 
 impl ProducerContext for AckContext {
-    type DeliveryOpaque = Box<AckToken>;
+    type DeliveryOpaque = Box<DeliveryTag>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, token: Self::DeliveryOpaque) {
+    fn delivery(&self, result: &DeliveryResult<'_>, tag: Self::DeliveryOpaque) {
         let (result, bytes) = match result {
             Ok(m) => (Ok(()), m.key_len() + m.payload_len()),
             Err((e, m)) => (Err(e.clone()), m.key_len() + m.payload_len()),
         };
         // The receiver is gone only when capture is shutting down.
         let _ = self.deliveries.send(Delivery {
-            token: *token,
+            tag: *tag,
             result,
             bytes,
         });
@@ -259,16 +259,16 @@ impl EventProducer {
     }
 
     /// Queues one message. Waits (without blocking the runtime) while librdkafka's queue
-    /// is full. The delivery is reported later with `token`.
+    /// is full. The delivery is reported later with `tag`.
     pub async fn send(
         &self,
         topic: &str,
         partition: Option<i32>,
         key: Option<&[u8]>,
         payload: &[u8],
-        token: AckToken,
+        tag: DeliveryTag,
     ) -> Result<(), StreamError> {
-        self.send_record(topic, partition, key, Some(payload), &[], token)
+        self.send_record(topic, partition, key, Some(payload), &[], tag)
             .await
     }
 
@@ -278,9 +278,9 @@ impl EventProducer {
         &self,
         topic: &str,
         key: &[u8],
-        token: AckToken,
+        tag: DeliveryTag,
     ) -> Result<(), StreamError> {
-        self.send_record(topic, None, Some(key), None, &[], token)
+        self.send_record(topic, None, Some(key), None, &[], tag)
             .await
     }
 
@@ -293,10 +293,10 @@ impl EventProducer {
         key: Option<&[u8]>,
         payload: Option<&[u8]>,
         headers: &[(&str, &[u8])],
-        token: AckToken,
+        tag: DeliveryTag,
     ) -> Result<(), StreamError> {
-        let mut record: BaseRecord<'_, [u8], [u8], Box<AckToken>> =
-            BaseRecord::with_opaque_to(topic, Box::new(token));
+        let mut record: BaseRecord<'_, [u8], [u8], Box<DeliveryTag>> =
+            BaseRecord::with_opaque_to(topic, Box::new(tag));
         if let Some(p) = payload {
             record = record.payload(p);
         }

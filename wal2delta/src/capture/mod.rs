@@ -1,12 +1,13 @@
 //! The capture stage: PostgreSQL slot → Avro events on Kafka.
 //!
 //! One session reads the slot from its confirmed position, publishes every change, and
-//! confirms to PostgreSQL only what [`AckTracker`] releases: the end LSN of transactions
+//! confirms to PostgreSQL only what [`acks::Acks`] releases: the end LSN of transactions
 //! whose every event (dead letters included) Kafka acknowledged. Any transient failure
 //! (broker or registry down, connection lost, a delivery that timed out) ends the session
 //! without confirming anything more; the next session starts again from the slot's
 //! confirmed position, so a change is published at least once and never skipped.
 
+mod acks;
 mod publisher;
 pub(crate) mod snapshot;
 mod startup;
@@ -14,7 +15,7 @@ mod state;
 mod streamed;
 pub(crate) mod tokenize;
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use anyhow::anyhow;
 use std::collections::HashMap;
@@ -29,7 +30,6 @@ use wal2delta_cdc::stream_buffer::{CommittedTx, Routed, StreamBuffer};
 use wal2delta_cdc::{slot, source, CdcError};
 use wal2delta_model::table::quote_ident;
 use wal2delta_model::{ErrorClass, Lsn};
-use wal2delta_stream::ack::{AckToken, AckTracker};
 use wal2delta_stream::avro::envelope::SourceInfo;
 use wal2delta_stream::producer::{
     is_too_large, Delivery, EventProducer, ProducerSettings, RECORD_OVERHEAD_BYTES,
@@ -40,7 +40,8 @@ use wal2delta_stream::StreamError;
 
 use crate::config::Config;
 use crate::metrics as m;
-use publisher::{Publisher, POSITION_TOKEN, PROGRESS_TOKEN, WATERMARK_TOKEN};
+use acks::{Acks, Delivered};
+use publisher::Publisher;
 use snapshot::{SnapshotChunk, SnapshotPlan};
 use tokenize::Tokenizer;
 
@@ -159,12 +160,7 @@ fn delivery_failed(d: &Delivery) -> Option<SessionError> {
     })
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
+use wal2delta_model::clock::unix_ms as now_ms;
 
 async fn session(
     config: &Config,
@@ -366,22 +362,19 @@ async fn session(
     tracing::info!(slot = %slot_name, start_lsn = %start, status_interval_ms = status_every.as_millis() as u64, "capture streaming");
 
     let mut state = State {
+        acks: Acks::new(
+            start,
+            Duration::from_millis(config.kafka.delivery_timeout_ms),
+        ),
         snapshots_topic,
-        snapshot_chunks: Default::default(),
-        progress_ready: Vec::new(),
-        tracker: AckTracker::new(start),
         decoder: Decoder::new(),
         tokenizer,
         slot: slot_name.clone(),
         positions_topic,
-        position_acked: start,
-        position_in_flight: None,
-        token: None,
         received: start,
         sent_flush: start,
         last_status: Instant::now(),
         events: 0,
-        watch: state::DeliveryWatch::new(Duration::from_millis(config.kafka.delivery_timeout_ms)),
     };
     let mut ticker = tokio::time::interval(status_every);
     let mut health = tokio::time::interval(Duration::from_secs(10));
@@ -395,7 +388,7 @@ async fn session(
     let max_in_flight = config.capture.max_in_flight;
 
     loop {
-        let can_read = state.tracker.in_flight() < max_in_flight;
+        let can_read = state.acks.in_flight() < max_in_flight;
         tokio::select! {
             biased;
             _ = shutdown.changed() => {
@@ -403,17 +396,14 @@ async fn session(
             }
             d = deliveries.recv() => {
                 let d = d.ok_or_else(|| SessionError::Delivery("delivery channel closed".into()))?;
-                let token = d.token;
-                state.delivered(d)?;
-                if token == POSITION_TOKEN {
-                    state.status(&mut stream, false, status_every).await?;
-                } else if token != PROGRESS_TOKEN && token != WATERMARK_TOKEN {
-                    state.record_progress(&publisher).await?;
+                match state.acks.on_delivery(d)? {
+                    Delivered::Position => state.status(&mut stream, false, status_every).await?,
+                    Delivered::Event => state.record_progress(&publisher).await?,
+                    Delivered::Other => {}
                 }
             }
             _ = ticker.tick() => {
-                let waiting = state.waiting();
-                state.watch.check(waiting)?;
+                state.acks.check_timeout()?;
                 state.record_position(&publisher).await?;
                 state.status(&mut stream, false, status_every).await?;
             }
@@ -421,10 +411,10 @@ async fn session(
                 report_slot_health(&catalog, slot_name, &mut wal_rate).await;
                 let (at, n) = progress_at;
                 let rate = (state.events - n) as f64 / at.elapsed().as_secs_f64().max(0.001);
-                tracing::info!(confirmed_lsn = %state.tracker.confirmed(), in_flight = state.tracker.in_flight(), events = state.events, events_per_s = rate as u64, "capture progress");
+                tracing::info!(confirmed_lsn = %state.acks.confirmed(), in_flight = state.acks.in_flight(), events = state.events, events_per_s = rate as u64, "capture progress");
                 progress_at = (Instant::now(), state.events);
             }
-            chunk = snapshot_rx.recv(), if snapshot_open && state.token.is_none() && can_read => {
+            chunk = snapshot_rx.recv(), if snapshot_open && !state.acks.in_transaction() && can_read => {
                 match chunk {
                     Some(chunk) => {
                         state.snapshot_chunk(chunk, &mut publisher).await?;
@@ -456,8 +446,8 @@ async fn session(
                 match msg? {
                     None => return Err(SessionError::Cdc(CdcError::Protocol("server ended the replication stream".into()))),
                     Some(ReplicationMessage::Keepalive { wal_end, reply_requested }) => {
-                        if state.token.is_none() && buffer.open_transactions() == 0 {
-                            state.tracker.idle_advance(wal_end);
+                        if buffer.open_transactions() == 0 {
+                            state.acks.idle_advance(wal_end);
                         }
                         state.received = state.received.max(wal_end);
                         if reply_requested {
@@ -480,10 +470,10 @@ async fn session(
                                 // A non-transactional message (a heartbeat) outside any transaction:
                                 // everything up to it has been handled, so the slot may move there.
                                 if matches!(decoded, Decoded::Message { transactional: false, .. })
-                                    && state.token.is_none()
+                                    && !state.acks.in_transaction()
                                     && buffer.open_transactions() == 0
                                 {
-                                    state.tracker.idle_advance(wal_end);
+                                    state.acks.idle_advance(wal_end);
                                     publisher.watermark(wal_end.0).await?;
                                 }
                                 state.handle(decoded, &mut publisher).await?;
@@ -505,7 +495,7 @@ async fn session(
                 }
             }
         }
-        metrics::gauge!(m::CAPTURE_IN_FLIGHT).set(state.tracker.in_flight() as f64);
+        metrics::gauge!(m::CAPTURE_IN_FLIGHT).set(state.acks.in_flight() as f64);
     }
 }
 

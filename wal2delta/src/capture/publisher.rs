@@ -10,7 +10,7 @@ use wal2delta_cdc::value::render_text;
 use wal2delta_model::{
     Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
 };
-use wal2delta_stream::ack::{AckToken, AckTracker};
+use wal2delta_stream::ack::{AckToken, DeliveryTag};
 use wal2delta_stream::avro::envelope::{
     encode_change, table_schemas, SourceInfo, TableSchemas, OLD_KEY_HEADER,
 };
@@ -21,15 +21,14 @@ use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
 use wal2delta_stream::transactions::{TransactionEnd, Watermark};
 use wal2delta_stream::StreamError;
 
+use super::tokenize::Tokenized;
 use crate::metrics as m;
 
-/// The delivery token of position-log records (event tokens count up from 0).
-/// The token of watermark records on the transactions topic: not a transaction's.
-pub const WATERMARK_TOKEN: AckToken = AckToken::MAX - 2;
-pub const POSITION_TOKEN: AckToken = AckToken::MAX;
-
-/// The delivery token of snapshot-progress records.
-pub const PROGRESS_TOKEN: AckToken = AckToken::MAX - 1;
+/// How many messages a publishing call queued under its token: the caller records them
+/// with [`super::acks::Acks::sent`], so the slot waits for every one of them.
+#[must_use = "the messages sent must be recorded with Acks::sent, or the slot may move past them"]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sent(pub usize);
 
 /// A table version ready to publish, or the reason it cannot be.
 struct Published {
@@ -137,13 +136,9 @@ impl Publisher {
     /// Publishes the END record of the transaction whose changes were just published, under
     /// its token (so the slot does not move past it before Kafka holds the record). A
     /// transaction with no message on a table topic has no END record.
-    pub async fn transaction_end(
-        &mut self,
-        tracker: &mut AckTracker,
-        token: AckToken,
-    ) -> Result<(), StreamError> {
+    pub async fn transaction_end(&mut self, token: AckToken) -> Result<Sent, StreamError> {
         let Some(tx) = self.open_tx.take() else {
-            return Ok(());
+            return Ok(Sent(0));
         };
         let end = TransactionEnd::new(
             tx.xid,
@@ -157,11 +152,10 @@ impl Publisher {
                 Some(0),
                 Some(end.id.as_bytes()),
                 &end.to_json(),
-                token,
+                DeliveryTag::Event(token),
             )
             .await?;
-        tracker.sent(token);
-        Ok(())
+        Ok(Sent(1))
     }
 
     /// Publishes a watermark at `lsn` (see [`Watermark`]). Sent only when nothing is open
@@ -174,7 +168,7 @@ impl Publisher {
                 Some(0),
                 None,
                 &Watermark::new(lsn).to_json(),
-                WATERMARK_TOKEN,
+                DeliveryTag::Watermark,
             )
             .await
     }
@@ -184,7 +178,7 @@ impl Publisher {
         self.producer.ensure_topic(&t).await
     }
 
-    /// Writes `lsn` to the position log; its delivery comes back with [`POSITION_TOKEN`].
+    /// Writes `lsn` to the position log; its delivery comes back as [`DeliveryTag::Position`].
     pub async fn record_position(
         &self,
         topic: &str,
@@ -199,7 +193,7 @@ impl Publisher {
                 Some(0),
                 Some(slot.as_bytes()),
                 &record.to_json(),
-                POSITION_TOKEN,
+                DeliveryTag::Position,
             )
             .await
     }
@@ -276,15 +270,14 @@ impl Publisher {
     /// consumer knows how many partitions must hold it before it may act on it.
     pub async fn snapshot_end(
         &mut self,
-        tracker: &mut AckTracker,
         token: AckToken,
         schema: &Arc<TableSchema>,
         from: wal2delta_model::Lsn,
         now_ms: i64,
-    ) -> Result<(), StreamError> {
+    ) -> Result<Sent, StreamError> {
         self.prepare(schema).await?;
         let Some(p) = self.tables.get(&schema.relation_oid) else {
-            return Ok(());
+            return Ok(Sent(0));
         };
         let n = self.producer.partition_count(&p.topic.clone())?;
         let change = Change {
@@ -300,23 +293,34 @@ impl Publisher {
                 commit_ts_us: now_ms.saturating_mul(1000),
             },
         };
-        self.change(tracker, token, schema, &change, now_ms, None)
-            .await
+        // No row image: nothing to tokenize.
+        self.publish(token, schema, &change, now_ms, None).await
     }
 
     /// Publishes one change under `token`. Record-level failures become dead letters.
+    /// Only a [`Tokenized`] change is accepted: sensitive values never leave unreplaced.
     pub async fn change(
         &mut self,
-        tracker: &mut AckTracker,
+        token: AckToken,
+        schema: &Arc<TableSchema>,
+        change: &Tokenized<'_, Change>,
+        now_ms: i64,
+    ) -> Result<Sent, StreamError> {
+        self.publish(token, schema, change.get(), now_ms, change.key_id())
+            .await
+    }
+
+    async fn publish(
+        &mut self,
         token: AckToken,
         schema: &Arc<TableSchema>,
         change: &Change,
         now_ms: i64,
         token_key_id: Option<&str>,
-    ) -> Result<(), StreamError> {
+    ) -> Result<Sent, StreamError> {
         self.prepare(schema).await?;
         let Some(p) = self.tables.get(&schema.relation_oid) else {
-            return Ok(());
+            return Ok(Sent(0));
         };
         let reg = match &p.state {
             Ok(r) => r,
@@ -324,7 +328,6 @@ impl Publisher {
                 let reason = reason.clone();
                 return self
                     .dead_letter(
-                        tracker,
                         token,
                         &change.table,
                         change.op,
@@ -361,7 +364,6 @@ impl Publisher {
             Err(e) => {
                 return self
                     .dead_letter(
-                        tracker,
                         token,
                         &change.table,
                         change.op,
@@ -375,15 +377,17 @@ impl Publisher {
         };
         let topic = p.topic.clone();
         let counter = p.counters.get(change.op.code()).cloned();
+        let tag = DeliveryTag::Event(token);
+        let mut sent = 0;
         if matches!(change.op, ChangeOp::Truncate | ChangeOp::SnapshotEnd) {
             // A TRUNCATE (and the end of a re-snapshot) goes to every partition so it is
             // ordered against the rows of each.
             let n = self.producer.partition_count(&topic)?;
             for part in 0..n {
                 self.producer
-                    .send(&topic, Some(part), None, &value, token)
+                    .send(&topic, Some(part), None, &value, tag)
                     .await?;
-                tracker.sent(token);
+                sent += 1;
             }
             self.count(change, n.max(0) as u64);
         } else {
@@ -395,9 +399,9 @@ impl Publisher {
                 None => Vec::new(),
             };
             let bytes = value.len() + key.as_ref().map_or(0, Vec::len) + headers_bytes(&headers);
-            let sent = if self.producer.fits(bytes) {
+            let queued = if self.producer.fits(bytes) {
                 self.producer
-                    .send_record(&topic, None, key.as_deref(), Some(&value), &headers, token)
+                    .send_record(&topic, None, key.as_deref(), Some(&value), &headers, tag)
                     .await
             } else {
                 Err(StreamError::TooLarge {
@@ -406,44 +410,41 @@ impl Publisher {
                     limit: self.producer.max_payload_bytes(),
                 })
             };
-            match sent {
+            match queued {
                 Ok(()) => {}
                 Err(StreamError::TooLarge { bytes, limit, .. }) => {
-                    return self
-                        .too_large(tracker, token, schema, change, bytes, limit)
-                        .await;
+                    return self.too_large(token, schema, change, bytes, limit).await;
                 }
                 Err(e) => return Err(e),
             }
-            tracker.sent(token);
+            sent += 1;
             self.count(change, 1);
             // A delete is followed by a tombstone of its key (null value), so a compacted
             // topic can drop the key. Not a change event: the END record does not count it.
             // A table without a primary key has no key to drop: no tombstone.
             if change.op == ChangeOp::Delete && schema.has_primary_key() {
                 if let Some(k) = &key {
-                    self.producer.send_tombstone(&topic, k, token).await?;
-                    tracker.sent(token);
+                    self.producer.send_tombstone(&topic, k, tag).await?;
+                    sent += 1;
                 }
             }
         }
         if let Some(c) = counter {
             c.increment(1);
         }
-        Ok(())
+        Ok(Sent(sent))
     }
 
     /// Sends an event too large for Kafka to the DLQ: its key, its columns and the sizes,
     /// not its values (they would not fit either, and are not cut short silently).
     async fn too_large(
         &mut self,
-        tracker: &mut AckTracker,
         token: AckToken,
         schema: &TableSchema,
         change: &Change,
         bytes: usize,
         limit: usize,
-    ) -> Result<(), StreamError> {
+    ) -> Result<Sent, StreamError> {
         let reason = format!(
             "the encoded event is {bytes} bytes, over the {limit}-byte limit for one Kafka message; raise [kafka] message_max_bytes together with the broker's and topic's max.message.bytes (docs/capture.md)"
         );
@@ -455,7 +456,6 @@ impl Publisher {
             limit_bytes: limit,
         };
         self.letter(
-            tracker,
             token,
             &change.table,
             change.op,
@@ -471,11 +471,10 @@ impl Publisher {
     /// Publishes an undecodable row to the DLQ.
     pub async fn undecodable(
         &mut self,
-        tracker: &mut AckTracker,
         token: AckToken,
         d: &Decoded,
-        raw_text: String,
-    ) -> Result<(), StreamError> {
+        raw_text: Tokenized<'_, String>,
+    ) -> Result<Sent, StreamError> {
         if let Decoded::Undecodable {
             table,
             position,
@@ -486,21 +485,29 @@ impl Publisher {
         } = d
         {
             tracing::warn!(table = %table, lsn = %position.lsn, kind = %kind, reason = %reason, "row sent to the DLQ");
-            self.dead_letter(tracker, token, table, *op, position, kind, reason, raw_text)
-                .await?;
+            return self
+                .dead_letter(
+                    token,
+                    table,
+                    *op,
+                    position,
+                    kind,
+                    reason,
+                    raw_text.into_inner(),
+                )
+                .await;
         }
-        Ok(())
+        Ok(Sent(0))
     }
 
     /// Publishes a snapshot row that could not be decoded to the DLQ.
     pub async fn snapshot_dead_letter(
         &mut self,
-        tracker: &mut AckTracker,
         token: AckToken,
         table: &TableName,
         reason: &str,
-        raw: String,
-    ) -> Result<(), StreamError> {
+        raw: Tokenized<'_, String>,
+    ) -> Result<Sent, StreamError> {
         tracing::warn!(table = %table, reason = %reason, "undecodable snapshot row sent to the DLQ");
         let position = TxPosition {
             commit_lsn: wal2delta_model::Lsn::ZERO,
@@ -510,14 +517,13 @@ impl Publisher {
             commit_ts_us: 0,
         };
         self.dead_letter(
-            tracker,
             token,
             table,
             ChangeOp::Read,
             &position,
             "undecodable_value",
             reason,
-            raw,
+            raw.into_inner(),
         )
         .await
     }
@@ -525,7 +531,6 @@ impl Publisher {
     #[allow(clippy::too_many_arguments)]
     async fn dead_letter(
         &mut self,
-        tracker: &mut AckTracker,
         token: AckToken,
         table: &TableName,
         op: ChangeOp,
@@ -533,15 +538,14 @@ impl Publisher {
         kind: &str,
         reason: &str,
         raw: String,
-    ) -> Result<(), StreamError> {
-        self.letter(tracker, token, table, op, position, kind, reason, raw, None)
+    ) -> Result<Sent, StreamError> {
+        self.letter(token, table, op, position, kind, reason, raw, None)
             .await
     }
 
     #[allow(clippy::too_many_arguments)]
     async fn letter(
         &mut self,
-        tracker: &mut AckTracker,
         token: AckToken,
         table: &TableName,
         op: ChangeOp,
@@ -550,7 +554,7 @@ impl Publisher {
         reason: &str,
         raw: String,
         too_large: Option<TooLarge>,
-    ) -> Result<(), StreamError> {
+    ) -> Result<Sent, StreamError> {
         let mut letter = DeadLetter {
             reason_kind: kind.to_owned(),
             reason: reason.to_owned(),
@@ -579,11 +583,16 @@ impl Publisher {
         }
         let topic = self.dlq_topic.clone();
         self.producer
-            .send(&topic, None, Some(key.as_bytes()), &json, token)
+            .send(
+                &topic,
+                None,
+                Some(key.as_bytes()),
+                &json,
+                DeliveryTag::Event(token),
+            )
             .await?;
-        tracker.sent(token);
         metrics::counter!(m::CAPTURE_DLQ_EVENTS, "table" => table.to_string(), "reason" => kind.to_owned()).increment(1);
-        Ok(())
+        Ok(Sent(1))
     }
 }
 

@@ -15,7 +15,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
+
+use wal2delta_model::clock::unix_ms as now_ms;
 
 use tokio::sync::{mpsc, oneshot};
 use wal2delta_cdc::catalog::TypeCatalog;
@@ -54,18 +56,9 @@ pub struct SnapshotPlan {
     pub resnapshot_from: Option<Lsn>,
 }
 
-fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_millis() as i64)
-        .unwrap_or(0)
-}
-
 /// A name for the temporary slot of one fresh chunk, unique across processes.
 fn fresh_slot_name() -> String {
-    let nanos = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
+    let nanos = wal2delta_model::clock::subsec_nanos();
     format!("wal2delta_snapshot_{}_{nanos}", std::process::id())
 }
 

@@ -166,7 +166,7 @@ pub(super) async fn record_new_slot(
                     Some(0),
                     Some(key.as_bytes()),
                     &p.to_json(),
-                    PROGRESS_TOKEN,
+                    wal2delta_stream::ack::DeliveryTag::SnapshotProgress,
                 )
                 .await?;
             expected += 1;

@@ -26,7 +26,7 @@ pub(super) async fn replay_streamed(
     state
         .decoder
         .begin_transaction(tx.xid, tx.commit_lsn, tx.commit_ts);
-    state.token = Some(state.tracker.begin());
+    state.acks.begin();
     let mut last_status = Instant::now();
     while let Some(item) = tx.next_message() {
         let (lsn, msg) = item.map_err(|e| match e.class() {
@@ -38,19 +38,21 @@ pub(super) async fn replay_streamed(
         // Take what Kafka acknowledged; wait when too much is in flight.
         loop {
             while let Ok(d) = deliveries.try_recv() {
-                state.delivered(d)?;
+                state.acks.on_delivery(d)?;
             }
-            if state.tracker.in_flight() < max_in_flight {
+            if state.acks.in_flight() < max_in_flight {
                 break;
             }
             // librdkafka never times out (see `state::DeliveryWatch`): bound the wait here.
-            match tokio::time::timeout(state.watch.timeout, deliveries.recv()).await {
-                Ok(Some(d)) => state.delivered(d)?,
+            match tokio::time::timeout(state.acks.watch.timeout, deliveries.recv()).await {
+                Ok(Some(d)) => {
+                    state.acks.on_delivery(d)?;
+                }
                 Ok(None) => return Err(SessionError::Delivery("delivery channel closed".into())),
                 Err(_) => {
                     return Err(SessionError::Delivery(format!(
                         "Kafka acknowledged nothing for {} ms while events were in flight ([kafka] delivery_timeout_ms)",
-                        state.watch.timeout.as_millis()
+                        state.acks.watch.timeout.as_millis()
                     )))
                 }
             }
@@ -60,11 +62,7 @@ pub(super) async fn replay_streamed(
             last_status = Instant::now();
         }
     }
-    let token = state.open_token()?;
-    publisher.transaction_end(&mut state.tracker, token).await?;
-    state.tracker.seal(token, tx.end_lsn);
-    state.token = None;
-    Ok(())
+    state.commit(tx.end_lsn, publisher).await
 }
 
 /// Graceful stop: read nothing more, wait for outstanding deliveries, confirm what is
@@ -75,14 +73,14 @@ pub(super) async fn drain(
     deliveries: &mut tokio::sync::mpsc::UnboundedReceiver<wal2delta_stream::producer::Delivery>,
     publisher: &Publisher,
 ) -> Result<(), SessionError> {
-    tracing::info!(in_flight = state.tracker.in_flight(), "draining capture");
+    tracing::info!(in_flight = state.acks.in_flight(), "draining capture");
     publisher.producer.flush(Duration::from_secs(30));
+    // A failed delivery acknowledges nothing, and the slot stays behind it: the next start
+    // sends it again. The drain goes on with the rest.
     let mut take = |state: &mut State| {
         while let Ok(d) = deliveries.try_recv() {
-            match (d.token == POSITION_TOKEN, d.result.is_ok()) {
-                (true, true) => state.position_delivered(),
-                (false, true) => state.ack(d.token),
-                _ => {}
+            if let Err(e) = state.acks.on_delivery(d) {
+                tracing::warn!(error = %e, "a delivery failed while draining; the slot stays behind it");
             }
         }
     };
@@ -92,6 +90,6 @@ pub(super) async fn drain(
     publisher.producer.flush(Duration::from_secs(10));
     take(state);
     state.status(stream, true, Duration::ZERO).await?;
-    tracing::info!(confirmed_lsn = %state.tracker.confirmed(), "capture stopped");
+    tracing::info!(confirmed_lsn = %state.acks.confirmed(), "capture stopped");
     Ok(())
 }

@@ -211,7 +211,7 @@ impl Tokenizer {
 
     /// Replaces the sensitive values of both row images. `decoded` is the schema the
     /// values were decoded with (its types render the canonical text that is hashed).
-    pub fn change(&self, decoded: &TableSchema, change: &mut Change) {
+    fn change(&self, decoded: &TableSchema, change: &mut Change) {
         let Some(rules) = self.rules.get(&decoded.table) else {
             return;
         };
@@ -234,7 +234,7 @@ impl Tokenizer {
     }
 
     /// The dead-letter text of a raw row, with sensitive columns tokenized.
-    pub fn raw(&self, table: &TableName, raw: &RawRow) -> String {
+    fn raw(&self, table: &TableName, raw: &RawRow) -> String {
         let rules = self.rules.get(table);
         raw.render(
             |column, text| match rules.and_then(|r| r.iter().find(|r| r.column == column)) {
@@ -242,6 +242,67 @@ impl Tokenizer {
                 None => text.to_owned(),
             },
         )
+    }
+}
+
+/// A value that has been through the tokenizer: what may leave the process. The field is
+/// private to this module, so the only way to make one is [`tokenized`] or [`tokenized_raw`],
+/// and the publisher accepts nothing else: no new call site can publish a raw value.
+#[derive(Debug)]
+pub struct Tokenized<'a, T> {
+    value: T,
+    /// The key id to record in the event (`token_key_id`), when the table has tokenized
+    /// columns.
+    key_id: Option<&'a str>,
+}
+
+impl<T> Tokenized<'_, T> {
+    pub fn get(&self) -> &T {
+        &self.value
+    }
+
+    pub fn key_id(&self) -> Option<&str> {
+        self.key_id
+    }
+
+    pub fn into_inner(self) -> T {
+        self.value
+    }
+}
+
+/// `change` of a table shaped by `decoded`, its sensitive columns replaced (as is when no
+/// tokenizer is configured or the table has no tokenized column).
+pub fn tokenized<'a>(
+    tokenizer: Option<&'a Tokenizer>,
+    decoded: &TableSchema,
+    mut change: Change,
+) -> Tokenized<'a, Change> {
+    let key_id = tokenizer.and_then(|t| {
+        t.change(decoded, &mut change);
+        t.key_id_for(&decoded.table)
+    });
+    Tokenized {
+        value: change,
+        key_id,
+    }
+}
+
+/// The text of a row that could not be decoded, for a dead letter, tokenized columns
+/// replaced.
+pub fn tokenized_raw<'a>(
+    tokenizer: Option<&'a Tokenizer>,
+    table: &TableName,
+    raw: &RawRow,
+) -> Tokenized<'a, String> {
+    match tokenizer {
+        Some(t) => Tokenized {
+            value: t.raw(table, raw),
+            key_id: t.key_id_for(table),
+        },
+        None => Tokenized {
+            value: raw.render(|_, text| text.to_owned()),
+            key_id: None,
+        },
     }
 }
 

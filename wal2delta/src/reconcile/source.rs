@@ -36,7 +36,7 @@ use wal2delta_model::{
 use wal2delta_stream::avro::columns::envelope_columns;
 use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
 
-use crate::capture::tokenize::Tokenizer;
+use crate::capture::tokenize::{tokenized, Tokenizer};
 
 /// The snapshot every table is read in: an open REPEATABLE READ transaction.
 pub struct Snapshot {
@@ -55,9 +55,7 @@ impl Snapshot {
         // As the replication session prints bytea (`source::connect` leaves the server's
         // default, which may be `escape`).
         client.batch_execute("SET bytea_output = hex").await?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos());
+        let nanos = wal2delta_model::clock::subsec_nanos();
         let slot = format!("wal2delta_reconcile_{}_{nanos}", std::process::id());
         tracing::info!(slot = %slot, "creating a temporary replication slot for the snapshot (waits for transactions in progress to end)");
         let exported = create_temporary_slot_exporting_snapshot(&params, &slot)
@@ -202,7 +200,7 @@ impl SourceTable {
             .with_context(what)?;
         let mut values: Vec<Value> = Vec::with_capacity(rows.len());
         for row in rows {
-            let mut change = Change {
+            let change = Change {
                 table: self.name.clone(),
                 op: ChangeOp::Read,
                 before: None,
@@ -215,9 +213,7 @@ impl SourceTable {
                     commit_ts_us: 0,
                 },
             };
-            if let Some(t) = &decoder.tokenizer {
-                t.change(&self.decoded, &mut change);
-            }
+            let change = tokenized(decoder.tokenizer.as_ref(), &self.decoded, change).into_inner();
             let encoded = encode_change(
                 &self.published,
                 &self.avro,
