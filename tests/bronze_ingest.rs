@@ -134,7 +134,7 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
         "events from all 3 partitions: {partitions:?}"
     );
 
-    // Types as DESIGN promises, read by DuckDB.
+    // Types as promised (docs/types.md), read by DuckDB.
     let typed = duckdb(&format!(
         "SELECT after.amount, after.at::VARCHAR, after.local_at::VARCHAR, after.day::VARCHAR, after.tags,
                 after.data, hex(after.raw), after.ok, after.ratio, commit_lsn > 0, lsn > 0, ordinal >= 1,

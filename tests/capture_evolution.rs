@@ -6,8 +6,10 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, long, read_topic, AvroDecoder, Record};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::kafka::{
+    dead_letters, field, long, read_topic, schema_versions, AvroDecoder, Record,
+};
+use wal2delta_tests::{cleanup, streamed_transactions, unique, Stack};
 
 fn decoded(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<(Record, Value)>> {
     let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
@@ -77,25 +79,13 @@ async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
         matches!(field(&after[4], "e"), Some(Value::String(s)) if s == "y"),
         "added column"
     );
-    let versions: Vec<i64> = reqwest::get(format!(
-        "{}/subjects/{name}.{name}.t-value/versions",
-        stack.registry
-    ))
-    .await?
-    .json()
-    .await?;
+    let versions = schema_versions(&stack.registry, &format!("{name}.{name}.t-value")).await?;
     ensure!(
         versions == vec![1, 2, 3, 4, 5],
         "one schema version per shape: {versions:?}"
     );
     ensure!(
-        read_topic(
-            &stack.brokers,
-            &format!("{name}.dlq"),
-            None,
-            Duration::from_secs(2)
-        )?
-        .is_empty(),
+        dead_letters(&stack.brokers, &name)?.is_empty(),
         "nothing went to the DLQ"
     );
     d.stop()?;
@@ -263,13 +253,7 @@ async fn a_type_created_inside_a_streamed_transaction_is_published_with_its_real
     ))
     .await?;
     d.wait_caught_up(&pg, Duration::from_secs(300)).await?;
-    let streamed: i64 = pg
-        .query_one(
-            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
-            &[&d.slot],
-        )
-        .await?
-        .get(0);
+    let streamed = streamed_transactions(&pg, &d.slot).await?;
     ensure!(
         streamed >= 2,
         "both transactions should have been streamed in progress: {streamed}"
@@ -323,13 +307,7 @@ async fn a_type_created_inside_a_streamed_transaction_is_published_with_its_real
         events.len()
     );
     ensure!(
-        read_topic(
-            &stack.brokers,
-            &format!("{name}.dlq"),
-            None,
-            Duration::from_secs(2)
-        )?
-        .is_empty(),
+        dead_letters(&stack.brokers, &name)?.is_empty(),
         "nothing went to the DLQ"
     );
     d.stop()?;

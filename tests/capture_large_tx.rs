@@ -9,7 +9,7 @@ use anyhow::{bail, ensure, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::{cleanup, current_wal_lsn, unique, Stack};
+use wal2delta_tests::{cleanup, current_wal_lsn, streamed_transactions, unique, Stack};
 
 const ROWS: i64 = 5_000_000;
 /// The bound the daemon's peak RSS must stay under: the stream buffer's memory limit
@@ -107,13 +107,7 @@ async fn five_million_row_transaction_with_bounded_memory() -> Result<()> {
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
     peak = peak.max(peak_rss_kib(pid));
-    let streamed: i64 = pg
-        .query_one(
-            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
-            &[&d.slot],
-        )
-        .await?
-        .get(0);
+    let streamed = streamed_transactions(&pg, &d.slot).await?;
     let published = messages_in(&stack.brokers, &topic)?;
     eprintln!(
         "{ROWS} rows in one transaction: {published} events in {:.0} s, peak RSS {} MiB (bound {RSS_BOUND_MIB} MiB), {streamed} streamed transactions",

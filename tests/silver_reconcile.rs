@@ -1,4 +1,4 @@
-//! `wal2delta reconcile` on the real stack (DESIGN §2 promise 6): after a workload over
+//! `wal2delta reconcile` on the real stack (docs/architecture.md, promise 6): after a workload over
 //! many types, with masked and tokenized columns, snapshot rows and a row capture cannot
 //! decode, the source and Silver compare equal — also while the source keeps changing
 //! during the run. A Silver that cannot reach the snapshot's LSN is an error (exit 2), and

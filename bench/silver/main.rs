@@ -169,12 +169,7 @@ fn save_state(lake: &Path, s: &State) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
+use wal2delta_model::clock::unix_us as now_us;
 
 /// `VmHWM` (peak resident set) and `VmRSS` of this process, KiB.
 fn memory_kib() -> (u64, u64) {

@@ -15,7 +15,7 @@
 //!
 //! # Invariants
 //!
-//! **Nothing aborted is ever published** (DESIGN §2, promise 1 keeps only committed
+//! **Nothing aborted is ever published** (docs/architecture.md, promise 1 keeps only committed
 //! changes). The only way a buffered change leaves the buffer is [`CommittedTx`], and one is
 //! made only on `StreamCommit` of that top-level xid. A top-level abort (`subxid == xid`)
 //! forgets the transaction and deletes its file. A subtransaction abort records the subxid

@@ -1,4 +1,4 @@
-//! Where the lake's tables live (DESIGN §3): `bronze/{schema}/{table}`,
+//! Where the lake's tables live (docs/architecture.md, interfaces): `bronze/{schema}/{table}`,
 //! `silver/{schema}/{table}`, `gold/{model}`, `quarantine/records`, `rules/...` under
 //! `[lake] uri`.
 

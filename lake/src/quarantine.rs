@@ -263,9 +263,7 @@ impl Resolutions {
         if ids.is_empty() {
             return Ok(());
         }
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as i64);
+        let now = wal2delta_model::clock::unix_us();
         let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
         let schema = Arc::new(Schema::new(vec![
             Field::new("id", DataType::Utf8, true),

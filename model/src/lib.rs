@@ -4,6 +4,7 @@
 //! Kafka and Avro in `wal2delta-stream`, Delta in `wal2delta-lake`.
 
 pub mod change;
+pub mod clock;
 pub mod datum;
 pub mod error_class;
 pub mod lsn;

@@ -1,4 +1,4 @@
-//! How source names become names outside PostgreSQL: one-to-one (DESIGN §3).
+//! How source names become names outside PostgreSQL: one-to-one (docs/architecture.md, interfaces).
 //!
 //! Kafka topics allow `[a-zA-Z0-9._-]` (at most 249 characters), Avro names
 //! `[A-Za-z_][A-Za-z0-9_]*`, and lake paths must be one safe segment per part on

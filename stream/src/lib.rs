@@ -21,10 +21,7 @@ pub use error::StreamError;
 pub(crate) fn reader_group(base: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static READS: AtomicU64 = AtomicU64::new(0);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos())
-        .unwrap_or(0);
+    let nanos = wal2delta_model::clock::subsec_nanos();
     format!(
         "{base}-{}-{}-{nanos}",
         std::process::id(),

@@ -1,4 +1,4 @@
-//! Topic and subject naming (DESIGN §3): `{prefix}.{schema}.{table}`, subjects by the
+//! Topic and subject naming (docs/architecture.md, interfaces): `{prefix}.{schema}.{table}`, subjects by the
 //! topic-name strategy (`{topic}-key`, `{topic}-value`).
 
 use wal2delta_model::TableName;

@@ -111,6 +111,18 @@ pub async fn current_wal_lsn(client: &Client) -> Result<Lsn> {
     Ok(s.parse()?)
 }
 
+/// Transactions PostgreSQL streamed to `slot` while still in progress
+/// (`pg_stat_replication_slots`).
+pub async fn streamed_transactions(client: &Client, slot: &str) -> Result<i64> {
+    Ok(client
+        .query_one(
+            "SELECT stream_txns FROM pg_stat_replication_slots WHERE slot_name = $1",
+            &[&slot],
+        )
+        .await?
+        .get(0))
+}
+
 pub async fn slot_confirmed(client: &Client, slot: &str) -> Result<Option<Lsn>> {
     let row = client
         .query_opt(

@@ -1,4 +1,4 @@
-//! Command-line interface (DESIGN §3).
+//! Command-line interface (docs/architecture.md, interfaces).
 
 use std::path::PathBuf;
 

@@ -1,4 +1,4 @@
-//! The commands of DESIGN §3.
+//! The commands (README.md; docs/architecture.md, interfaces).
 
 use std::process::ExitCode;
 

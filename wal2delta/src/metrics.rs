@@ -59,7 +59,6 @@ pub const SNAPSHOT_THROTTLED: &str = "wal2delta_snapshot_throttled_seconds_total
 /// Heartbeat messages written to the source's WAL.
 pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 
-/// Rows appended to Bronze tables (label `table`).
 /// Keys upserted into Silver, per table.
 pub const SILVER_UPSERTS: &str = "wal2delta_silver_upserts_total";
 /// Keys deleted from Silver, per table.
@@ -72,6 +71,7 @@ pub const SILVER_WAITING_TRANSACTIONS: &str = "wal2delta_silver_waiting_transact
 pub const SILVER_ROUND_SECONDS: &str = "wal2delta_silver_round_seconds";
 /// Silver rounds that failed, per table and class.
 pub const SILVER_ERRORS: &str = "wal2delta_silver_errors_total";
+/// Rows appended to Bronze tables (label `table`).
 pub const BRONZE_ROWS: &str = "wal2delta_bronze_rows_total";
 /// Payload bytes of the events appended to Bronze (label `table`).
 pub const BRONZE_BYTES: &str = "wal2delta_bronze_bytes_total";

@@ -1,7 +1,5 @@
 //! The CopyBoth phase: WAL data in, standby status updates out.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -131,11 +129,7 @@ fn parse_copy_data(body: &mut BytesMut) -> Result<ReplicationMessage, CdcError> 
 }
 
 fn pg_now_us() -> i64 {
-    let unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0);
-    unix - PG_EPOCH_OFFSET_US
+    wal2delta_model::clock::unix_us() - PG_EPOCH_OFFSET_US
 }
 
 /// Converts a PostgreSQL timestamp (µs since 2000-01-01) to µs since the Unix epoch.

@@ -14,7 +14,7 @@
 //!
 //! [`parse_text`] never panics: any text it cannot decode exactly gives a [`ValueError`]
 //! whose message names the type and the problem but never contains the value (values may be
-//! sensitive). Such a record goes to the DLQ (DESIGN.md §2 promise 4).
+//! sensitive). Such a record goes to the DLQ (docs/architecture.md, promise 4).
 //!
 //! [`render_text`] is the inverse: it prints a [`Datum`] exactly as PostgreSQL's output
 //! function prints the value in such a session (which is also what `array::text` and

@@ -1,6 +1,6 @@
 //! Silver: the current state of every source row, built from Bronze by an idempotent MERGE.
 //!
-//! Invariants (DESIGN §2, promises 2 and 6):
+//! Invariants (docs/architecture.md, promises 2 and 6):
 //!
 //! - **Highest position wins.** Every change has a position `(commit_lsn, ordinal)`; per
 //!   primary key the change with the highest position decides the row. Silver rows keep

@@ -887,11 +887,7 @@ fn key_ranges(source: &RecordBatch, keys: &[String], max: usize) -> Option<Strin
 /// Commit metadata key of the masking policies a Silver commit was written under.
 pub const MASKING_KEY: &str = "wal2delta.masking";
 
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_micros() as i64)
-}
+use wal2delta_model::clock::unix_us as now_us;
 
 fn bronze_fields(schema: &Schema) -> Vec<Field> {
     BRONZE_COLUMNS

@@ -1,4 +1,4 @@
-//! The Avro mapping of each PostgreSQL column type (DESIGN.md §2 promise 7, `docs/types.md`).
+//! The Avro mapping of each PostgreSQL column type (docs/architecture.md, promise 7, `docs/types.md`).
 //!
 //! [`column_schema`] gives the schema of a *non-NULL* value (the caller wraps it in a
 //! `["null", ...]` union), [`to_avro`] the value for a [`Datum`], and [`from_avro`] the

@@ -201,12 +201,7 @@ pub struct Prepared {
     pub payload_bytes: usize,
 }
 
-fn now_us() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_micros() as i64)
-        .unwrap_or(0)
-}
+use wal2delta_model::clock::unix_us as now_us;
 
 impl TopicBuffer {
     pub fn new(topic: &str, table: &str) -> Self {

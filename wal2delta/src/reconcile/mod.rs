@@ -1,5 +1,5 @@
 //! `wal2delta reconcile [--table T] [--json]`: the source and Silver compared at one LSN
-//! (DESIGN §2 promise 6). See docs/reconcile.md for what is compared and what the output
+//! (docs/architecture.md, promise 6). See docs/reconcile.md for what is compared and what the output
 //! and exit codes mean.
 //!
 //! 1. Take one source snapshot at LSN `L` ([`source::Snapshot`]) and write a heartbeat so
