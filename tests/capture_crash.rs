@@ -16,7 +16,7 @@ use apache_avro::types::Value;
 use rand::Rng;
 use wal2delta_model::Lsn;
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::kafka::{field, long, read_topic, AvroDecoder};
+use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
 use wal2delta_tests::{cleanup, slot_confirmed, unique, Stack};
 
 const TARGET_CHANGES: usize = 100_000;
@@ -30,7 +30,9 @@ struct InKafka {
 }
 
 fn kafka_changes(stack: &Stack, topic: &str) -> Result<InKafka> {
-    let recs = read_topic(&stack.brokers, topic, None, Duration::from_secs(5))?;
+    // Everything in the topic, every partition to its end: an idle timeout could stop
+    // before a slow partition's first fetch on a loaded machine.
+    let recs = read_topic_to_end(&stack.brokers, topic)?;
     let mut dec = AvroDecoder::new(&stack.registry);
     let mut set = HashSet::new();
     for r in &recs {
@@ -142,7 +144,20 @@ async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
     let topic = format!("{name}.{name}.t");
     let mut checked_at_kills = 0usize;
     for kill in 0..3 {
-        let wait_ms = rand::rng().random_range(1500..4000);
+        // Each kill comes after the daemon has confirmed something since it (re)started,
+        // so every kill checks real progress even on a loaded machine, at a random point.
+        let before = slot_confirmed(&pg, &d.slot).await?.unwrap_or_default();
+        let started = std::time::Instant::now();
+        while slot_confirmed(&pg, &d.slot).await?.unwrap_or_default() <= before {
+            d.assert_running()?;
+            ensure!(
+                started.elapsed() < Duration::from_secs(180),
+                "the slot did not move for 180 s after start: {}",
+                d.last_log()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let wait_ms = rand::rng().random_range(0..2500);
         tokio::time::sleep(Duration::from_millis(wait_ms)).await;
         d.assert_running()?;
         d.kill9();

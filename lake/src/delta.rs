@@ -183,7 +183,6 @@ pub(crate) fn session() -> deltalake::datafusion::prelude::SessionContext {
     SessionContext::new_with_config(config)
 }
 
-/// `name` as a quoted SQL identifier.
 /// The Arrow schema of the table's loaded version.
 pub(crate) fn arrow_schema(
     name: &str,
@@ -196,8 +195,15 @@ pub(crate) fn arrow_schema(
         .arrow_schema())
 }
 
+/// `name` as a quoted SQL identifier.
 pub(crate) fn ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// `value` as a quoted SQL string literal. Every literal built into Silver's and the
+/// quarantine's SQL goes through here.
+pub(crate) fn literal(value: &str) -> String {
+    format!("'{}'", value.replace('\'', "''"))
 }
 
 /// A commit refused because another writer committed first.

@@ -155,7 +155,7 @@ impl QuarantineTable {
                 use deltalake::arrow::array::AsArray;
                 let list = records
                     .iter()
-                    .map(|r| format!("'{}'", r.id.replace('\'', "''")))
+                    .map(|r| crate::delta::literal(&r.id))
                     .collect::<Vec<_>>()
                     .join(", ");
                 let sql = format!("SELECT id FROM t WHERE id IN ({list})");

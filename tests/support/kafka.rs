@@ -124,8 +124,6 @@ pub fn read_topic(
     Ok(out)
 }
 
-/// Reads every message currently in `topic` (up to each partition's high watermark at
-/// the time of the call), without waiting for more.
 /// The dead letters capture wrote under topic prefix `prefix` (read for 2 s).
 pub fn dead_letters(brokers: &str, prefix: &str) -> Result<Vec<Record>> {
     read_topic(
@@ -147,6 +145,8 @@ pub async fn schema_versions(registry: &str, subject: &str) -> Result<Vec<i64>> 
     )
 }
 
+/// Reads every message currently in `topic` (up to each partition's high watermark at
+/// the time of the call), without waiting for more.
 pub fn read_topic_to_end(brokers: &str, topic: &str) -> Result<Vec<Record>> {
     let consumer = reader(brokers)?;
     let md = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;

@@ -21,41 +21,27 @@
 //!   The offset never passes a change that is still waiting, so a restart re-reads it.
 
 mod checks;
+pub mod columns;
+mod counts;
 mod fold;
 mod keys;
 pub mod mask;
+mod merge;
 mod progress;
 mod rebuild;
+mod redrive;
 mod screen;
 mod table;
 mod tombstones;
 mod window;
 
 pub use checks::{evaluate as evaluate_checks, Check, CheckError, Failure};
+pub use columns::{
+    Position, COMMIT_LSN, COMMIT_TS, MASKING_KEY, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED,
+};
+pub use counts::transaction_counts;
 pub use fold::{fold, FoldError, Folded};
 pub use progress::{plan, Plan, Progress, TransactionCounts};
 pub use rebuild::RebuildReport;
 pub use screen::{ScreenError, CHECK_FAILED, MISSING_KEY};
-pub use table::{transaction_counts, ApplyReport, Redrive, SilverTable, MASKING_KEY};
-
-/// Silver's column with the commit LSN of the change that wrote the row.
-pub const COMMIT_LSN: &str = "_commit_lsn";
-/// Silver's column with the change's ordinal within its transaction.
-pub const ORDINAL: &str = "_ordinal";
-/// Silver's column with the source commit time of the change that wrote the row.
-pub const COMMIT_TS: &str = "_commit_ts";
-/// Silver's column listing the columns whose value Silver has not seen yet: an update
-/// left them unchanged (TOAST) before the row's earlier image (a snapshot row) arrived.
-/// The earlier image fills them when it comes; normally empty.
-pub const UNRESOLVED: &str = "_unresolved";
-/// Fold output only: `u` upsert or `d` delete.
-pub const OP: &str = "_op";
-/// Fold output only: columns whose Silver value an update left unchanged.
-pub const UNCHANGED: &str = "_unchanged";
-/// Fold output only: prefix of the old-key columns of a moved row whose unchanged values
-/// Silver's old row supplies.
-pub const MOVED_FROM: &str = "_moved_from_";
-
-/// A change's place in the source's commit order.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Position(pub i64, pub i64);
+pub use table::{ApplyReport, Redrive, SilverTable};

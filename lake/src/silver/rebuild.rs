@@ -16,7 +16,7 @@ use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use futures::StreamExt;
 
-use super::table::MASKING_KEY;
+use super::columns::MASKING_KEY;
 use super::tombstones::Tombstones;
 use super::window::Window;
 use super::{transaction_counts, Progress, SilverTable, TransactionCounts};
