@@ -127,6 +127,30 @@ impl Decoder {
         msg: PgOutputMessage,
         lsn: Lsn,
     ) -> Result<Decoded, CdcError> {
+        match msg {
+            PgOutputMessage::Relation {
+                rel_id,
+                namespace,
+                name,
+                replica_identity,
+                columns,
+            } => {
+                let schema = Arc::new(
+                    self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
+                        .await?,
+                );
+                self.relations.insert(rel_id, schema.clone());
+                Ok(Decoded::Relation(schema))
+            }
+            other => self.decode_cached(other, lsn),
+        }
+    }
+
+    /// Decodes a message that needs no catalog lookup: every message but Relation, which
+    /// [`Decoder::decode`] resolves against the catalog (a Relation message passed here
+    /// is a protocol error). Used by `decode` and by the fuzz targets (`fuzz/`), which
+    /// install relations with [`Decoder::insert_relation`] instead.
+    pub fn decode_cached(&mut self, msg: PgOutputMessage, lsn: Lsn) -> Result<Decoded, CdcError> {
         Ok(match msg {
             PgOutputMessage::Begin {
                 final_lsn,
@@ -149,19 +173,10 @@ impl Decoder {
                 commit_lsn,
                 end_lsn,
             },
-            PgOutputMessage::Relation {
-                rel_id,
-                namespace,
-                name,
-                replica_identity,
-                columns,
-            } => {
-                let schema = Arc::new(
-                    self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
-                        .await?,
-                );
-                self.relations.insert(rel_id, schema.clone());
-                Decoded::Relation(schema)
+            PgOutputMessage::Relation { rel_id, .. } => {
+                return Err(CdcError::Protocol(format!(
+                    "Relation message for relation {rel_id} needs the catalog (use Decoder::decode)"
+                )))
             }
             PgOutputMessage::Type { type_oid, .. } => {
                 self.types.invalidate(type_oid);
@@ -201,6 +216,14 @@ impl Decoder {
                 ))
             }
         })
+    }
+
+    /// Installs a relation description resolved without the catalog (the fuzz targets:
+    /// `wal2delta_cdc::fuzz`), replacing any earlier one with the same OID.
+    #[doc(hidden)]
+    pub fn insert_relation(&mut self, schema: Arc<TableSchema>) {
+        self.identity_without_key.remove(&schema.relation_oid);
+        self.relations.insert(schema.relation_oid, schema);
     }
 
     async fn relation(
