@@ -206,6 +206,46 @@ impl Decoder {
         msg: PgOutputMessage,
         lsn: Lsn,
     ) -> Result<Decoded, CdcError> {
+        match msg {
+            PgOutputMessage::Relation {
+                rel_id,
+                namespace,
+                name,
+                replica_identity,
+                columns,
+            } => {
+                self.replaying.remove(&rel_id);
+                let schema = Arc::new(
+                    self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
+                        .await?,
+                );
+                self.relations.insert(rel_id, schema.clone());
+                Ok(Decoded::Relation(schema))
+            }
+            other => {
+                // A change of a relation the replayed transaction described only inside
+                // its stream blocks: resolve that description first.
+                match &other {
+                    PgOutputMessage::Insert { rel_id, .. }
+                    | PgOutputMessage::Update { rel_id, .. }
+                    | PgOutputMessage::Delete { rel_id, .. } => {
+                        self.settle_streamed(catalog, &[*rel_id]).await?
+                    }
+                    PgOutputMessage::Truncate { rel_ids, .. } => {
+                        self.settle_streamed(catalog, rel_ids).await?
+                    }
+                    _ => {}
+                }
+                self.decode_cached(other, lsn)
+            }
+        }
+    }
+
+    /// Decodes a message that needs no catalog lookup: every message but Relation, which
+    /// [`Decoder::decode`] resolves against the catalog (a Relation message passed here
+    /// is a protocol error). Used by `decode` and by the fuzz targets (`fuzz/`), which
+    /// install relations with [`Decoder::insert_relation`] instead.
+    pub fn decode_cached(&mut self, msg: PgOutputMessage, lsn: Lsn) -> Result<Decoded, CdcError> {
         Ok(match msg {
             PgOutputMessage::Begin {
                 final_lsn,
@@ -230,45 +270,29 @@ impl Decoder {
                 commit_lsn,
                 end_lsn,
             },
-            PgOutputMessage::Relation {
-                rel_id,
-                namespace,
-                name,
-                replica_identity,
-                columns,
-            } => {
-                self.replaying.remove(&rel_id);
-                let schema = Arc::new(
-                    self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
-                        .await?,
-                );
-                self.relations.insert(rel_id, schema.clone());
-                Decoded::Relation(schema)
+            PgOutputMessage::Relation { rel_id, .. } => {
+                return Err(CdcError::Protocol(format!(
+                    "Relation message for relation {rel_id} needs the catalog (use Decoder::decode)"
+                )))
             }
             PgOutputMessage::Type { type_oid, .. } => {
                 self.types.invalidate(type_oid);
                 Decoded::Nothing
             }
             PgOutputMessage::Insert { rel_id, new } => {
-                self.settle_streamed(catalog, &[rel_id]).await?;
                 self.row_change(rel_id, ChangeOp::Insert, None, Some(new), lsn)?
             }
-            PgOutputMessage::Update { rel_id, old, new } => {
-                self.settle_streamed(catalog, &[rel_id]).await?;
-                self.row_change(
-                    rel_id,
-                    ChangeOp::Update,
-                    old.map(|(_, t)| t),
-                    Some(new),
-                    lsn,
-                )?
-            }
+            PgOutputMessage::Update { rel_id, old, new } => self.row_change(
+                rel_id,
+                ChangeOp::Update,
+                old.map(|(_, t)| t),
+                Some(new),
+                lsn,
+            )?,
             PgOutputMessage::Delete { rel_id, old } => {
-                self.settle_streamed(catalog, &[rel_id]).await?;
                 self.row_change(rel_id, ChangeOp::Delete, Some(old.1), None, lsn)?
             }
             PgOutputMessage::Truncate { rel_ids, .. } => {
-                self.settle_streamed(catalog, &rel_ids).await?;
                 return Ok(self.truncate(rel_ids, lsn));
             }
             PgOutputMessage::Message {
@@ -289,6 +313,14 @@ impl Decoder {
                 ))
             }
         })
+    }
+
+    /// Installs a relation description resolved without the catalog (the fuzz targets:
+    /// `wal2delta_cdc::fuzz`), replacing any earlier one with the same OID.
+    #[doc(hidden)]
+    pub fn insert_relation(&mut self, schema: Arc<TableSchema>) {
+        self.identity_without_key.remove(&schema.relation_oid);
+        self.relations.insert(schema.relation_oid, schema);
     }
 
     async fn relation(

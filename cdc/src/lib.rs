@@ -4,6 +4,8 @@
 pub mod catalog;
 pub mod decoder;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod pgoutput;
 pub mod replication;
 pub mod setup;

@@ -159,9 +159,14 @@ impl<'a> Reader<'a> {
         self.take(n)?;
         Ok(self.data.slice(start..start + n))
     }
+    /// Bytes not read yet: a count read from the message reserves no more entries than
+    /// this (each takes at least one byte), so memory follows the message's real size.
+    fn remaining(&self) -> usize {
+        self.data.len().saturating_sub(self.pos)
+    }
     fn tuple(&mut self) -> Result<Vec<TupleValue>, PgOutputError> {
         let n = self.u16()?;
-        let mut values = Vec::with_capacity(n as usize);
+        let mut values = Vec::with_capacity(usize::from(n).min(self.remaining()));
         for _ in 0..n {
             values.push(match self.u8()? {
                 b'n' => TupleValue::Null,
@@ -241,7 +246,7 @@ pub fn parse(data: &Bytes, in_stream: bool) -> Result<PgOutputMessage, PgOutputE
             let name = r.cstr()?;
             let replica_identity = r.u8()?;
             let n = r.u16()?;
-            let mut columns = Vec::with_capacity(n as usize);
+            let mut columns = Vec::with_capacity(usize::from(n).min(r.remaining()));
             for _ in 0..n {
                 let flags = r.u8()?;
                 columns.push(RelationColumn {
@@ -312,7 +317,7 @@ pub fn parse(data: &Bytes, in_stream: bool) -> Result<PgOutputMessage, PgOutputE
             stream_xid(&mut r)?;
             let n = r.u32()?;
             let options = r.u8()?;
-            let mut rel_ids = Vec::with_capacity(n.min(65_536) as usize);
+            let mut rel_ids = Vec::with_capacity((n as usize).min(r.remaining() / 4));
             for _ in 0..n {
                 rel_ids.push(r.u32()?);
             }

@@ -8,6 +8,8 @@ pub mod consumer;
 pub mod decode;
 pub mod dlq;
 mod error;
+#[doc(hidden)]
+pub mod fuzz;
 pub mod positions;
 pub mod producer;
 pub mod registry;

@@ -362,9 +362,7 @@ pub(crate) fn load_key(
         }
         (None, Some(path)) => {
             let field = format!("{section}.key_file");
-            let mut bytes = std::fs::read(path).map_err(|e| {
-                invalid(&field, format!("cannot be read ({}): {e}", path.display()))
-            })?;
+            let mut bytes = read_small_file(path, &field)?;
             if bytes.last() == Some(&b'\n') {
                 bytes.pop();
             }
@@ -384,6 +382,32 @@ pub(crate) fn load_key(
         ));
     }
     Ok(key)
+}
+
+/// The most a key or password file may hold. Keys and passwords are short; the bound
+/// keeps a config naming the wrong file (a log, a device such as `/dev/zero`) from
+/// reading without end.
+const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
+
+/// Reads a key or password file of at most [`MAX_SECRET_FILE_BYTES`] bytes.
+fn read_small_file(path: &Path, field: &str) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let cannot =
+        |e: std::io::Error| invalid(field, format!("cannot be read ({}): {e}", path.display()));
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_SECRET_FILE_BYTES + 1).read_to_end(&mut bytes))
+        .map_err(cannot)?;
+    if bytes.len() as u64 > MAX_SECRET_FILE_BYTES {
+        return Err(invalid(
+            field,
+            format!(
+                "names {}, which holds more than {MAX_SECRET_FILE_BYTES} bytes: name the file that holds only the secret",
+                path.display()
+            ),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// `[source]`: the PostgreSQL database to capture.
@@ -439,10 +463,11 @@ impl SourceConfig {
         let Some(path) = &self.password_file else {
             return Ok(self.dsn.clone());
         };
-        let text = std::fs::read_to_string(path).map_err(|e| {
+        let bytes = read_small_file(path, "source.password_file")?;
+        let text = String::from_utf8(bytes).map_err(|_| {
             invalid(
                 "source.password_file",
-                format!("cannot be read ({}): {e}", path.display()),
+                format!("cannot be read ({}): it is not UTF-8", path.display()),
             )
         })?;
         let password = text.lines().next().unwrap_or("").to_owned();
@@ -1059,6 +1084,21 @@ uri = "file:///tmp/lake"
         .unwrap();
         assert_eq!(c.tokenize.load_key().unwrap(), b"0123456789abcdef0123");
         let _ = std::fs::remove_file(dir);
+    }
+
+    #[test]
+    fn a_key_or_password_file_that_never_ends_is_refused() {
+        // Found by review for the config fuzz target: reading /dev/zero never ended.
+        let text = format!(
+            "{MINIMAL}\n[tokenize]\ncolumns = [\"public.t.card\"]\nkey_file = \"/dev/zero\"\n"
+        );
+        let err = load(&text, &[]).unwrap_err();
+        assert!(err.to_string().contains("more than 65536 bytes"), "{err}");
+        let c = load(MINIMAL, &[]).unwrap();
+        let mut source = c.source.clone();
+        source.password_file = Some("/dev/zero".into());
+        let err = source.effective_dsn().unwrap_err();
+        assert!(err.to_string().contains("source.password_file"), "{err}");
     }
 
     #[test]

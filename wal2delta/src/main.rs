@@ -4,7 +4,7 @@ mod bronze;
 mod capture;
 mod cli;
 mod commands;
-mod config;
+use wal2delta::config;
 mod health;
 mod metrics;
 mod policies;

@@ -4,4 +4,6 @@ pub mod arrow;
 pub mod columns;
 pub mod dates;
 pub mod envelope;
+#[cfg(test)]
+mod proptests;
 pub mod types;

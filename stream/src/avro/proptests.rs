@@ -1,0 +1,496 @@
+//! Property tests: arbitrary values of every supported column type travel
+//! `Datum` → Avro (binary, as capture writes and Bronze reads it) → Arrow (Bronze's
+//! columns) and read back from Arrow to the same `Datum`, following `docs/types.md`.
+//! Dates the lake cannot hold as sent are mapped into range, and the original is kept in
+//! `out_of_range_values`; infinities of timestamps keep their sentinels.
+
+use apache_avro::reader::datum::GenericDatumReader;
+use apache_avro::types::Value;
+use apache_avro::writer::datum::GenericDatumWriter;
+use arrow::array::{
+    Array, ArrayRef, AsArray, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array,
+    Int32Array, Int64Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
+};
+use proptest::collection::vec;
+use proptest::option;
+use proptest::prelude::*;
+use wal2delta_model::{
+    BaseType, Change, ChangeOp, Column, ColumnType, ColumnValue, Datum, Lsn, ReplicaIdentity, Row,
+    Special, TableName, TableSchema, TxPosition, TypeKind,
+};
+
+use super::columns::{envelope_columns, out_of_range_column};
+use super::dates::{lake_date, pg_date_text};
+use super::envelope::{encode_change, table_schemas, SourceInfo};
+use super::types::{from_avro, to_avro};
+
+fn base(b: BaseType, name: &str) -> ColumnType {
+    ColumnType {
+        oid: 0,
+        typmod: -1,
+        name: name.to_owned(),
+        kind: TypeKind::Base(b),
+    }
+}
+
+fn array_of(element: ColumnType) -> ColumnType {
+    ColumnType {
+        oid: 0,
+        typmod: -1,
+        name: format!("{}[]", element.name),
+        kind: TypeKind::Array {
+            element: Box::new(element),
+        },
+    }
+}
+
+/// PostgreSQL's date range: 4714-11-24 BC to 5874897-12-31, in days since 1970-01-01.
+const PG_DATE_MIN: i32 = -2_440_588;
+const PG_DATE_MAX: i32 = 2_145_042_905;
+/// PostgreSQL's timestamp range starts at 4714-11-24 BC; the top is bounded by i64 µs.
+const PG_TS_MIN: i64 = -210_866_803_200_000_000;
+
+fn special<T: std::fmt::Debug + Clone + 'static>(
+    finite: impl Strategy<Value = T> + 'static,
+) -> BoxedStrategy<Special<T>> {
+    prop_oneof![
+        8 => finite.prop_map(Special::Value),
+        1 => Just(Special::Infinity),
+        1 => Just(Special::NegInfinity),
+    ]
+    .boxed()
+}
+
+/// Dates everywhere in PostgreSQL's range, with the edges and the lake's limits weighted.
+fn date() -> BoxedStrategy<Datum> {
+    let (lake_min, lake_max) = (super::dates::DATE_MIN, super::dates::DATE_MAX);
+    special(prop_oneof![
+        PG_DATE_MIN..=PG_DATE_MAX,
+        -800_000..800_000i32,
+        Just(PG_DATE_MIN),
+        Just(PG_DATE_MAX),
+        (lake_max - 2)..=(lake_max + 2),
+        (lake_min - 2)..=(lake_min + 2),
+    ])
+    .prop_map(Datum::Date)
+    .boxed()
+}
+
+fn timestamp(tz: bool) -> BoxedStrategy<Datum> {
+    special(prop_oneof![
+        PG_TS_MIN..i64::MAX,
+        Just(PG_TS_MIN),
+        Just(i64::MAX - 1),
+        -4_000_000_000_000_000..4_000_000_000_000_000i64,
+    ])
+    .prop_map(move |t| {
+        if tz {
+            Datum::TimestampTz(t)
+        } else {
+            Datum::Timestamp(t)
+        }
+    })
+    .boxed()
+}
+
+const MICROS_PER_DAY: i64 = 86_400_000_000;
+
+/// A column type and a strategy for its non-NULL values.
+fn scalar_cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
+    use BaseType::*;
+    vec![
+        (
+            base(Bool, "boolean"),
+            any::<bool>().prop_map(Datum::Bool).boxed(),
+        ),
+        (
+            base(Int2, "smallint"),
+            any::<i16>().prop_map(Datum::Int16).boxed(),
+        ),
+        (
+            base(Int4, "integer"),
+            any::<i32>().prop_map(Datum::Int32).boxed(),
+        ),
+        (
+            base(Int8, "bigint"),
+            any::<i64>().prop_map(Datum::Int64).boxed(),
+        ),
+        (
+            base(Oid, "oid"),
+            any::<u32>()
+                .prop_map(|o| Datum::Int64(i64::from(o)))
+                .boxed(),
+        ),
+        (
+            base(Float4, "real"),
+            any::<f32>().prop_map(Datum::Float32).boxed(),
+        ),
+        (
+            base(Float8, "double precision"),
+            any::<f64>().prop_map(Datum::Float64).boxed(),
+        ),
+        (
+            base(Numeric, "numeric"),
+            "-?[0-9]{1,60}(\\.[0-9]{1,30})?|NaN|Infinity|-Infinity"
+                .prop_map(Datum::Numeric)
+                .boxed(),
+        ),
+        (
+            base(Text, "text"),
+            any::<String>().prop_map(Datum::Text).boxed(),
+        ),
+        (
+            base(Bytea, "bytea"),
+            vec(any::<u8>(), 0..64).prop_map(Datum::Bytes).boxed(),
+        ),
+        (
+            base(Uuid, "uuid"),
+            "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
+                .prop_map(Datum::Uuid)
+                .boxed(),
+        ),
+        (
+            base(Jsonb, "jsonb"),
+            any::<String>().prop_map(Datum::Json).boxed(),
+        ),
+        (base(Date, "date"), date()),
+        (
+            base(Time, "time without time zone"),
+            (0..=MICROS_PER_DAY).prop_map(Datum::Time).boxed(),
+        ),
+        (
+            base(TimeTz, "time with time zone"),
+            (0..=MICROS_PER_DAY, -57_599..=57_599i32)
+                .prop_map(|(micros, offset_seconds)| Datum::TimeTz {
+                    micros,
+                    offset_seconds,
+                })
+                .boxed(),
+        ),
+        (
+            base(Timestamp, "timestamp without time zone"),
+            timestamp(false),
+        ),
+        (
+            base(TimestampTz, "timestamp with time zone"),
+            timestamp(true),
+        ),
+        (
+            base(Interval, "interval"),
+            (any::<i32>(), any::<i32>(), any::<i64>())
+                .prop_map(|(months, days, micros)| Datum::Interval {
+                    months,
+                    days,
+                    micros,
+                })
+                .boxed(),
+        ),
+        (
+            base(Inet, "inet"),
+            any::<String>().prop_map(Datum::PgText).boxed(),
+        ),
+        (
+            ColumnType {
+                oid: 0,
+                typmod: -1,
+                name: "public.mood".into(),
+                kind: TypeKind::Enum {
+                    labels: vec!["sad".into(), "ok".into()],
+                },
+            },
+            "sad|ok".prop_map(Datum::PgText).boxed(),
+        ),
+        (
+            ColumnType {
+                oid: 0,
+                typmod: -1,
+                name: "public.valid_until".into(),
+                kind: TypeKind::Domain {
+                    base: Box::new(base(Date, "date")),
+                },
+            },
+            date(),
+        ),
+    ]
+}
+
+/// Every scalar case, and a one-dimensional array of each (nullable elements).
+fn cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
+    let mut out = scalar_cases();
+    for (ty, strategy) in scalar_cases() {
+        if matches!(ty.kind, TypeKind::Domain { .. } | TypeKind::Enum { .. }) {
+            continue;
+        }
+        out.push((
+            array_of(ty),
+            vec(option::of(strategy), 0..5)
+                .prop_map(Datum::Array)
+                .boxed(),
+        ));
+    }
+    out
+}
+
+/// A type and a batch of values (`None` is NULL) of it.
+fn batch() -> impl Strategy<Value = (ColumnType, Vec<Option<Datum>>)> {
+    let cases = cases();
+    (0..cases.len()).prop_flat_map(move |i| {
+        let (ty, strategy) = cases[i].clone();
+        (Just(ty), vec(option::weighted(0.9, strategy), 1..6))
+    })
+}
+
+fn same(a: &Datum, b: &Datum) -> bool {
+    match (a, b) {
+        (Datum::Float32(x), Datum::Float32(y)) => x.to_bits() == y.to_bits(),
+        (Datum::Float64(x), Datum::Float64(y)) => x.to_bits() == y.to_bits(),
+        (Datum::Array(x), Datum::Array(y)) => {
+            x.len() == y.len()
+                && x.iter().zip(y).all(|(p, q)| match (p, q) {
+                    (Some(p), Some(q)) => same(p, q),
+                    (None, None) => true,
+                    _ => false,
+                })
+        }
+        _ => a == b,
+    }
+}
+
+fn special_i64(v: i64) -> Special<i64> {
+    match v {
+        i64::MAX => Special::Infinity,
+        i64::MIN => Special::NegInfinity,
+        v => Special::Value(v),
+    }
+}
+
+/// The lake's value of a date as sent (what Bronze's `Date32` holds).
+fn lake_datum(d: &Datum) -> Datum {
+    match d {
+        Datum::Date(s) => {
+            let sent = match s {
+                Special::Infinity => i32::MAX,
+                Special::NegInfinity => i32::MIN,
+                Special::Value(v) => *v,
+            };
+            Datum::Date(Special::Value(lake_date(sent).0))
+        }
+        Datum::Array(items) => {
+            Datum::Array(items.iter().map(|i| i.as_ref().map(lake_datum)).collect())
+        }
+        other => other.clone(),
+    }
+}
+
+/// Reads row `i` of a Bronze column back as the `Datum` of a column of type `ty`, by the
+/// mapping of `docs/types.md` (dates as the lake holds them, see [`lake_datum`]).
+fn datum_from_arrow(ty: &ColumnType, array: &ArrayRef, i: usize) -> Option<Datum> {
+    if array.is_null(i) {
+        return None;
+    }
+    let a = array.as_any();
+    let resolved = ty.resolved();
+    Some(match &resolved.kind {
+        TypeKind::Array { element } => {
+            let list = a.downcast_ref::<ListArray>().expect("List");
+            let items = list.value(i);
+            Datum::Array(
+                (0..items.len())
+                    .map(|j| datum_from_arrow(element, &items, j))
+                    .collect(),
+            )
+        }
+        TypeKind::Base(b) => {
+            use BaseType::*;
+            match b {
+                Bool => Datum::Bool(a.downcast_ref::<BooleanArray>().unwrap().value(i)),
+                Int2 => Datum::Int16(
+                    i16::try_from(a.downcast_ref::<Int32Array>().unwrap().value(i)).unwrap(),
+                ),
+                Int4 => Datum::Int32(a.downcast_ref::<Int32Array>().unwrap().value(i)),
+                Int8 | Oid => Datum::Int64(a.downcast_ref::<Int64Array>().unwrap().value(i)),
+                Float4 => Datum::Float32(a.downcast_ref::<Float32Array>().unwrap().value(i)),
+                Float8 => Datum::Float64(a.downcast_ref::<Float64Array>().unwrap().value(i)),
+                Bytea => Datum::Bytes(a.downcast_ref::<BinaryArray>().unwrap().value(i).to_vec()),
+                Date => Datum::Date(Special::Value(
+                    a.downcast_ref::<Date32Array>().unwrap().value(i),
+                )),
+                Time => Datum::Time(a.downcast_ref::<Int64Array>().unwrap().value(i)),
+                Timestamp | TimestampTz => {
+                    let ts = a.downcast_ref::<TimestampMicrosecondArray>().unwrap();
+                    let v = special_i64(ts.value(i));
+                    if *b == Timestamp {
+                        assert!(ts.timezone().is_none());
+                        Datum::Timestamp(v)
+                    } else {
+                        assert_eq!(ts.timezone(), Some("UTC"));
+                        Datum::TimestampTz(v)
+                    }
+                }
+                TimeTz | Interval => {
+                    let s = a.downcast_ref::<StructArray>().unwrap();
+                    let long = |name| {
+                        s.column_by_name(name)
+                            .unwrap()
+                            .as_primitive::<arrow::datatypes::Int64Type>()
+                            .value(i)
+                    };
+                    let int = |name| {
+                        s.column_by_name(name)
+                            .unwrap()
+                            .as_primitive::<arrow::datatypes::Int32Type>()
+                            .value(i)
+                    };
+                    if *b == TimeTz {
+                        Datum::TimeTz {
+                            micros: long("micros"),
+                            offset_seconds: int("offset_seconds"),
+                        }
+                    } else {
+                        Datum::Interval {
+                            months: int("months"),
+                            days: int("days"),
+                            micros: long("micros"),
+                        }
+                    }
+                }
+                _ => {
+                    let s = a.downcast_ref::<StringArray>().unwrap().value(i).to_owned();
+                    match b {
+                        Numeric => Datum::Numeric(s),
+                        Uuid => Datum::Uuid(s),
+                        Json | Jsonb => Datum::Json(s),
+                        Text | Varchar | Bpchar | Name | Char | Xml => Datum::Text(s),
+                        _ => Datum::PgText(s),
+                    }
+                }
+            }
+        }
+        _ => Datum::PgText(a.downcast_ref::<StringArray>().unwrap().value(i).to_owned()),
+    })
+}
+
+/// The dates of `d` the lake holds mapped, as (path, PostgreSQL text of the original).
+fn mapped_dates(path: &str, d: &Datum, out: &mut Vec<(String, String)>) {
+    match d {
+        Datum::Date(s) => {
+            let sent = match s {
+                Special::Infinity => i32::MAX,
+                Special::NegInfinity => i32::MIN,
+                Special::Value(v) => *v,
+            };
+            if lake_date(sent).1 {
+                out.push((path.to_owned(), pg_date_text(sent)));
+            }
+        }
+        Datum::Array(items) => {
+            for (j, item) in items.iter().enumerate() {
+                if let Some(item) = item {
+                    mapped_dates(&format!("{path}[{}]", j + 1), item, out);
+                }
+            }
+        }
+        _ => {}
+    }
+}
+
+fn table(ty: &ColumnType) -> TableSchema {
+    TableSchema {
+        relation_oid: 1,
+        table: TableName::new("public", "t"),
+        columns: vec![
+            Column {
+                name: "id".into(),
+                ty: base(BaseType::Int8, "bigint"),
+                is_key: true,
+            },
+            Column {
+                name: "col".into(),
+                ty: ty.clone(),
+                is_key: false,
+            },
+        ],
+        replica_identity: ReplicaIdentity::Default,
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Datum → Avro → Datum is exact for every type.
+    #[test]
+    fn avro_round_trip((ty, values) in batch()) {
+        for d in values.iter().flatten() {
+            let v = to_avro(&ty, d).unwrap();
+            let back = from_avro(&ty, &v).unwrap();
+            prop_assert!(same(&back, d), "{}: {d:?} came back as {back:?}", ty.name);
+        }
+    }
+
+    /// Datum → Avro binary (as capture frames it) → Bronze's Arrow columns → Datum: equal,
+    /// dates as the lake holds them with every mapped original in `out_of_range_values`.
+    #[test]
+    fn avro_arrow_round_trip((ty, values) in batch()) {
+        let t = table(&ty);
+        let schemas = table_schemas("cdc", &t).unwrap();
+        let source = SourceInfo { name: "cdc".into(), db: "app".into() };
+        let writer = GenericDatumWriter::builder(&schemas.value).build().unwrap();
+        let reader = GenericDatumReader::builder(&schemas.value).build().unwrap();
+        let mut decoded: Vec<Value> = Vec::new();
+        for (i, d) in values.iter().enumerate() {
+            let change = Change {
+                table: t.table.clone(),
+                op: ChangeOp::Insert,
+                before: None,
+                after: Some(Row {
+                    values: vec![
+                        ColumnValue::Value(Datum::Int64(i as i64)),
+                        d.clone().map_or(ColumnValue::Null, ColumnValue::Value),
+                    ],
+                }),
+                position: TxPosition {
+                    lsn: Lsn(100 + i as u64),
+                    commit_lsn: Lsn(200),
+                    xid: 9,
+                    commit_ts_us: 1_700_000_000_000_000,
+                    ordinal: i as u64,
+                },
+            };
+            let encoded = encode_change(&t, &schemas, &source, &change, 5, None).unwrap();
+            let bytes = writer.write_value_to_vec(encoded.value).unwrap();
+            decoded.push(reader.read_value(&mut &bytes[..]).unwrap());
+        }
+        let refs: Vec<&Value> = decoded.iter().collect();
+        let cols = envelope_columns(&schemas.value, 1, &refs).unwrap();
+        let at = cols.fields.iter().position(|f| f.name() == "after").unwrap();
+        let after = cols.arrays[at].as_any().downcast_ref::<StructArray>().unwrap();
+        let col = after.column_by_name("col").unwrap().clone();
+        let nones: Vec<Option<&Value>> = vec![None; refs.len()];
+        let (_, out_of_range) = out_of_range_column(&refs, &nones).unwrap();
+        let out_of_range = out_of_range.as_any().downcast_ref::<ListArray>().unwrap();
+        for (i, d) in values.iter().enumerate() {
+            let back = datum_from_arrow(&ty, &col, i);
+            match (d, &back) {
+                (None, None) => {}
+                (Some(d), Some(b)) => prop_assert!(
+                    same(b, &lake_datum(d)),
+                    "{}: {d:?} came back from Arrow as {b:?}", ty.name
+                ),
+                _ => prop_assert!(false, "{}: {d:?} came back from Arrow as {back:?}", ty.name),
+            }
+            let mut expected = Vec::new();
+            if let Some(d) = d {
+                mapped_dates("after.col", d, &mut expected);
+            }
+            let kept: Vec<(String, String)> = if out_of_range.is_null(i) {
+                Vec::new()
+            } else {
+                let entries = out_of_range.value(i);
+                let entries = entries.as_any().downcast_ref::<StructArray>().unwrap();
+                let text = |name: &str, j| entries.column_by_name(name).unwrap().as_string::<i32>().value(j).to_owned();
+                (0..entries.len()).map(|j| (text("column", j), text("value", j))).collect()
+            };
+            prop_assert_eq!(kept, expected, "{}: originals of {:?}", ty.name, d);
+        }
+    }
+}
