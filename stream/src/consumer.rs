@@ -13,6 +13,10 @@
 //! group bookkeeping (a broker that keeps a SIGKILLed member in the group can leave a
 //! restarted group member with no partitions).
 //!
+//! Partitions are read fairly: each assigned partition gets a librdkafka queue of its own,
+//! read round-robin a bounded number of messages at a time, so one table's deep backlog
+//! does not hold back the events of the others (see `Fairness`).
+//!
 //! Every assignment and every [`ChangeConsumer::seek`] of a partition starts a new *epoch*
 //! of it; each message carries the epoch it was read in, so the stage can drop messages of
 //! an earlier epoch still queued in the channel after a seek or a rebalance.
