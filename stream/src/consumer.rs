@@ -13,6 +13,10 @@
 //! group bookkeeping (a broker that keeps a SIGKILLed member in the group can leave a
 //! restarted group member with no partitions).
 //!
+//! Partitions are read fairly: each assigned partition gets a librdkafka queue of its own,
+//! read round-robin a bounded number of messages at a time, so one table's deep backlog
+//! does not hold back the events of the others (see `Fairness`).
+//!
 //! Every assignment and every [`ChangeConsumer::seek`] of a partition starts a new *epoch*
 //! of it; each message carries the epoch it was read in, so the stage can drop messages of
 //! an earlier epoch still queued in the channel after a seek or a rebalance.
@@ -25,6 +29,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use rdkafka::config::ClientConfig;
+use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
 use rdkafka::message::Message;
@@ -130,6 +135,18 @@ struct GroupContext {
     events: mpsc::Sender<ConsumerEvent>,
     epochs: Epochs,
     high_watermarks: Watermarks,
+    /// Partitions assigned since the poll loop last gave them queues of their own (see
+    /// [`Fairness`]).
+    splits: Mutex<PendingSplits>,
+}
+
+/// Assignments the poll loop has not yet turned into partition queues.
+#[derive(Default)]
+struct PendingSplits {
+    /// A full `assign` or `unassign` ran: librdkafka forwards every partition to the
+    /// consumer queue again, so every partition queue held so far is void.
+    reset: bool,
+    assigned: Vec<(String, i32)>,
 }
 
 impl ClientContext for GroupContext {
@@ -152,6 +169,10 @@ impl ClientContext for GroupContext {
 }
 
 impl GroupContext {
+    fn pending(&self) -> std::sync::MutexGuard<'_, PendingSplits> {
+        self.splits.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     fn next_epoch(&self, topic: &str, partition: i32) -> u64 {
         let mut epochs = self.epochs.lock().unwrap_or_else(|p| p.into_inner());
         let e = epochs.entry((topic.to_owned(), partition)).or_insert(0);
@@ -228,6 +249,14 @@ impl GroupContext {
             )));
             return;
         }
+        {
+            let mut pending = self.pending();
+            pending.reset = true;
+            pending.assigned = starts
+                .iter()
+                .map(|s| (s.topic.clone(), s.partition))
+                .collect();
+        }
         tracing::info!(
             partitions = starts.len(),
             "partitions assigned; positions read from the lake"
@@ -254,6 +283,11 @@ impl ConsumerContext for GroupContext {
                 if let Err(e) = consumer.unassign() {
                     tracing::warn!(error = %e, "unassign failed");
                 }
+                {
+                    let mut pending = self.pending();
+                    pending.reset = true;
+                    pending.assigned.clear();
+                }
                 tracing::info!(partitions = parts.len(), "partitions revoked");
                 let _ = self.events.blocking_send(ConsumerEvent::Revoked(parts));
             }
@@ -262,6 +296,9 @@ impl ConsumerContext for GroupContext {
                 if let Err(e) = consumer.unassign() {
                     tracing::warn!(error = %e, "unassign failed");
                 }
+                let mut pending = self.pending();
+                pending.reset = true;
+                pending.assigned.clear();
             }
         }
     }
@@ -294,6 +331,7 @@ impl ChangeConsumer {
             events: tx.clone(),
             epochs: epochs.clone(),
             high_watermarks: high_watermarks.clone(),
+            splits: Mutex::default(),
         };
         let mut config = ClientConfig::new();
         // Defaults the operator may override: a killed member's partitions move to the
@@ -317,7 +355,8 @@ impl ChangeConsumer {
                 "topic.metadata.refresh.interval.ms",
                 settings.metadata_refresh.as_millis().to_string(),
             );
-        let consumer: BaseConsumer<GroupContext> = config.create_with_context(context)?;
+        let consumer: Arc<BaseConsumer<GroupContext>> =
+            Arc::new(config.create_with_context(context)?);
         let direct = match &settings.assignment {
             Assignment::Group => {
                 let topics: Vec<&str> = settings.subscription.iter().map(String::as_str).collect();
@@ -462,6 +501,11 @@ impl Direct {
         if let Err(e) = consumer.incremental_assign(&tpl) {
             return fail(format!("cannot assign partitions: {e}"));
         }
+        // An incremental assignment leaves the other partitions' queues as they are.
+        context
+            .pending()
+            .assigned
+            .extend(starts.iter().map(|(t, p, _)| (t.clone(), *p)));
         let starts: Vec<PartitionStart> = starts
             .into_iter()
             .map(|(topic, partition, next)| {
@@ -489,8 +533,76 @@ impl Direct {
     }
 }
 
+/// Messages one partition's queue yields per round of the poll loop.
+const PARTITION_QUOTA: usize = 200;
+/// Messages the consumer queue yields per round before the partition queues get their turn.
+const CONSUMER_QUEUE_QUOTA: usize = 2_000;
+
+/// Events and messages waiting in the consumer queue (librdkafka's, not the channel).
+fn consumer_queue_len(consumer: &BaseConsumer<GroupContext>) -> usize {
+    use rdkafka::bindings as rdsys;
+    // SAFETY: the handle is the consumer's own and alive for the call; the queue reference
+    // `rd_kafka_queue_get_consumer` returns is released right after its length is read.
+    unsafe {
+        let q = rdsys::rd_kafka_queue_get_consumer(consumer.client().native_ptr());
+        if q.is_null() {
+            return 0;
+        }
+        let n = rdsys::rd_kafka_queue_length(q);
+        rdsys::rd_kafka_queue_destroy(q);
+        n
+    }
+}
+
+/// Reads partitions fairly (docs/bronze.md, "Fairness between tables").
+///
+/// librdkafka prefetches up to `queued.min.messages` per partition into one consumer
+/// queue, in the order the fetch responses arrive. Read from that queue alone, an event of
+/// a quiet table that arrives while another table has a deep backlog waits behind
+/// everything prefetched of that backlog (hundreds of thousands of messages), so the quiet
+/// table's Bronze commits stop for as long as the backlog takes. Instead, every assigned
+/// partition gets a queue of its own (`split_partition_queue`), and each round takes at
+/// most [`PARTITION_QUOTA`] messages from each, so what reaches the stage is interleaved
+/// and a quiet partition's next message waits behind at most one quota of every other
+/// partition.
+///
+/// Order within a partition: after an assignment, messages fetched before its queue was
+/// split are in the consumer queue, and they are older than anything in its own queue.
+/// So the partition queues are read only in a round that found the consumer queue empty
+/// and split nothing new.
+struct Fairness {
+    queues: Vec<((String, i32), PartitionQueue<GroupContext>)>,
+    turn: usize,
+}
+
+impl Fairness {
+    /// Gives newly assigned partitions queues of their own; true when anything changed.
+    fn split_pending(&mut self, consumer: &Arc<BaseConsumer<GroupContext>>) -> bool {
+        let (reset, assigned) = {
+            let mut pending = consumer.context().pending();
+            let reset = std::mem::take(&mut pending.reset);
+            (reset, std::mem::take(&mut pending.assigned))
+        };
+        if reset {
+            self.queues.clear();
+        }
+        for (topic, partition) in &assigned {
+            self.queues
+                .retain(|((t, p), _)| !(t == topic && p == partition));
+            match consumer.split_partition_queue(topic, *partition) {
+                Some(q) => self.queues.push(((topic.clone(), *partition), q)),
+                // It stays on the consumer queue: read, only not in turn.
+                None => {
+                    tracing::debug!(%topic, partition, "no queue of its own for this partition")
+                }
+            }
+        }
+        reset || !assigned.is_empty()
+    }
+}
+
 fn poll_loop(
-    consumer: BaseConsumer<GroupContext>,
+    consumer: Arc<BaseConsumer<GroupContext>>,
     events: mpsc::Sender<ConsumerEvent>,
     commands: std_mpsc::Receiver<Command>,
     epochs: Epochs,
@@ -504,6 +616,37 @@ fn poll_loop(
             .get(&(topic.to_owned(), partition))
             .copied()
             .unwrap_or(0)
+    };
+    // One polled result as the event the stage gets; `None` for errors librdkafka retries.
+    let to_event = |r: KafkaResult<rdkafka::message::BorrowedMessage<'_>>| match r {
+        Ok(m) => Some(ConsumerEvent::Message(RawMessage {
+            topic: m.topic().to_owned(),
+            partition: m.partition(),
+            offset: m.offset(),
+            epoch: epoch_of(m.topic(), m.partition()),
+            timestamp_ms: m.timestamp().to_millis(),
+            key: m.key().map(<[u8]>::to_vec),
+            payload: m.payload().map(<[u8]>::to_vec),
+        })),
+        Err(e) => {
+            // Partition EOF and transient broker errors are reported by librdkafka and
+            // retried by it; only fatal errors end the consumer.
+            if matches!(
+                e.rdkafka_error_code(),
+                Some(rdkafka::types::RDKafkaErrorCode::Fatal)
+            ) {
+                Some(ConsumerEvent::Failed(format!(
+                    "fatal Kafka consumer error: {e}"
+                )))
+            } else {
+                tracing::debug!(error = %e, "consumer error (librdkafka retries)");
+                None
+            }
+        }
+    };
+    let mut fair = Fairness {
+        queues: Vec::new(),
+        turn: 0,
     };
     while !stop.load(Ordering::Relaxed) {
         if let Some(d) = direct.as_mut() {
@@ -540,33 +683,56 @@ fn poll_loop(
                 return;
             }
         }
-        let event = match consumer.poll(Duration::from_millis(100)) {
-            None => continue,
-            Some(Ok(m)) => ConsumerEvent::Message(RawMessage {
-                topic: m.topic().to_owned(),
-                partition: m.partition(),
-                offset: m.offset(),
-                epoch: epoch_of(m.topic(), m.partition()),
-                timestamp_ms: m.timestamp().to_millis(),
-                key: m.key().map(<[u8]>::to_vec),
-                payload: m.payload().map(<[u8]>::to_vec),
-            }),
-            Some(Err(e)) => {
-                // Partition EOF and transient broker errors are reported by librdkafka and
-                // retried by it; only fatal errors end the consumer.
-                if matches!(
-                    e.rdkafka_error_code(),
-                    Some(rdkafka::types::RDKafkaErrorCode::Fatal)
-                ) {
-                    ConsumerEvent::Failed(format!("fatal Kafka consumer error: {e}"))
-                } else {
-                    tracing::debug!(error = %e, "consumer error (librdkafka retries)");
-                    continue;
+        // The consumer queue first: it serves the callbacks (rebalances, statistics) and
+        // holds the messages of partitions without a queue of their own yet.
+        let mut delivered = 0usize;
+        let mut consumer_queue_empty = false;
+        for _ in 0..CONSUMER_QUEUE_QUOTA {
+            if consumer_queue_len(&consumer) == 0 {
+                consumer_queue_empty = true;
+                break;
+            }
+            if let Some(event) = consumer.poll(Duration::ZERO).and_then(&to_event) {
+                delivered += 1;
+                if events.blocking_send(event).is_err() {
+                    return;
                 }
             }
-        };
-        if events.blocking_send(event).is_err() {
-            return;
+        }
+        if fair.split_pending(&consumer) {
+            // Older messages of a just split partition may still be in the consumer queue.
+            consumer_queue_empty = false;
+        }
+        if consumer_queue_empty && !fair.queues.is_empty() {
+            let n = fair.queues.len();
+            for i in 0..n {
+                let (_, q) = &fair.queues[(fair.turn + i) % n];
+                for _ in 0..PARTITION_QUOTA {
+                    let Some(r) = q.poll(Duration::ZERO) else {
+                        break;
+                    };
+                    if let Some(event) = to_event(r) {
+                        delivered += 1;
+                        if events.blocking_send(event).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+            fair.turn = (fair.turn + 1) % n;
+        }
+        if delivered == 0 {
+            // Nothing waiting: block briefly on the consumer queue (callbacks, and messages
+            // of partitions not split); the partition queues are looked at again after it.
+            let wait = if fair.queues.is_empty() { 100 } else { 20 };
+            if let Some(event) = consumer
+                .poll(Duration::from_millis(wait))
+                .and_then(&to_event)
+            {
+                if events.blocking_send(event).is_err() {
+                    return;
+                }
+            }
         }
     }
 }

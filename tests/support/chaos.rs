@@ -35,6 +35,7 @@ use wal2delta_model::names::ident_part;
 use crate::daemon::Daemon;
 use crate::kafka::read_topic_to_end;
 use crate::lake::{duckdb, scan};
+use crate::proxy::Proxy;
 use crate::{connect, current_wal_lsn, unique, wait_confirmed, Stack};
 
 /// What one chaos run does.
@@ -69,6 +70,7 @@ CREATE SCHEMA {s}_log;
 CREATE TABLE {s}_log.tx (txid bigint PRIMARY KEY, at timestamptz DEFAULT now());
 CREATE TABLE {s}_log.changes (txid bigint, tbl text, events bigint, PRIMARY KEY (txid, tbl));
 CREATE TABLE {s}_log.aborted (txid bigint PRIMARY KEY);
+CREATE TABLE {s}_log.dlq (txid bigint, tbl text, id bigint, PRIMARY KEY (txid, tbl, id));
 "#;
 
 const TOML: &str = r#"[bronze]
@@ -252,6 +254,59 @@ enum Fault {
     PgFast,
     PgImmediate,
     KillBroker,
+    KillRegistry,
+    /// Close every connection between the daemon and PostgreSQL (the driver's proxy).
+    CutPg,
+    /// The proxy forwards nothing for a while; connections stay open.
+    StallPg,
+    /// Every file and directory of the lake immutable (`chattr +i`) for a while.
+    LakeReadOnly,
+}
+
+/// Makes the lake read-only while it lives. Tests run as root, for whom `chmod` changes
+/// nothing; the immutable attribute (`chattr +i`, ext4 and most Linux filesystems) makes
+/// creating, renaming, deleting and writing files fail with EPERM even for root.
+struct ReadOnlyLake(PathBuf);
+
+impl ReadOnlyLake {
+    fn set(path: PathBuf) -> Result<ReadOnlyLake> {
+        chattr(&path, "+i")?;
+        Ok(ReadOnlyLake(path))
+    }
+}
+
+impl Drop for ReadOnlyLake {
+    fn drop(&mut self) {
+        if let Err(e) = chattr(&self.0, "-i") {
+            eprintln!("chaos: could not make the lake writable again: {e:#}");
+        }
+    }
+}
+
+fn chattr(path: &PathBuf, flag: &str) -> Result<()> {
+    let out = Command::new("chattr")
+        .args(["-R", "-f", flag])
+        .arg(path)
+        .stdin(Stdio::null())
+        .output()
+        .context("running chattr")?;
+    if !out.status.success() {
+        bail!(
+            "chattr -R {flag} {} failed: {}",
+            path.display(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
+/// `host:port` of a `postgres://user:password@host:port/db` DSN.
+fn dsn_host_port(dsn: &str) -> Result<String> {
+    let rest = dsn
+        .split_once('@')
+        .map(|(_, r)| r)
+        .context("the DSN has no @host part")?;
+    Ok(rest.split(['/', '?']).next().unwrap_or(rest).to_owned())
 }
 
 /// Counters the workload shares with the report.
@@ -274,8 +329,17 @@ struct Workload {
     next_order: i32,
     extra_column: bool,
     large_done: bool,
+    /// The oversized change committed (or its transaction's outcome is in the log).
+    oversized_done: bool,
+    /// A `doc` row whose last change went to the DLQ: the next transaction rewrites it.
+    repair: Option<i64>,
     counts: Arc<Counts>,
 }
+
+/// `[kafka] message_max_bytes` of the chaos runs, and the oversized value: `md5` strings
+/// of 32 characters each, about 320 kB in all (random hex does not compress to nothing).
+const MESSAGE_MAX_BYTES: usize = 262_144;
+const OVERSIZED_MD5S: usize = 10_000;
 
 impl Workload {
     async fn client(&self) -> Client {
@@ -435,13 +499,63 @@ impl Workload {
         }
     }
 
+    /// A value over `[kafka] message_max_bytes`: one `doc` row's body replaced by about
+    /// 320 kB, alone in its transaction. Capture sends the event to the DLQ, not to Kafka's
+    /// table topic. The log records the (txid, table, key) in `{s}_log.dlq`, not in
+    /// `{s}_log.changes` (Bronze never sees the event), in the same transaction. Returns
+    /// the key changed, if a row was there to change.
+    async fn oversized(&mut self, pg: &Client) -> Result<Option<i64>> {
+        let s = self.s.clone();
+        let probe = self.rng.random_range(0..self.next_id.max(2));
+        pg.batch_execute("BEGIN").await?;
+        let txid: i64 = pg
+            .query_one(
+                "SELECT (pg_current_xact_id()::text::bigint % 4294967296)",
+                &[],
+            )
+            .await?
+            .get(0);
+        let rows = pg
+            .query(
+                &format!(
+                    "UPDATE {s}.doc SET body = (SELECT string_agg(md5(random()::text), '') FROM generate_series(1, {OVERSIZED_MD5S})) WHERE id = (SELECT id FROM {s}.doc WHERE id >= {probe} ORDER BY id LIMIT 1) RETURNING id"
+                ),
+                &[],
+            )
+            .await?;
+        let Some(id) = rows.first().map(|r| r.get::<_, i32>(0)) else {
+            pg.batch_execute("ROLLBACK").await?;
+            return Ok(None);
+        };
+        let id = i64::from(id);
+        // Set before COMMIT: whatever its outcome, rewriting the row is harmless.
+        self.repair = Some(id);
+        pg.batch_execute(&format!(
+            "INSERT INTO {s}_log.tx (txid) VALUES ({txid}); INSERT INTO {s}_log.dlq VALUES ({txid}, 'doc', {id}); COMMIT"
+        ))
+        .await?;
+        self.counts.committed.fetch_add(1, Ordering::Relaxed);
+        Ok(Some(id))
+    }
+
+    /// The transaction that rewrites the row whose change went to the DLQ, with a value
+    /// that fits (what docs/capture.md tells an operator to do), so Silver holds the row's
+    /// state again.
+    fn repair_statement(&self, id: i64) -> (&'static str, String) {
+        let s = &self.s;
+        (
+            "doc",
+            format!("UPDATE {s}.doc SET body = 'repaired ' || id WHERE id = {id}"),
+        )
+    }
+
     async fn run(
         mut self,
         stop: Arc<AtomicBool>,
         start: Instant,
         duration: Duration,
-        large_at: Duration,
-        large_rows: u64,
+        (large_at, large_rows): (Duration, u64),
+        oversized_at: Duration,
         sched: Schedule,
     ) -> Result<()> {
         let s = self.s.clone();
@@ -452,6 +566,44 @@ impl Workload {
         let mut dropped = false;
         while !stop.load(Ordering::Relaxed) {
             let elapsed = start.elapsed();
+            if let Some(id) = self.repair {
+                // Before anything else touches the row (an update leaving its TOASTed body
+                // unchanged would leave Silver's old body in place).
+                let stmt = self.repair_statement(id);
+                match self.transaction(&pg, vec![stmt], false).await {
+                    Ok(_) => self.repair = None,
+                    Err(_) => {
+                        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+                        if pg.is_closed() {
+                            pg = self.client().await;
+                        } else {
+                            let _ = pg.batch_execute("ROLLBACK").await;
+                        }
+                    }
+                }
+                continue;
+            }
+            if !self.oversized_done && elapsed >= oversized_at {
+                match self.oversized(&pg).await {
+                    Ok(Some(id)) => {
+                        self.oversized_done = true;
+                        sched.note(
+                            start,
+                            format!("workload: a doc row's body over message_max_bytes committed (key {id}); rewritten next"),
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(_) => {
+                        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+                        if pg.is_closed() {
+                            pg = self.client().await;
+                        } else {
+                            let _ = pg.batch_execute("ROLLBACK").await;
+                        }
+                    }
+                }
+                continue;
+            }
             let mut large = false;
             let (stmts, abort, ddl): (Vec<(&'static str, String)>, bool, Option<String>) = if !added
                 && elapsed >= add_at
@@ -526,7 +678,7 @@ impl Workload {
         // Make every table change once more, so Silver sees the last ALTERs' columns, and
         // retry until it commits.
         loop {
-            let stmts = vec![
+            let mut stmts = vec![
                 (
                     "acct",
                     format!(
@@ -553,10 +705,16 @@ impl Workload {
                     format!("INSERT INTO {s}.bulk VALUES ({}, 1)", self.next_id + 2),
                 ),
             ];
+            if let Some(id) = self.repair {
+                stmts.push(self.repair_statement(id));
+            }
             self.next_id += 3;
             self.next_order += 1;
             match self.transaction(&pg, stmts, false).await {
-                Ok(_) => break,
+                Ok(_) => {
+                    self.repair = None;
+                    break;
+                }
                 Err(_) => {
                     if pg.is_closed() {
                         pg = self.client().await;
@@ -590,8 +748,22 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
     let pg = stack.connect().await?;
     pg.batch_execute(&TABLES.replace("{s}", &name)).await?;
     let mut d = Daemon::new(stack, &name, TOML)?;
+    // The daemon reaches PostgreSQL (query and replication connections) through a proxy of
+    // the driver's own, which can cut and stall them.
+    let upstream = dsn_host_port(&stack.dsn)?;
+    let proxy = Proxy::start(upstream.clone()).await?;
+    d.env.push((
+        "WAL2DELTA__SOURCE__DSN".into(),
+        stack
+            .dsn
+            .replacen(&upstream, &format!("127.0.0.1:{}", proxy.port), 1),
+    ));
     d.env
         .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
+    d.env.push((
+        "WAL2DELTA__KAFKA__MESSAGE_MAX_BYTES".into(),
+        MESSAGE_MAX_BYTES.to_string(),
+    ));
     d.setup()?;
     drop(pg);
 
@@ -601,6 +773,7 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
     let counts = Arc::new(Counts::default());
     let stop = Arc::new(AtomicBool::new(false));
     let large_at = opts.duration.mul_f64(rng.random_range(0.2..0.7));
+    let oversized_at = opts.duration.mul_f64(rng.random_range(0.15..0.85));
     let workload = Workload {
         stack: stack.clone(),
         s: name.clone(),
@@ -609,14 +782,16 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
         next_order: 1,
         extra_column: false,
         large_done: false,
+        oversized_done: false,
+        repair: None,
         counts: counts.clone(),
     };
     let wl = tokio::spawn(workload.run(
         stop.clone(),
         start,
         opts.duration,
-        large_at,
-        opts.large_tx_rows,
+        (large_at, opts.large_tx_rows),
+        oversized_at,
         sched.clone(),
     ));
 
@@ -656,11 +831,15 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
             }
             faults += 1;
             let fault = match rng.random_range(0..100) {
-                0..=29 => Fault::KillPipeline,
-                30..=44 => Fault::KillOneStage,
-                45..=59 => Fault::PgFast,
-                60..=79 => Fault::PgImmediate,
-                _ => Fault::KillBroker,
+                0..=21 => Fault::KillPipeline,
+                22..=34 => Fault::KillOneStage,
+                35..=45 => Fault::PgFast,
+                46..=59 => Fault::PgImmediate,
+                60..=73 => Fault::KillBroker,
+                74..=81 => Fault::KillRegistry,
+                82..=87 => Fault::CutPg,
+                88..=93 => Fault::StallPg,
+                _ => Fault::LakeReadOnly,
             };
             let pause = Duration::from_millis(rng.random_range(0..3000));
             let which = rng.random_range(0..3usize);
@@ -706,6 +885,52 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
                     tokio::time::sleep(pause).await;
                     ops_stack(&["start-broker"])?;
                 }
+                Fault::CutPg => {
+                    sched.note(
+                        start,
+                        "fault: cut every connection of the daemon to PostgreSQL (proxy)",
+                    );
+                    proxy.cut();
+                }
+                Fault::StallPg => {
+                    let d = Duration::from_millis(2000 + pause.as_millis() as u64 * 2);
+                    sched.note(
+                        start,
+                        format!(
+                            "fault: stall the daemon's PostgreSQL connections for {d:?} (proxy)"
+                        ),
+                    );
+                    proxy.stall(d);
+                }
+                Fault::LakeReadOnly => {
+                    let d_ro = Duration::from_millis(3000 + pause.as_millis() as u64 * 2);
+                    match ReadOnlyLake::set(d.lake()) {
+                        Ok(guard) => {
+                            sched.note(start, format!("fault: lake read-only for {d_ro:?}"));
+                            // Keep supervising meanwhile: a stage may exit on the errors.
+                            let until = Instant::now() + d_ro;
+                            while Instant::now() < until {
+                                tokio::time::sleep(Duration::from_millis(250)).await;
+                                pipe.supervise(&d, &sched, start)?;
+                            }
+                            drop(guard);
+                            sched.note(start, "fault: lake writable again");
+                        }
+                        Err(e) => {
+                            let _ = chattr(&d.lake(), "-i");
+                            sched.note(start, format!("fault: lake read-only skipped ({e:#})"));
+                        }
+                    }
+                }
+                Fault::KillRegistry => {
+                    sched.note(
+                        start,
+                        format!("fault: SIGKILL the schema registry, start it after {pause:?}"),
+                    );
+                    ops_stack(&["kill-registry"])?;
+                    tokio::time::sleep(pause).await;
+                    ops_stack(&["start-registry"])?;
+                }
             }
             next_fault = Instant::now()
                 + Duration::from_secs(
@@ -738,7 +963,7 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
     if let Err(e) = drained {
         report.fail(format!("the drain failed: {e:#}"));
     } else {
-        sched.note(start, "drain: slot caught up; checking");
+        sched.note(start, "drain: Bronze holds every Kafka offset; checking");
         if let Err(e) = checks(stack, &d, &name, &mut report).await {
             report.fail(format!("a check could not run: {e:#}"));
         }
@@ -757,7 +982,7 @@ async fn drain(
     start: Instant,
     panics: &mut usize,
 ) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(900);
+    let deadline = Instant::now() + Duration::from_secs(DRAIN_SECS);
     loop {
         pipe.supervise(d, sched, start)?;
         let now = broker_storage_panics(stack);
@@ -782,7 +1007,7 @@ async fn drain(
         };
         let target = current_wal_lsn(&pg).await?;
         match wait_confirmed(&pg, &d.slot, target, Duration::from_secs(20)).await {
-            Ok(_) => return Ok(()),
+            Ok(_) => break,
             Err(e) if Instant::now() > deadline => {
                 let tails: Vec<String> = pipe
                     .procs
@@ -794,6 +1019,79 @@ async fn drain(
             Err(_) => {}
         }
     }
+    sched.note(
+        start,
+        "drain: slot caught up; waiting for Bronze to reach Kafka's end",
+    );
+    // Bronze must hold every partition up to its high watermark before the checks, so a
+    // slow or starved Bronze is reported as such rather than as a reconcile difference.
+    loop {
+        pipe.supervise(d, sched, start)?;
+        let now = broker_storage_panics(stack);
+        if now > *panics {
+            sched.note(
+                start,
+                "broker: tansu's storage panicked; restarting it (known tansu 0.6 problem)",
+            );
+            ops_stack(&["kill-broker"])?;
+            ops_stack(&["start-broker"])?;
+            *panics = broker_storage_panics(stack);
+        }
+        let last = match bronze_lag(d) {
+            // The four tables and the transactions topic.
+            // The transactions topic keeps growing while capture is idle (a WATERMARK record
+            // per heartbeat, every 500 ms here), so it may be a few records behind at any
+            // moment.
+            Ok(lags)
+                if lags.len() > TABLE_NAMES.len()
+                    && lags.iter().all(|(t, l)| {
+                        *l == 0 || (t == "_wal2delta.transactions" && (0..=50).contains(l))
+                    }) =>
+            {
+                return Ok(())
+            }
+            Ok(lags) => lags,
+            Err(e) => vec![(format!("status failed: {e:#}"), -1)],
+        };
+        if Instant::now() > deadline {
+            bail!(
+                "Bronze did not reach Kafka's end within the drain's {} s: events behind per table {last:?}",
+                DRAIN_SECS
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// How long the drain may take: capture catching up, then Bronze reaching Kafka's end.
+const DRAIN_SECS: u64 = 1200;
+
+/// Per Bronze table (and the transactions table): events in Kafka not yet in Bronze,
+/// from `wal2delta status --json` (high watermark minus the offsets the table holds).
+fn bronze_lag(d: &Daemon) -> Result<Vec<(String, i64)>> {
+    let out = d.command(&["status", "--json"])?;
+    let doc: Value = serde_json::from_slice(&out.stdout).with_context(|| {
+        format!(
+            "status --json: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )
+    })?;
+    let bronze = &doc["stages"]["bronze"];
+    if let Some(e) = bronze.get("error") {
+        bail!("status: bronze lag unknown: {e}");
+    }
+    Ok(bronze["tables"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .map(|t| {
+            (
+                t["table"].as_str().unwrap_or("?").to_owned(),
+                t["lag_events"].as_i64().unwrap_or(-1),
+            )
+        })
+        .collect())
 }
 
 struct Report {
@@ -808,6 +1106,8 @@ struct Report {
     tables_equal: usize,
     bronze_events: u64,
     republished: u64,
+    /// Distinct oversized changes found in the DLQ.
+    dlq_events: usize,
     retained_wal: Option<i64>,
     unexpected_exits: Vec<String>,
     elapsed: Duration,
@@ -827,6 +1127,7 @@ impl Report {
             tables_equal: 0,
             bronze_events: 0,
             republished: 0,
+            dlq_events: 0,
             retained_wal: None,
             unexpected_exits: Vec::new(),
             elapsed: Duration::ZERO,
@@ -863,7 +1164,7 @@ impl Report {
         }
         print!("{out}");
         let summary = format!(
-            "chaos: {} seed={} minutes={:.1} elapsed={}s faults={} committed_tx={} aborted_tx={} workload_errors={} bronze_events={} republished={} tables_equal={} retained_wal={} unexpected_exits={}{}",
+            "chaos: {} seed={} minutes={:.1} elapsed={}s faults={} committed_tx={} aborted_tx={} workload_errors={} bronze_events={} republished={} dlq_events={} tables_equal={} retained_wal={} unexpected_exits={}{}",
             if ok { "PASS" } else { "FAIL" },
             self.seed,
             self.minutes,
@@ -874,6 +1175,7 @@ impl Report {
             self.workload_errors,
             self.bronze_events,
             self.republished,
+            self.dlq_events,
             self.tables_equal,
             self.retained_wal.map_or("?".into(), |b| format!("{b}B")),
             self.unexpected_exits.len(),
@@ -1088,6 +1390,63 @@ async fn checks(stack: &Stack, d: &Daemon, s: &str, report: &mut Report) -> Resu
                 &wrong[..wrong.len().min(5)]
             ));
         }
+    }
+
+    // 5. The oversized change is in the DLQ (it is not in Bronze: its transaction has no
+    // `changes` row, so check 3 fails on any Bronze event of it), and nothing else is.
+    let wanted: HashSet<(i64, i64)> = pg
+        .query(&format!("SELECT txid, id FROM {s}_log.dlq"), &[])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let dlq_topic = format!("{}.dlq", d.prefix);
+    let letters = match read_topic_to_end(&stack.brokers, &dlq_topic) {
+        Ok(l) => l,
+        // The topic is created on the first dead letter.
+        Err(_) if wanted.is_empty() => Vec::new(),
+        Err(e) => return Err(e.context(format!("reading {dlq_topic}"))),
+    };
+    let doc_table = format!("{s}.doc");
+    let mut found: HashSet<(i64, i64)> = HashSet::new();
+    let mut unexpected = Vec::new();
+    for l in &letters {
+        let v: Value = serde_json::from_slice(&l.payload).unwrap_or(Value::Null);
+        let key = (
+            v["xid"].as_i64().unwrap_or(-1),
+            v["key"]["id"]
+                .as_str()
+                .and_then(|k| k.parse().ok())
+                .unwrap_or(-1),
+        );
+        if v["reason_kind"] == "message_too_large"
+            && v["table"] == doc_table.as_str()
+            && wanted.contains(&key)
+        {
+            found.insert(key);
+        } else {
+            unexpected.push(format!(
+                "{} {} xid {} key {}",
+                v["reason_kind"], v["table"], v["xid"], v["key"]
+            ));
+        }
+    }
+    // Copies (capture is at least once) count once.
+    report.dlq_events = found.len();
+    let mut missing: Vec<_> = wanted.difference(&found).collect();
+    if !missing.is_empty() {
+        missing.sort_unstable();
+        report.fail(format!(
+            "DLQ: {} oversized changes of the change log have no message_too_large letter in {dlq_topic}: (txid, key) {missing:?}",
+            missing.len()
+        ));
+    }
+    if !unexpected.is_empty() {
+        report.fail(format!(
+            "DLQ: {} unexpected dead letters, e.g. {:?}",
+            unexpected.len(),
+            &unexpected[..unexpected.len().min(5)]
+        ));
     }
 
     // 4. Retained WAL back near zero (capture confirms on heartbeats while idle).
