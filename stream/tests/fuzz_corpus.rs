@@ -1,80 +1,11 @@
-//! The committed fuzz corpus (`fuzz/corpus/<target>/`) and every saved reproducer of a
-//! fixed crash (`fuzz/regressions/<target>/`), run through the entry functions the
-//! cargo-fuzz targets call, on stable: `ops/test` guards them without nightly.
-//! `WAL2DELTA_WRITE_FUZZ_SEEDS=1 cargo test -p wal2delta-stream --test fuzz_corpus` rewrites
-//! the generated seed files after a change of the seed builders.
+//! The fuzz corpus of the Kafka-record target, and the writer schemas of its seeds, on
+//! stable (see the runner).
 
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+#[path = "../../fuzz/corpus_runner.rs"]
+mod corpus_runner;
 
+use corpus_runner::{files_at, run, seeds};
 use wal2delta_stream::fuzz;
-
-fn fuzz_dir(kind: &str, target: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz")
-        .join(kind)
-        .join(target)
-}
-
-/// Writes (with WAL2DELTA_WRITE_FUZZ_SEEDS set) or checks the generated seed files.
-fn seeds(target: &str, seeds: Vec<(String, Vec<u8>)>) {
-    let seeds = seeds
-        .into_iter()
-        .map(|(n, b)| (format!("seed-{n}"), b))
-        .collect();
-    seeds_at(&format!("corpus/{target}"), seeds)
-}
-
-fn seeds_at(sub: &str, seeds: Vec<(String, Vec<u8>)>) {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../fuzz")
-        .join(sub);
-    let write = std::env::var_os("WAL2DELTA_WRITE_FUZZ_SEEDS").is_some();
-    for (name, bytes) in seeds {
-        let path = dir.join(name);
-        if write {
-            std::fs::create_dir_all(&dir).unwrap();
-            std::fs::write(&path, &bytes).unwrap();
-        } else {
-            let committed = std::fs::read(&path).unwrap_or_else(|e| {
-                panic!(
-                    "{}: {e} (run with WAL2DELTA_WRITE_FUZZ_SEEDS=1 to write the seeds)",
-                    path.display()
-                )
-            });
-            assert!(
-                committed == bytes,
-                "{} differs from its builder (run with WAL2DELTA_WRITE_FUZZ_SEEDS=1 to rewrite it)",
-                path.display()
-            );
-        }
-    }
-}
-
-/// Feeds every corpus and regression file of `target` to `entry`.
-fn run(target: &str, entry: fn(&[u8])) {
-    let mut count = 0;
-    for kind in ["corpus", "regressions"] {
-        let Ok(dir) = std::fs::read_dir(fuzz_dir(kind, target)) else {
-            continue;
-        };
-        let mut paths: Vec<PathBuf> = dir.map(|e| e.unwrap().path()).collect();
-        paths.sort();
-        for path in paths {
-            let bytes = std::fs::read(&path).unwrap();
-            let start = Instant::now();
-            entry(&bytes);
-            let took = start.elapsed();
-            assert!(
-                took < Duration::from_secs(10),
-                "{} took {took:?}: a hang (see docs/fuzzing.md)",
-                path.display()
-            );
-            count += 1;
-        }
-    }
-    assert!(count > 0, "no corpus for fuzz target {target}");
-}
 
 #[test]
 fn kafka_record_corpus() {
@@ -92,7 +23,7 @@ fn kafka_record_schemas() {
             + "
 "
     };
-    seeds_at(
+    files_at(
         "schemas",
         vec![
             (
