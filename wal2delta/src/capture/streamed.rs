@@ -43,7 +43,7 @@ pub(super) async fn replay_streamed(
             if state.acks.in_flight() < max_in_flight {
                 break;
             }
-            // librdkafka never times out (see `state::DeliveryWatch`): bound the wait here.
+            // librdkafka never times out (see `acks::DeliveryWatch`): bound the wait here.
             match tokio::time::timeout(state.acks.watch.timeout, deliveries.recv()).await {
                 Ok(Some(d)) => {
                     state.acks.on_delivery(d)?;
