@@ -20,7 +20,7 @@ use wal2delta_model::{
     TxPosition,
 };
 
-use crate::pgoutput::{PgOutputMessage, RelationColumn, TupleValue};
+use crate::pgoutput::{PgOutputMessage, TupleValue};
 use crate::replication::pg_ts_to_unix_us;
 use crate::{catalog::TypeCatalog, value, CdcError};
 
@@ -102,17 +102,10 @@ pub struct Decoder {
     /// (it was sent by a subtransaction that rolled back) pgoutput will not send it again
     /// for that transaction, yet the transaction's later changes are shaped by it.
     /// Other transactions never see them: pgoutput sends them their own.
-    streamed_relations: HashMap<u32, HashMap<u32, StreamedRelation>>,
+    /// Each is the Relation message as sent.
+    streamed_relations: HashMap<u32, HashMap<u32, PgOutputMessage>>,
     /// Those of the transaction being replayed.
-    replaying: HashMap<u32, StreamedRelation>,
-}
-
-/// A Relation message from a stream block, kept as sent.
-struct StreamedRelation {
-    namespace: String,
-    name: String,
-    replica_identity: u8,
-    columns: Vec<RelationColumn>,
+    replaying: HashMap<u32, PgOutputMessage>,
 }
 
 impl Default for Decoder {
@@ -150,22 +143,11 @@ impl Decoder {
     /// publish: see the module's doc.
     pub fn stream_schema(&mut self, xid: u32, msg: PgOutputMessage) {
         match msg {
-            PgOutputMessage::Relation {
-                rel_id,
-                namespace,
-                name,
-                replica_identity,
-                columns,
-            } => {
-                self.streamed_relations.entry(xid).or_default().insert(
-                    rel_id,
-                    StreamedRelation {
-                        namespace,
-                        name,
-                        replica_identity,
-                        columns,
-                    },
-                );
+            PgOutputMessage::Relation { rel_id, .. } => {
+                self.streamed_relations
+                    .entry(xid)
+                    .or_default()
+                    .insert(rel_id, msg);
             }
             PgOutputMessage::Type { type_oid, .. } => self.types.invalidate(type_oid),
             _ => {}
@@ -181,18 +163,8 @@ impl Decoder {
     /// being replayed so far described only inside its stream blocks.
     async fn settle_streamed(&mut self, catalog: &Client, rel_ids: &[u32]) -> Result<(), CdcError> {
         for rel_id in rel_ids {
-            if let Some(r) = self.replaying.remove(rel_id) {
-                let schema = self
-                    .relation(
-                        catalog,
-                        *rel_id,
-                        r.namespace,
-                        r.name,
-                        r.replica_identity,
-                        r.columns,
-                    )
-                    .await?;
-                self.relations.insert(*rel_id, Arc::new(schema));
+            if let Some(msg) = self.replaying.remove(rel_id) {
+                self.relation(catalog, msg).await?;
             }
         }
         Ok(())
@@ -207,20 +179,8 @@ impl Decoder {
         lsn: Lsn,
     ) -> Result<Decoded, CdcError> {
         match msg {
-            PgOutputMessage::Relation {
-                rel_id,
-                namespace,
-                name,
-                replica_identity,
-                columns,
-            } => {
-                self.replaying.remove(&rel_id);
-                let schema = Arc::new(
-                    self.relation(catalog, rel_id, namespace, name, replica_identity, columns)
-                        .await?,
-                );
-                self.relations.insert(rel_id, schema.clone());
-                Ok(Decoded::Relation(schema))
+            PgOutputMessage::Relation { .. } => {
+                Ok(Decoded::Relation(self.relation(catalog, msg).await?))
             }
             other => {
                 // A change of a relation the replayed transaction described only inside
@@ -323,15 +283,26 @@ impl Decoder {
         self.relations.insert(schema.relation_oid, schema);
     }
 
+    /// Resolves a Relation message against the catalog and makes it the relation's
+    /// current description (replacing one only noted in a stream block).
     async fn relation(
         &mut self,
         catalog: &Client,
-        rel_id: u32,
-        namespace: String,
-        name: String,
-        replica_identity: u8,
-        columns: Vec<RelationColumn>,
-    ) -> Result<TableSchema, CdcError> {
+        msg: PgOutputMessage,
+    ) -> Result<Arc<TableSchema>, CdcError> {
+        let PgOutputMessage::Relation {
+            rel_id,
+            namespace,
+            name,
+            replica_identity,
+            columns,
+        } = msg
+        else {
+            return Err(CdcError::Protocol(
+                "a relation description was expected".into(),
+            ));
+        };
+        self.replaying.remove(&rel_id);
         // The Kafka key is the primary key. pgoutput flags every column as "key" under
         // REPLICA IDENTITY FULL, so the flags are only used for tables without one.
         let pk = crate::catalog::primary_key_columns(catalog, rel_id).await?;
@@ -372,12 +343,14 @@ impl Decoder {
                 is_key,
             });
         }
-        Ok(TableSchema {
+        let schema = Arc::new(TableSchema {
             relation_oid: rel_id,
             table,
             columns: cols,
             replica_identity: ReplicaIdentity::from_code(replica_identity),
-        })
+        });
+        self.relations.insert(rel_id, schema.clone());
+        Ok(schema)
     }
 
     fn position(&mut self, lsn: Lsn) -> TxPosition {

@@ -116,6 +116,30 @@ impl BaseType {
 }
 
 impl ColumnType {
+    /// A built-in type known by its base type and name alone, not read from a catalog
+    /// (OID 0, no type modifier): for fixtures, tests and fuzz targets.
+    pub fn base(b: BaseType, name: &str) -> ColumnType {
+        ColumnType {
+            oid: 0,
+            typmod: -1,
+            name: name.to_owned(),
+            kind: TypeKind::Base(b),
+        }
+    }
+
+    /// The array type of `element` (`name[]`); the column's type modifier applies to the
+    /// elements, as PostgreSQL reports it.
+    pub fn array_of(element: ColumnType) -> ColumnType {
+        ColumnType {
+            oid: 0,
+            typmod: element.typmod,
+            name: format!("{}[]", element.name),
+            kind: TypeKind::Array {
+                element: Box::new(element),
+            },
+        }
+    }
+
     /// The precision and scale of a `numeric(p,s)` column, or `None` when unconstrained.
     pub fn numeric_precision_scale(&self) -> Option<(u32, u32)> {
         if self.typmod < 4 {

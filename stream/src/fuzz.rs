@@ -24,59 +24,51 @@ use crate::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchem
 use crate::avro::types::from_avro;
 use crate::registry::{frame, unframe};
 
-fn base(b: BaseType, name: &str) -> ColumnType {
-    ColumnType {
-        oid: 0,
-        typmod: -1,
-        name: name.to_owned(),
-        kind: TypeKind::Base(b),
-    }
-}
-
-fn array_of(element: ColumnType) -> ColumnType {
-    ColumnType {
-        oid: 0,
-        typmod: -1,
-        name: format!("{}[]", element.name),
-        kind: TypeKind::Array {
-            element: Box::new(element),
-        },
-    }
-}
-
 /// A table with a column of every mapped type (and arrays, a domain, an enum), keyed by
 /// `(id, day)` so a key holds a date too.
 pub fn fixture_table() -> TableSchema {
     use BaseType::*;
     let cols: Vec<(&str, ColumnType)> = vec![
-        ("id", base(Int8, "bigint")),
-        ("day", base(Date, "date")),
-        ("b", base(Bool, "boolean")),
-        ("i2", base(Int2, "smallint")),
-        ("i4", base(Int4, "integer")),
-        ("o", base(Oid, "oid")),
-        ("f4", base(Float4, "real")),
-        ("f8", base(Float8, "double precision")),
-        ("n", base(Numeric, "numeric")),
-        ("t", base(Text, "text")),
-        ("by", base(Bytea, "bytea")),
-        ("u", base(Uuid, "uuid")),
-        ("j", base(Jsonb, "jsonb")),
-        ("d", base(Date, "date")),
-        ("tm", base(Time, "time without time zone")),
-        ("ttz", base(TimeTz, "time with time zone")),
-        ("ts", base(Timestamp, "timestamp without time zone")),
-        ("tstz", base(TimestampTz, "timestamp with time zone")),
-        ("iv", base(Interval, "interval")),
-        ("ip", base(Inet, "inet")),
-        ("ia", array_of(base(Int4, "integer"))),
-        ("ta", array_of(base(Text, "text"))),
-        ("da", array_of(base(Date, "date"))),
+        ("id", ColumnType::base(Int8, "bigint")),
+        ("day", ColumnType::base(Date, "date")),
+        ("b", ColumnType::base(Bool, "boolean")),
+        ("i2", ColumnType::base(Int2, "smallint")),
+        ("i4", ColumnType::base(Int4, "integer")),
+        ("o", ColumnType::base(Oid, "oid")),
+        ("f4", ColumnType::base(Float4, "real")),
+        ("f8", ColumnType::base(Float8, "double precision")),
+        ("n", ColumnType::base(Numeric, "numeric")),
+        ("t", ColumnType::base(Text, "text")),
+        ("by", ColumnType::base(Bytea, "bytea")),
+        ("u", ColumnType::base(Uuid, "uuid")),
+        ("j", ColumnType::base(Jsonb, "jsonb")),
+        ("d", ColumnType::base(Date, "date")),
+        ("tm", ColumnType::base(Time, "time without time zone")),
+        ("ttz", ColumnType::base(TimeTz, "time with time zone")),
+        (
+            "ts",
+            ColumnType::base(Timestamp, "timestamp without time zone"),
+        ),
+        (
+            "tstz",
+            ColumnType::base(TimestampTz, "timestamp with time zone"),
+        ),
+        ("iv", ColumnType::base(Interval, "interval")),
+        ("ip", ColumnType::base(Inet, "inet")),
+        (
+            "ia",
+            ColumnType::array_of(ColumnType::base(Int4, "integer")),
+        ),
+        ("ta", ColumnType::array_of(ColumnType::base(Text, "text"))),
+        ("da", ColumnType::array_of(ColumnType::base(Date, "date"))),
         (
             "tsa",
-            array_of(base(TimestampTz, "timestamp with time zone")),
+            ColumnType::array_of(ColumnType::base(TimestampTz, "timestamp with time zone")),
         ),
-        ("iva", array_of(base(Interval, "interval"))),
+        (
+            "iva",
+            ColumnType::array_of(ColumnType::base(Interval, "interval")),
+        ),
         (
             "dom",
             ColumnType {
@@ -84,7 +76,7 @@ pub fn fixture_table() -> TableSchema {
                 typmod: -1,
                 name: "public.valid_until".into(),
                 kind: TypeKind::Domain {
-                    base: Box::new(base(Date, "date")),
+                    base: Box::new(ColumnType::base(Date, "date")),
                 },
             },
         ),

@@ -47,17 +47,6 @@ pub(crate) fn base(b: BaseType, name: &str) -> ColumnType {
     }
 }
 
-fn array_of(element: ColumnType) -> ColumnType {
-    ColumnType {
-        oid: 0,
-        typmod: -1,
-        name: format!("{}[]", element.name),
-        kind: TypeKind::Array {
-            element: Box::new(element),
-        },
-    }
-}
-
 fn other(name: &str, oid: u32) -> ColumnType {
     ColumnType {
         oid,
@@ -279,34 +268,49 @@ fn samples() -> Vec<(ColumnType, String)> {
         &domain("public.price", base(Numeric, "numeric")),
         &["12.50"],
     );
-    add(&array_of(base(Text, "text")), &[
+    add(&ColumnType::array_of(base(Text, "text")), &[
         "{a,\"\",\"NULL\",NULL,\"a \\\"b\\\"\",\"back\\\\slash\",\"x y\",\"{}\",\"null\",\"NuLl\",\"comma,\",\"tab\t\",é}",
         "{}",
     ]);
     add(
-        &array_of(base(Float8, "double precision")),
+        &ColumnType::array_of(base(Float8, "double precision")),
         &["{1.5,NaN,Infinity}"],
     );
     add(
-        &array_of(base(TimestampTz, "timestamp with time zone")),
+        &ColumnType::array_of(base(TimestampTz, "timestamp with time zone")),
         &["{\"2024-01-02 03:04:05+00\",infinity}"],
     );
     add(
-        &array_of(base(Bytea, "bytea")),
+        &ColumnType::array_of(base(Bytea, "bytea")),
         &["{\"\\\\x0102\",\"\\\\x\"}"],
     );
-    add(&array_of(base(Interval, "interval")), &["{P1D}"]);
-    add(&array_of(base(Numeric, "numeric")), &["{1.2,NaN}"]);
-    add(&array_of(base(Bool, "boolean")), &["{t,NULL,f}"]);
-    add(&array_of(base(Int4, "integer")), &["{1,2,NULL,-3}"]);
-    add(&array_of(other("point", 600)), &["{\"(1,2)\"}"]);
-    add(&array_of(range), &["{\"[1,2)\"}"]);
-    add(&array_of(other("box", 603)), &["{(3,4),(1,2);(1,1),(0,0)}"]);
     add(
-        &array_of(domain("public.price", base(Numeric, "numeric"))),
+        &ColumnType::array_of(base(Interval, "interval")),
+        &["{P1D}"],
+    );
+    add(
+        &ColumnType::array_of(base(Numeric, "numeric")),
+        &["{1.2,NaN}"],
+    );
+    add(
+        &ColumnType::array_of(base(Bool, "boolean")),
+        &["{t,NULL,f}"],
+    );
+    add(
+        &ColumnType::array_of(base(Int4, "integer")),
+        &["{1,2,NULL,-3}"],
+    );
+    add(&ColumnType::array_of(other("point", 600)), &["{\"(1,2)\"}"]);
+    add(&ColumnType::array_of(range), &["{\"[1,2)\"}"]);
+    add(
+        &ColumnType::array_of(other("box", 603)),
+        &["{(3,4),(1,2);(1,1),(0,0)}"],
+    );
+    add(
+        &ColumnType::array_of(domain("public.price", base(Numeric, "numeric"))),
         &["{1.50,NULL}"],
     );
-    add(&array_of(mood), &["{sad,ok}"]);
+    add(&ColumnType::array_of(mood), &["{sad,ok}"]);
     out
 }
 
@@ -386,12 +390,12 @@ fn decoded_values() {
             Datum::Numeric("1.50".into()),
         ),
         (
-            array_of(base(Int4, "integer")),
+            ColumnType::array_of(base(Int4, "integer")),
             "{1,NULL,3}",
             Datum::Array(vec![Some(Datum::Int32(1)), None, Some(Datum::Int32(3))]),
         ),
         (
-            array_of(base(Text, "text")),
+            ColumnType::array_of(base(Text, "text")),
             "{\"a \\\"b\\\"\",NULL,\"NULL\"}",
             Datum::Array(vec![
                 Some(Datum::Text("a \"b\"".into())),
@@ -436,7 +440,7 @@ fn errors_name_the_type_but_not_the_value() {
         base(TimeTz, "time with time zone"),
         base(Interval, "interval"),
         base(Bool, "boolean"),
-        array_of(base(Int4, "integer")),
+        ColumnType::array_of(base(Int4, "integer")),
     ] {
         let err = parse_text(&ty, secret).expect_err(&ty.name);
         let msg = err.to_string();
@@ -446,11 +450,11 @@ fn errors_name_the_type_but_not_the_value() {
     }
     let err = parse_text(&domain("public.price", base(Numeric, "numeric")), "x").unwrap_err();
     assert_eq!(err.type_name(), "public.price (domain over numeric)");
-    let err = parse_text(&array_of(base(Int4, "integer")), "{{1},{2}}").unwrap_err();
+    let err = parse_text(&ColumnType::array_of(base(Int4, "integer")), "{{1},{2}}").unwrap_err();
     assert_eq!(err.code(), "unsupported_value");
-    let err = parse_text(&array_of(base(Int4, "integer")), "[0:1]={1,2}").unwrap_err();
+    let err = parse_text(&ColumnType::array_of(base(Int4, "integer")), "[0:1]={1,2}").unwrap_err();
     assert_eq!(err.code(), "unsupported_value");
-    let err = parse_text(&array_of(base(Int4, "integer")), "{1,x}").unwrap_err();
+    let err = parse_text(&ColumnType::array_of(base(Int4, "integer")), "{1,x}").unwrap_err();
     assert_eq!(err.type_name(), "integer");
 }
 
@@ -531,8 +535,8 @@ fn random_inputs_never_panic() {
     .map(|b| base(*b, "t"))
     .collect();
     let element_types = types.clone();
-    types.extend(element_types.into_iter().map(array_of));
-    types.push(array_of(other("box", 603)));
+    types.extend(element_types.into_iter().map(ColumnType::array_of));
+    types.push(ColumnType::array_of(other("box", 603)));
     // Bytes biased toward the characters the parsers care about.
     const ALPHABET: &[u8] = b"0123456789-+:.,;{}\"\\ PYMDTHSNULLnulaIfinty BCx\te\x0b[]=";
     let mut rng = XorShift(0x9E37_79B9_7F4A_7C15);

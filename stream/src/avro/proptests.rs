@@ -24,26 +24,6 @@ use super::dates::{lake_date, pg_date_text};
 use super::envelope::{encode_change, table_schemas, SourceInfo};
 use super::types::{from_avro, to_avro};
 
-fn base(b: BaseType, name: &str) -> ColumnType {
-    ColumnType {
-        oid: 0,
-        typmod: -1,
-        name: name.to_owned(),
-        kind: TypeKind::Base(b),
-    }
-}
-
-fn array_of(element: ColumnType) -> ColumnType {
-    ColumnType {
-        oid: 0,
-        typmod: -1,
-        name: format!("{}[]", element.name),
-        kind: TypeKind::Array {
-            element: Box::new(element),
-        },
-    }
-}
-
 /// PostgreSQL's date range: 4714-11-24 BC to 5874897-12-31, in days since 1970-01-01.
 const PG_DATE_MIN: i32 = -2_440_588;
 const PG_DATE_MAX: i32 = 2_145_042_905;
@@ -100,66 +80,66 @@ fn scalar_cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
     use BaseType::*;
     vec![
         (
-            base(Bool, "boolean"),
+            ColumnType::base(Bool, "boolean"),
             any::<bool>().prop_map(Datum::Bool).boxed(),
         ),
         (
-            base(Int2, "smallint"),
+            ColumnType::base(Int2, "smallint"),
             any::<i16>().prop_map(Datum::Int16).boxed(),
         ),
         (
-            base(Int4, "integer"),
+            ColumnType::base(Int4, "integer"),
             any::<i32>().prop_map(Datum::Int32).boxed(),
         ),
         (
-            base(Int8, "bigint"),
+            ColumnType::base(Int8, "bigint"),
             any::<i64>().prop_map(Datum::Int64).boxed(),
         ),
         (
-            base(Oid, "oid"),
+            ColumnType::base(Oid, "oid"),
             any::<u32>()
                 .prop_map(|o| Datum::Int64(i64::from(o)))
                 .boxed(),
         ),
         (
-            base(Float4, "real"),
+            ColumnType::base(Float4, "real"),
             any::<f32>().prop_map(Datum::Float32).boxed(),
         ),
         (
-            base(Float8, "double precision"),
+            ColumnType::base(Float8, "double precision"),
             any::<f64>().prop_map(Datum::Float64).boxed(),
         ),
         (
-            base(Numeric, "numeric"),
+            ColumnType::base(Numeric, "numeric"),
             "-?[0-9]{1,60}(\\.[0-9]{1,30})?|NaN|Infinity|-Infinity"
                 .prop_map(Datum::Numeric)
                 .boxed(),
         ),
         (
-            base(Text, "text"),
+            ColumnType::base(Text, "text"),
             any::<String>().prop_map(Datum::Text).boxed(),
         ),
         (
-            base(Bytea, "bytea"),
+            ColumnType::base(Bytea, "bytea"),
             vec(any::<u8>(), 0..64).prop_map(Datum::Bytes).boxed(),
         ),
         (
-            base(Uuid, "uuid"),
+            ColumnType::base(Uuid, "uuid"),
             "[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}"
                 .prop_map(Datum::Uuid)
                 .boxed(),
         ),
         (
-            base(Jsonb, "jsonb"),
+            ColumnType::base(Jsonb, "jsonb"),
             any::<String>().prop_map(Datum::Json).boxed(),
         ),
-        (base(Date, "date"), date()),
+        (ColumnType::base(Date, "date"), date()),
         (
-            base(Time, "time without time zone"),
+            ColumnType::base(Time, "time without time zone"),
             (0..=MICROS_PER_DAY).prop_map(Datum::Time).boxed(),
         ),
         (
-            base(TimeTz, "time with time zone"),
+            ColumnType::base(TimeTz, "time with time zone"),
             (0..=MICROS_PER_DAY, -57_599..=57_599i32)
                 .prop_map(|(micros, offset_seconds)| Datum::TimeTz {
                     micros,
@@ -168,15 +148,15 @@ fn scalar_cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
                 .boxed(),
         ),
         (
-            base(Timestamp, "timestamp without time zone"),
+            ColumnType::base(Timestamp, "timestamp without time zone"),
             timestamp(false),
         ),
         (
-            base(TimestampTz, "timestamp with time zone"),
+            ColumnType::base(TimestampTz, "timestamp with time zone"),
             timestamp(true),
         ),
         (
-            base(Interval, "interval"),
+            ColumnType::base(Interval, "interval"),
             (any::<i32>(), any::<i32>(), any::<i64>())
                 .prop_map(|(months, days, micros)| Datum::Interval {
                     months,
@@ -186,7 +166,7 @@ fn scalar_cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
                 .boxed(),
         ),
         (
-            base(Inet, "inet"),
+            ColumnType::base(Inet, "inet"),
             any::<String>().prop_map(Datum::PgText).boxed(),
         ),
         (
@@ -206,7 +186,7 @@ fn scalar_cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
                 typmod: -1,
                 name: "public.valid_until".into(),
                 kind: TypeKind::Domain {
-                    base: Box::new(base(Date, "date")),
+                    base: Box::new(ColumnType::base(Date, "date")),
                 },
             },
             date(),
@@ -222,7 +202,7 @@ fn cases() -> Vec<(ColumnType, BoxedStrategy<Datum>)> {
             continue;
         }
         out.push((
-            array_of(ty),
+            ColumnType::array_of(ty),
             vec(option::of(strategy), 0..5)
                 .prop_map(Datum::Array)
                 .boxed(),
@@ -401,7 +381,7 @@ fn table(ty: &ColumnType) -> TableSchema {
         columns: vec![
             Column {
                 name: "id".into(),
-                ty: base(BaseType::Int8, "bigint"),
+                ty: ColumnType::base(BaseType::Int8, "bigint"),
                 is_key: true,
             },
             Column {

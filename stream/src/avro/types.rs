@@ -623,26 +623,6 @@ mod tests {
             .unwrap()
     }
 
-    fn base(b: BaseType, name: &str) -> ColumnType {
-        ColumnType {
-            oid: 0,
-            typmod: -1,
-            name: name.to_owned(),
-            kind: TypeKind::Base(b),
-        }
-    }
-
-    fn array_of(element: ColumnType) -> ColumnType {
-        ColumnType {
-            oid: 0,
-            typmod: element.typmod,
-            name: format!("{}[]", element.name),
-            kind: TypeKind::Array {
-                element: Box::new(element),
-            },
-        }
-    }
-
     fn same(a: &Datum, b: &Datum) -> bool {
         match (a, b) {
             (Datum::Float32(x), Datum::Float32(y)) => x.to_bits() == y.to_bits(),
@@ -663,7 +643,7 @@ mod tests {
         use BaseType::*;
         let numeric_12_2 = ColumnType {
             typmod: ((12 << 16) | 2) + 4,
-            ..base(Numeric, "numeric")
+            ..ColumnType::base(Numeric, "numeric")
         };
         let big_numeric = format!("-{}.{}", "9".repeat(1200), "1".repeat(300));
         let mood = ColumnType {
@@ -687,7 +667,7 @@ mod tests {
             typmod: -1,
             name: "public.span".into(),
             kind: TypeKind::Domain {
-                base: Box::new(base(Interval, "interval")),
+                base: Box::new(ColumnType::base(Interval, "interval")),
             },
         };
         let range = ColumnType {
@@ -695,7 +675,7 @@ mod tests {
             typmod: -1,
             name: "int4range".into(),
             kind: TypeKind::Range {
-                subtype: Box::new(base(Int4, "integer")),
+                subtype: Box::new(ColumnType::base(Int4, "integer")),
             },
         };
         let interval = |months, days, micros| Datum::Interval {
@@ -705,24 +685,27 @@ mod tests {
         };
         vec![
             (
-                base(Bool, "boolean"),
+                ColumnType::base(Bool, "boolean"),
                 vec![Datum::Bool(true), Datum::Bool(false)],
             ),
             (
-                base(Int2, "smallint"),
+                ColumnType::base(Int2, "smallint"),
                 vec![Datum::Int16(i16::MIN), Datum::Int16(i16::MAX)],
             ),
             (
-                base(Int4, "integer"),
+                ColumnType::base(Int4, "integer"),
                 vec![Datum::Int32(i32::MIN), Datum::Int32(0)],
             ),
             (
-                base(Int8, "bigint"),
+                ColumnType::base(Int8, "bigint"),
                 vec![Datum::Int64(i64::MIN), Datum::Int64(i64::MAX)],
             ),
-            (base(Oid, "oid"), vec![Datum::Int64(4_294_967_295)]),
             (
-                base(Float4, "real"),
+                ColumnType::base(Oid, "oid"),
+                vec![Datum::Int64(4_294_967_295)],
+            ),
+            (
+                ColumnType::base(Float4, "real"),
                 vec![
                     Datum::Float32(1.1),
                     Datum::Float32(f32::NAN),
@@ -731,7 +714,7 @@ mod tests {
                 ],
             ),
             (
-                base(Float8, "double precision"),
+                ColumnType::base(Float8, "double precision"),
                 vec![
                     Datum::Float64(5e-324),
                     Datum::Float64(f64::NAN),
@@ -739,7 +722,7 @@ mod tests {
                 ],
             ),
             (
-                base(Numeric, "numeric"),
+                ColumnType::base(Numeric, "numeric"),
                 vec![
                     Datum::Numeric("NaN".into()),
                     Datum::Numeric("Infinity".into()),
@@ -749,23 +732,35 @@ mod tests {
             ),
             (numeric_12_2, vec![Datum::Numeric("1234567890.12".into())]),
             (
-                base(Text, "text"),
+                ColumnType::base(Text, "text"),
                 vec![Datum::Text(String::new()), Datum::Text("ünï \"x\"".into())],
             ),
-            (base(Bpchar, "character"), vec![Datum::Text("ab   ".into())]),
-            (base(Xml, "xml"), vec![Datum::Text("<a/>".into())]),
             (
-                base(Bytea, "bytea"),
+                ColumnType::base(Bpchar, "character"),
+                vec![Datum::Text("ab   ".into())],
+            ),
+            (
+                ColumnType::base(Xml, "xml"),
+                vec![Datum::Text("<a/>".into())],
+            ),
+            (
+                ColumnType::base(Bytea, "bytea"),
                 vec![Datum::Bytes(vec![]), Datum::Bytes(vec![0, 255, 10])],
             ),
             (
-                base(Uuid, "uuid"),
+                ColumnType::base(Uuid, "uuid"),
                 vec![Datum::Uuid("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into())],
             ),
-            (base(Json, "json"), vec![Datum::Json("{\"a\" :  1}".into())]),
-            (base(Jsonb, "jsonb"), vec![Datum::Json("[1, 2]".into())]),
             (
-                base(Date, "date"),
+                ColumnType::base(Json, "json"),
+                vec![Datum::Json("{\"a\" :  1}".into())],
+            ),
+            (
+                ColumnType::base(Jsonb, "jsonb"),
+                vec![Datum::Json("[1, 2]".into())],
+            ),
+            (
+                ColumnType::base(Date, "date"),
                 vec![
                     Datum::Date(Special::Value(-2_440_588)),
                     Datum::Date(Special::Value(2_145_042_905)),
@@ -774,11 +769,11 @@ mod tests {
                 ],
             ),
             (
-                base(Time, "time without time zone"),
+                ColumnType::base(Time, "time without time zone"),
                 vec![Datum::Time(0), Datum::Time(86_400_000_000)],
             ),
             (
-                base(TimeTz, "time with time zone"),
+                ColumnType::base(TimeTz, "time with time zone"),
                 vec![
                     Datum::TimeTz {
                         micros: 45_296_789_000,
@@ -791,7 +786,7 @@ mod tests {
                 ],
             ),
             (
-                base(Timestamp, "timestamp without time zone"),
+                ColumnType::base(Timestamp, "timestamp without time zone"),
                 vec![
                     Datum::Timestamp(Special::Value(-210_866_803_200_000_000)),
                     Datum::Timestamp(Special::Value(i64::MAX - 1)),
@@ -800,7 +795,7 @@ mod tests {
                 ],
             ),
             (
-                base(TimestampTz, "timestamp with time zone"),
+                ColumnType::base(TimestampTz, "timestamp with time zone"),
                 vec![
                     Datum::TimestampTz(Special::Value(1_704_164_645_123_456)),
                     Datum::TimestampTz(Special::Infinity),
@@ -808,7 +803,7 @@ mod tests {
                 ],
             ),
             (
-                base(Interval, "interval"),
+                ColumnType::base(Interval, "interval"),
                 vec![
                     interval(-14, 3, -14_706_789_000),
                     interval(i32::MIN, i32::MAX, i64::MIN),
@@ -816,21 +811,33 @@ mod tests {
                 ],
             ),
             (
-                base(Inet, "inet"),
+                ColumnType::base(Inet, "inet"),
                 vec![Datum::PgText("192.168.0.1/24".into())],
             ),
-            (base(Cidr, "cidr"), vec![Datum::PgText("10.0.0.0/8".into())]),
             (
-                base(Macaddr, "macaddr"),
+                ColumnType::base(Cidr, "cidr"),
+                vec![Datum::PgText("10.0.0.0/8".into())],
+            ),
+            (
+                ColumnType::base(Macaddr, "macaddr"),
                 vec![Datum::PgText("08:00:2b:01:02:03".into())],
             ),
             (
-                base(Macaddr8, "macaddr8"),
+                ColumnType::base(Macaddr8, "macaddr8"),
                 vec![Datum::PgText("08:00:2b:01:02:03:04:05".into())],
             ),
-            (base(Money, "money"), vec![Datum::PgText("$12.50".into())]),
-            (base(Bit, "bit"), vec![Datum::PgText("101".into())]),
-            (base(Varbit, "bit varying"), vec![Datum::PgText("1".into())]),
+            (
+                ColumnType::base(Money, "money"),
+                vec![Datum::PgText("$12.50".into())],
+            ),
+            (
+                ColumnType::base(Bit, "bit"),
+                vec![Datum::PgText("101".into())],
+            ),
+            (
+                ColumnType::base(Varbit, "bit varying"),
+                vec![Datum::PgText("1".into())],
+            ),
             (mood.clone(), vec![Datum::PgText("sad".into())]),
             (range, vec![Datum::PgText("[1,5)".into())]),
             (
@@ -854,54 +861,54 @@ mod tests {
             (price.clone(), vec![Datum::Numeric("12.50".into())]),
             (span.clone(), vec![interval(1, 2, 3)]),
             (
-                array_of(base(Int4, "integer")),
+                ColumnType::array_of(ColumnType::base(Int4, "integer")),
                 vec![
                     Datum::Array(vec![]),
                     Datum::Array(vec![Some(Datum::Int32(1)), None, Some(Datum::Int32(-3))]),
                 ],
             ),
             (
-                array_of(base(Text, "text")),
+                ColumnType::array_of(ColumnType::base(Text, "text")),
                 vec![Datum::Array(vec![Some(Datum::Text("NULL".into())), None])],
             ),
             (
-                array_of(base(Interval, "interval")),
+                ColumnType::array_of(ColumnType::base(Interval, "interval")),
                 vec![Datum::Array(vec![Some(interval(1, -1, 1)), None])],
             ),
             (
-                array_of(base(TimeTz, "time with time zone")),
+                ColumnType::array_of(ColumnType::base(TimeTz, "time with time zone")),
                 vec![Datum::Array(vec![Some(Datum::TimeTz {
                     micros: 1,
                     offset_seconds: 3600,
                 })])],
             ),
             (
-                array_of(base(TimestampTz, "timestamp with time zone")),
+                ColumnType::array_of(ColumnType::base(TimestampTz, "timestamp with time zone")),
                 vec![Datum::Array(vec![
                     Some(Datum::TimestampTz(Special::Infinity)),
                     None,
                 ])],
             ),
             (
-                array_of(base(Uuid, "uuid")),
+                ColumnType::array_of(ColumnType::base(Uuid, "uuid")),
                 vec![Datum::Array(vec![Some(Datum::Uuid(
                     "00000000-0000-0000-0000-000000000000".into(),
                 ))])],
             ),
             (
-                array_of(base(Float8, "double precision")),
+                ColumnType::array_of(ColumnType::base(Float8, "double precision")),
                 vec![Datum::Array(vec![Some(Datum::Float64(f64::NAN))])],
             ),
             (
-                array_of(mood),
+                ColumnType::array_of(mood),
                 vec![Datum::Array(vec![Some(Datum::PgText("ok".into()))])],
             ),
             (
-                array_of(price),
+                ColumnType::array_of(price),
                 vec![Datum::Array(vec![Some(Datum::Numeric("NaN".into())), None])],
             ),
             (
-                array_of(span),
+                ColumnType::array_of(span),
                 vec![Datum::Array(vec![Some(interval(0, 0, 1))])],
             ),
         ]
@@ -939,7 +946,7 @@ mod tests {
         use BaseType::*;
         let numeric = ColumnType {
             typmod: ((12 << 16) | 2) + 4,
-            ..base(Numeric, "numeric")
+            ..ColumnType::base(Numeric, "numeric")
         };
         let s = column_schema(&numeric, "ns", "amount");
         assert_eq!(
@@ -947,18 +954,22 @@ mod tests {
             json!({"type": "string", "pg.type": "numeric", "pg.typmod": 786_438, "pg.precision": 12, "pg.scale": 2})
         );
         assert_eq!(
-            column_schema(&base(Numeric, "numeric"), "ns", "n"),
+            column_schema(&ColumnType::base(Numeric, "numeric"), "ns", "n"),
             json!({"type": "string", "pg.type": "numeric"})
         );
         assert_eq!(
-            column_schema(&base(Uuid, "uuid"), "ns", "id"),
+            column_schema(&ColumnType::base(Uuid, "uuid"), "ns", "id"),
             json!({"type": "string", "logicalType": "uuid", "pg.type": "uuid"})
         );
         assert_eq!(
-            column_schema(&base(Jsonb, "jsonb"), "ns", "doc"),
+            column_schema(&ColumnType::base(Jsonb, "jsonb"), "ns", "doc"),
             json!({"type": "string", "connect.name": "io.debezium.data.Json", "pg.type": "jsonb"})
         );
-        let s = column_schema(&base(Interval, "interval"), "cdc.public.t", "took");
+        let s = column_schema(
+            &ColumnType::base(Interval, "interval"),
+            "cdc.public.t",
+            "took",
+        );
         assert_eq!(s["type"], "record");
         assert_eq!(s["name"], "took_interval");
         assert_eq!(s["namespace"], "cdc.public.t");
@@ -986,7 +997,11 @@ mod tests {
         assert_eq!(s["pg.type"], "public.price");
         assert_eq!(s["pg.domain.base"], "numeric");
         assert_eq!(s["pg.precision"], 12);
-        let s = column_schema(&array_of(base(Int4, "integer")), "ns", "xs");
+        let s = column_schema(
+            &ColumnType::array_of(ColumnType::base(Int4, "integer")),
+            "ns",
+            "xs",
+        );
         assert_eq!(
             s,
             json!({"type": "array", "items": ["null", {"type": "int", "pg.type": "integer"}], "pg.type": "integer[]"})
@@ -1011,12 +1026,21 @@ mod tests {
         // A table with several interval / timetz columns (also inside arrays) parses as one schema.
         let ns = "cdc.public.t";
         let columns = [
-            ("a", base(BaseType::Interval, "interval")),
-            ("a b", base(BaseType::Interval, "interval")),
-            ("a_b", base(BaseType::Interval, "interval")),
-            ("b", base(BaseType::TimeTz, "time with time zone")),
-            ("c", array_of(base(BaseType::Interval, "interval"))),
-            ("d", array_of(base(BaseType::TimeTz, "time with time zone"))),
+            ("a", ColumnType::base(BaseType::Interval, "interval")),
+            ("a b", ColumnType::base(BaseType::Interval, "interval")),
+            ("a_b", ColumnType::base(BaseType::Interval, "interval")),
+            (
+                "b",
+                ColumnType::base(BaseType::TimeTz, "time with time zone"),
+            ),
+            (
+                "c",
+                ColumnType::array_of(ColumnType::base(BaseType::Interval, "interval")),
+            ),
+            (
+                "d",
+                ColumnType::array_of(ColumnType::base(BaseType::TimeTz, "time with time zone")),
+            ),
         ];
         let fields: Vec<Json> = columns
             .iter()
@@ -1056,12 +1080,12 @@ mod tests {
     #[test]
     fn mismatches_and_sentinel_collisions_are_errors() {
         use BaseType::*;
-        let date = base(Date, "date");
+        let date = ColumnType::base(Date, "date");
         assert!(matches!(
             to_avro(&date, &Datum::Date(Special::Value(i32::MAX))),
             Err(MappingError::OutOfRange { .. })
         ));
-        let ts = base(TimestampTz, "timestamp with time zone");
+        let ts = ColumnType::base(TimestampTz, "timestamp with time zone");
         assert!(matches!(
             to_avro(&ts, &Datum::TimestampTz(Special::Value(i64::MIN))),
             Err(MappingError::OutOfRange { .. })
@@ -1070,17 +1094,17 @@ mod tests {
             to_avro(&ts, &Datum::Timestamp(Special::Infinity)),
             Err(MappingError::DatumMismatch { .. })
         ));
-        let uuid = base(Uuid, "uuid");
+        let uuid = ColumnType::base(Uuid, "uuid");
         assert!(to_avro(
             &uuid,
             &Datum::Uuid("A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11".into())
         )
         .is_err());
         let secret = Datum::Text("4111111111111111".into());
-        let err = to_avro(&base(Int4, "integer"), &secret).unwrap_err();
+        let err = to_avro(&ColumnType::base(Int4, "integer"), &secret).unwrap_err();
         assert!(err.to_string().contains("integer") && !err.to_string().contains("4111"));
         assert_eq!(err.class(), ErrorClass::Record);
-        let int2 = base(Int2, "smallint");
+        let int2 = ColumnType::base(Int2, "smallint");
         assert!(matches!(
             from_avro(&int2, &Value::Int(40_000)),
             Err(MappingError::OutOfRange { .. })
@@ -1093,7 +1117,7 @@ mod tests {
             from_avro(&int2, &Value::String("1".into())),
             Err(MappingError::AvroMismatch { .. })
         ));
-        let interval = base(Interval, "interval");
+        let interval = ColumnType::base(Interval, "interval");
         let partial = Value::Record(vec![("months".into(), Value::Int(1))]);
         assert!(from_avro(&interval, &partial).is_err());
     }
@@ -1101,7 +1125,7 @@ mod tests {
     #[test]
     fn from_avro_accepts_plain_and_logical_variants() {
         use BaseType::*;
-        let uuid = base(Uuid, "uuid");
+        let uuid = ColumnType::base(Uuid, "uuid");
         let schema = Schema::parse(&column_schema(&uuid, "ns", "id")).unwrap();
         let bytes = encode(
             &schema,
@@ -1114,25 +1138,25 @@ mod tests {
             Ok(Datum::Uuid("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into()))
         );
         assert_eq!(
-            from_avro(&base(Date, "date"), &Value::Int(i32::MIN)),
+            from_avro(&ColumnType::base(Date, "date"), &Value::Int(i32::MIN)),
             Ok(Datum::Date(Special::NegInfinity))
         );
         assert_eq!(
             from_avro(
-                &base(Timestamp, "timestamp without time zone"),
+                &ColumnType::base(Timestamp, "timestamp without time zone"),
                 &Value::Long(i64::MAX)
             ),
             Ok(Datum::Timestamp(Special::Infinity))
         );
         assert_eq!(
             from_avro(
-                &base(TimestampTz, "timestamp with time zone"),
+                &ColumnType::base(TimestampTz, "timestamp with time zone"),
                 &Value::Union(1, Box::new(Value::TimestampMicros(0)))
             ),
             Ok(Datum::TimestampTz(Special::Value(0)))
         );
         assert_eq!(
-            from_avro(&base(Time, "time"), &Value::TimeMicros(1)),
+            from_avro(&ColumnType::base(Time, "time"), &Value::TimeMicros(1)),
             Ok(Datum::Time(1))
         );
     }
