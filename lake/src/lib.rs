@@ -16,3 +16,5 @@ pub mod silver;
 pub use deltalake;
 pub use error::LakeError;
 pub use location::{Lake, INTERNAL_SCHEMA};
+/// Table locations are URLs (`Lake::bronze_tables` and friends).
+pub use url::Url;

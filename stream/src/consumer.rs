@@ -576,6 +576,34 @@ struct Fairness {
 }
 
 impl Fairness {
+    /// One turn over the partition queues, at most [`PARTITION_QUOTA`] messages each,
+    /// starting one queue further each turn. The events delivered; `None` once the stage
+    /// went away.
+    fn poll_round<F>(&mut self, to_event: &F, events: &mpsc::Sender<ConsumerEvent>) -> Option<usize>
+    where
+        F: Fn(KafkaResult<rdkafka::message::BorrowedMessage<'_>>) -> Option<ConsumerEvent>,
+    {
+        let n = self.queues.len();
+        if n == 0 {
+            return Some(0);
+        }
+        let mut delivered = 0;
+        for i in 0..n {
+            let (_, q) = &self.queues[(self.turn + i) % n];
+            for _ in 0..PARTITION_QUOTA {
+                let Some(r) = q.poll(Duration::ZERO) else {
+                    break;
+                };
+                if let Some(event) = to_event(r) {
+                    delivered += 1;
+                    events.blocking_send(event).ok()?;
+                }
+            }
+        }
+        self.turn = (self.turn + 1) % n;
+        Some(delivered)
+    }
+
     /// Gives newly assigned partitions queues of their own; true when anything changed.
     fn split_pending(&mut self, consumer: &Arc<BaseConsumer<GroupContext>>) -> bool {
         let (reset, assigned) = {
@@ -599,6 +627,46 @@ impl Fairness {
         }
         reset || !assigned.is_empty()
     }
+}
+
+/// The stage went away (its receiver is dropped): the poll loop ends.
+struct Closed;
+
+/// Performs the seeks the stage asked for, each answered with `Seeked` (with the
+/// partition's new epoch) or `Failed`.
+fn apply_seeks(
+    consumer: &BaseConsumer<GroupContext>,
+    commands: &std_mpsc::Receiver<Command>,
+    events: &mpsc::Sender<ConsumerEvent>,
+) -> Result<(), Closed> {
+    while let Ok(Command::Seek {
+        topic,
+        partition,
+        offset,
+    }) = commands.try_recv()
+    {
+        let event = match consumer.seek(
+            &topic,
+            partition,
+            offset.map_or(Offset::Beginning, Offset::Offset),
+            Duration::from_secs(10),
+        ) {
+            Ok(()) => {
+                let epoch = consumer.context().next_epoch(&topic, partition);
+                ConsumerEvent::Seeked(PartitionStart {
+                    topic,
+                    partition,
+                    epoch,
+                    next: offset,
+                })
+            }
+            Err(e) => ConsumerEvent::Failed(format!(
+                "cannot seek {topic}/{partition} to {offset:?}: {e}"
+            )),
+        };
+        events.blocking_send(event).map_err(|_| Closed)?;
+    }
+    Ok(())
 }
 
 fn poll_loop(
@@ -654,34 +722,8 @@ fn poll_loop(
                 return;
             }
         }
-        while let Ok(Command::Seek {
-            topic,
-            partition,
-            offset,
-        }) = commands.try_recv()
-        {
-            let event = match consumer.seek(
-                &topic,
-                partition,
-                offset.map_or(Offset::Beginning, Offset::Offset),
-                Duration::from_secs(10),
-            ) {
-                Ok(()) => {
-                    let epoch = consumer.context().next_epoch(&topic, partition);
-                    ConsumerEvent::Seeked(PartitionStart {
-                        topic,
-                        partition,
-                        epoch,
-                        next: offset,
-                    })
-                }
-                Err(e) => ConsumerEvent::Failed(format!(
-                    "cannot seek {topic}/{partition} to {offset:?}: {e}"
-                )),
-            };
-            if events.blocking_send(event).is_err() {
-                return;
-            }
+        if apply_seeks(&consumer, &commands, &events).is_err() {
+            return;
         }
         // The consumer queue first: it serves the callbacks (rebalances, statistics) and
         // holds the messages of partitions without a queue of their own yet.
@@ -703,23 +745,11 @@ fn poll_loop(
             // Older messages of a just split partition may still be in the consumer queue.
             consumer_queue_empty = false;
         }
-        if consumer_queue_empty && !fair.queues.is_empty() {
-            let n = fair.queues.len();
-            for i in 0..n {
-                let (_, q) = &fair.queues[(fair.turn + i) % n];
-                for _ in 0..PARTITION_QUOTA {
-                    let Some(r) = q.poll(Duration::ZERO) else {
-                        break;
-                    };
-                    if let Some(event) = to_event(r) {
-                        delivered += 1;
-                        if events.blocking_send(event).is_err() {
-                            return;
-                        }
-                    }
-                }
+        if consumer_queue_empty {
+            match fair.poll_round(&to_event, &events) {
+                Some(n) => delivered += n,
+                None => return,
             }
-            fair.turn = (fair.turn + 1) % n;
         }
         if delivered == 0 {
             // Nothing waiting: block briefly on the consumer queue (callbacks, and messages

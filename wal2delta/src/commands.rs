@@ -4,11 +4,12 @@ use std::process::ExitCode;
 
 use anyhow::{anyhow, bail};
 use tokio::sync::watch;
-use wal2delta_cdc::{setup, slot, source};
+use wal2delta_cdc::{setup, source};
 
 use crate::cli::{Cli, Command, Layer, QuarantineAction, Stage};
 use crate::config::Config;
-use crate::{bronze, capture, health, metrics, quarantine, reconcile, silver, telemetry};
+use crate::supervisor::{Stages, Supervisor};
+use crate::{bronze, capture, endpoint, quarantine, reconcile, silver, status, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = match Config::load(&cli.config) {
@@ -27,7 +28,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             stage,
             allow_slot_ahead,
         } => run_daemon(&config, &stage, allow_slot_ahead).await,
-        Command::Status { json } => status(&config, json).await,
+        Command::Status { json } => status::run(&config, json).await,
         Command::Reconcile {
             table,
             json,
@@ -110,7 +111,7 @@ async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-fn with_hint(e: wal2delta_cdc::CdcError) -> anyhow::Error {
+pub(crate) fn with_hint(e: wal2delta_cdc::CdcError) -> anyhow::Error {
     match e.hint() {
         Some(h) => anyhow!("{e} (hint: {h})"),
         None => anyhow!(e),
@@ -146,36 +147,63 @@ async fn run_daemon(
         stages.contains(&Stage::Silver),
     )
     .await?;
-    metrics::install(&config.metrics.listen)?;
+    let stages_status = Stages::new(&stages);
+    endpoint::serve(&config.metrics.listen, stages_status.clone()).await?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutdown requested; draining");
         let _ = tx.send(true);
     });
-    // The stages run side by side; the first to fail stops the others.
+    // The stages run side by side. One stopped by an error that needs an operator does not
+    // stop the others (Bronze and Silver drain what Kafka holds while capture waits for a
+    // fix): it is surfaced by its supervisor, and the daemon exits, non-zero, once no stage
+    // runs.
+    let runs = |stage: Stage| {
+        stages
+            .contains(&stage)
+            .then(|| Supervisor::new(stage, &stages_status))
+    };
+    let running =
+        std::sync::atomic::AtomicUsize::new(BUILT.iter().filter(|s| stages.contains(s)).count());
+    // A stage that stops while others go on says why in the log; the last one's error is
+    // the daemon's exit message.
+    let ended = |result: anyhow::Result<()>| {
+        let left = running.fetch_sub(1, std::sync::atomic::Ordering::SeqCst) - 1;
+        if let Err(e) = &result {
+            if left > 0 {
+                tracing::error!(error = %format!("{e:#}"), stages_left = left, "a stage stopped; the others go on (see /readyz)");
+            }
+        }
+        result
+    };
     let capture = async {
-        if stages.contains(&Stage::Capture) {
-            capture::run(config, rx.clone(), allow_slot_ahead).await
-        } else {
-            Ok(())
+        match runs(Stage::Capture) {
+            Some(sup) => ended(capture::run(config, sup, rx.clone(), allow_slot_ahead).await),
+            None => Ok(()),
         }
     };
     let bronze = async {
-        if stages.contains(&Stage::Bronze) {
-            bronze::run(config, rx.clone()).await
-        } else {
-            Ok(())
+        match runs(Stage::Bronze) {
+            Some(sup) => ended(bronze::run(config, sup, rx.clone()).await),
+            None => Ok(()),
         }
     };
     let silver = async {
-        if stages.contains(&Stage::Silver) {
-            silver::run(config, policies.clone(), rx.clone()).await
-        } else {
-            Ok(())
+        match runs(Stage::Silver) {
+            Some(sup) => ended(silver::run(config, policies.clone(), sup, rx.clone()).await),
+            None => Ok(()),
         }
     };
-    tokio::try_join!(capture, bronze, silver)?;
+    let (c, b, s) = tokio::join!(capture, bronze, silver);
+    let failed: Vec<String> = [c, b, s]
+        .into_iter()
+        .filter_map(Result::err)
+        .map(|e| format!("{e:#}"))
+        .collect();
+    if !failed.is_empty() {
+        bail!("{}", failed.join("; "));
+    }
     Ok(ExitCode::SUCCESS)
 }
 
@@ -194,251 +222,5 @@ async fn wait_for_signal() {
         _ => {
             let _ = tokio::signal::ctrl_c().await;
         }
-    }
-}
-
-async fn status(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
-    let dsn = config.source.effective_dsn()?;
-    let client = source::connect(&dsn).await.map_err(with_hint)?;
-    // Two samples a second apart give the current WAL rate for the time-to-invalidation.
-    let mut rate = slot::WalRate::default();
-    let first = slot::slot_info(&client, &config.source.slot).await?;
-    let Some(first) = first else {
-        bail!(
-            "replication slot {:?} does not exist: run `wal2delta setup`",
-            config.source.slot
-        );
-    };
-    rate.sample(std::time::Instant::now(), first.current_wal);
-    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-    let info = slot::slot_info(&client, &config.source.slot)
-        .await?
-        .ok_or_else(|| anyhow!("replication slot {:?} disappeared", config.source.slot))?;
-    let wal_rate = rate.sample(std::time::Instant::now(), info.current_wal);
-    let snapshots = snapshot_progress(config).await;
-    let bronze_lag = bronze::status::lag(config).await;
-    let quarantine = quarantine_counts(config).await;
-    let silver = silver_positions(config).await;
-    let held = held_by_bronze_quarantine(config).await;
-    let held_for = |t: &str, w: i64| -> Vec<(String, Option<i64>)> {
-        held.get(t)
-            .map(|v| {
-                v.iter()
-                    .filter(|(_, l)| l.is_none_or(|l| l > w))
-                    .cloned()
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
-    let confirmed = info.confirmed_flush.map(|l| l.0 as i64);
-    let behind = |w: i64| confirmed.map(|c| (c - w).max(0));
-    if json {
-        let mut doc = health::to_json(&info, wal_rate);
-        doc["stages"]["snapshot"] = health::snapshot_json(&snapshots);
-        doc["stages"]["bronze"] = match &bronze_lag {
-            Ok(tables) => serde_json::json!({ "tables": tables }),
-            Err(e) => serde_json::json!({ "error": e }),
-        };
-        doc["stages"]["silver"] = match &silver {
-            Ok(tables) => {
-                serde_json::json!({ "tables": tables.iter().map(|(t, w)| match w {
-                Some(w) => {
-                    let mut doc = serde_json::json!({
-                        "table": t,
-                        "watermark_lsn": wal2delta_model::Lsn(*w as u64).to_string(),
-                        "lag_bytes": behind(*w),
-                    });
-                    let held = held_for(t, *w);
-                    if !held.is_empty() {
-                        doc["held_by_quarantine"] = serde_json::json!(held.iter().map(|(id, l)| serde_json::json!({
-                            "id": id,
-                            "commit_lsn": l.map(|l| wal2delta_model::Lsn(l as u64).to_string()),
-                        })).collect::<Vec<_>>());
-                        doc["held_reason"] = serde_json::json!(HELD);
-                    }
-                    doc
-                }
-                None => serde_json::json!({
-                    "table": t,
-                    "not_in_silver": KEYLESS,
-                }),
-            }).collect::<Vec<_>>() })
-            }
-            Err(e) => serde_json::json!({ "error": e }),
-        };
-        doc["quarantine"] = match &quarantine {
-            Ok(counts) => serde_json::json!(counts),
-            Err(e) => serde_json::json!({ "error": e }),
-        };
-        println!("{}", serde_json::to_string_pretty(&doc)?);
-    } else {
-        print!("{}", health::to_text(&info, wal_rate));
-        print!("{}", health::snapshot_text(&snapshots));
-        match &bronze_lag {
-            Ok(tables) if tables.is_empty() => println!("bronze: no table topics yet"),
-            Ok(tables) => {
-                println!("bronze:");
-                for t in tables {
-                    println!(
-                        "  {}: {} events behind Kafka (table version {}){}",
-                        t.table,
-                        t.lag_events,
-                        t.version.map_or("none".into(), |v| v.to_string()),
-                        if t.bronze_only {
-                            "; no primary key: kept in Bronze only (append-only history), not in Silver"
-                        } else {
-                            ""
-                        }
-                    );
-                    if let Some(s) = t.stalled_s {
-                        println!(
-                            "    STALLED: no Bronze commit for {s} s while events wait; is a bronze writer running, and does it hold partitions? (docs/bronze.md)"
-                        );
-                    }
-                }
-            }
-            Err(e) => println!("bronze: unknown ({e})"),
-        }
-        match &silver {
-            Ok(tables) if tables.is_empty() => println!("silver: no tables yet"),
-            Ok(tables) => {
-                println!("silver:");
-                for (t, w) in tables {
-                    let Some(w) = w else {
-                        println!("  {t}: not in Silver ({KEYLESS})");
-                        continue;
-                    };
-                    println!(
-                        "  {t}: watermark {}{}",
-                        wal2delta_model::Lsn(*w as u64),
-                        behind(*w).map_or(String::new(), |b| format!(
-                            " ({b} bytes behind the slot's confirmed position)"
-                        ))
-                    );
-                    let held = held_for(t, *w);
-                    if !held.is_empty() {
-                        println!(
-                            "    HELD: {HELD}; open: {}",
-                            held.iter()
-                                .map(|(id, l)| match l {
-                                    Some(l) => format!(
-                                        "{id} (commit LSN {})",
-                                        wal2delta_model::Lsn(*l as u64)
-                                    ),
-                                    None => id.clone(),
-                                })
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        );
-                    }
-                }
-            }
-            Err(e) => println!("silver: unknown ({e})"),
-        }
-        match &quarantine {
-            Ok(counts) if counts.is_empty() => println!("quarantine: no open records"),
-            Ok(counts) => {
-                println!("quarantine (open records):");
-                for (k, n) in counts {
-                    println!("  {k}: {n}");
-                }
-            }
-            Err(e) => println!("quarantine: unknown ({e})"),
-        }
-    }
-    // A lost slot is an emergency: say so in the exit code too.
-    Ok(if info.is_lost() {
-        ExitCode::from(3)
-    } else {
-        ExitCode::SUCCESS
-    })
-}
-
-/// Why a table is not in Silver when its source table has no primary key.
-pub const KEYLESS: &str = "no primary key: Bronze only (append-only history)";
-
-/// Each Silver table's watermark (commit LSN), by `schema.table`; `None` for a table
-/// without a primary key, which Silver does not hold.
-async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>, String> {
-    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
-    let mut out = Vec::new();
-    for (schema, table, url) in lake.bronze_tables() {
-        let name = format!("{schema}.{table}");
-        let has_key = wal2delta_lake::bronze::BronzeTable::has_key_at(&name, &url)
-            .await
-            .map_err(|e| e.to_string())?;
-        if has_key == Some(false) {
-            out.push((name, None));
-            continue;
-        }
-        let t = wal2delta_lake::silver::SilverTable::new(&lake, &schema, &table, 1);
-        let p = t.progress().await.map_err(|e| e.to_string())?;
-        out.push((name, Some(p.watermark)));
-    }
-    Ok(out)
-}
-
-/// Why a Silver table's watermark holds while Bronze quarantine records of its changes
-/// are open.
-pub const HELD: &str = "the watermark waits for events Bronze quarantined (their transaction's END record counts them); fix the cause (`wal2delta quarantine show ID`), then `wal2delta quarantine resolve ID` lets Silver pass the transaction without them";
-
-/// Open Bronze quarantine records by table, with the commit LSN of their change when
-/// known. Empty when the quarantine cannot be read (the quarantine section says why).
-async fn held_by_bronze_quarantine(
-    config: &Config,
-) -> std::collections::BTreeMap<String, Vec<(String, Option<i64>)>> {
-    let mut out = std::collections::BTreeMap::<String, Vec<_>>::new();
-    let Ok(lake) = wal2delta_lake::Lake::new(&config.lake.uri) else {
-        return out;
-    };
-    let Ok(records) = quarantine::open_records(&lake).await else {
-        return out;
-    };
-    for r in records {
-        if r.stage != wal2delta_quarantine::Stage::Bronze {
-            continue;
-        }
-        if let Some(t) = r.table {
-            out.entry(t).or_default().push((r.id, r.commit_lsn));
-        }
-    }
-    out
-}
-
-/// Open quarantine records (no resolution yet) by `stage/reason_code`.
-async fn quarantine_counts(
-    config: &Config,
-) -> Result<std::collections::BTreeMap<String, u64>, String> {
-    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
-    let records = quarantine::open_records(&lake)
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut counts = std::collections::BTreeMap::new();
-    for r in records {
-        *counts
-            .entry(format!("{}/{}", r.stage.as_str(), r.reason_code))
-            .or_insert(0) += 1;
-    }
-    Ok(counts)
-}
-
-/// Snapshot progress from Kafka; `Err` with the reason when it cannot be read.
-pub(crate) async fn snapshot_progress(
-    config: &Config,
-) -> Result<std::collections::HashMap<String, wal2delta_stream::snapshots::SnapshotProgress>, String>
-{
-    let (brokers, topic, slot) = (
-        config.kafka.brokers.clone(),
-        config.kafka.snapshots_topic(),
-        config.source.slot.clone(),
-    );
-    let read = tokio::task::spawn_blocking(move || {
-        wal2delta_stream::snapshots::load(&brokers, &topic, &slot)
-    });
-    match tokio::time::timeout(std::time::Duration::from_secs(20), read).await {
-        Ok(Ok(Ok(p))) => Ok(p),
-        Ok(Ok(Err(e))) => Err(e.to_string()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err("Kafka did not answer within 20 s".into()),
     }
 }

@@ -4,6 +4,7 @@ mod bronze;
 mod capture;
 mod cli;
 mod commands;
+mod endpoint;
 use wal2delta::config;
 mod health;
 mod metrics;
@@ -11,6 +12,8 @@ mod policies;
 mod quarantine;
 mod reconcile;
 mod silver;
+mod status;
+mod supervisor;
 mod telemetry;
 
 use std::process::ExitCode;

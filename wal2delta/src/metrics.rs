@@ -1,9 +1,16 @@
-//! Every metric name wal2delta exports, in one place, and the Prometheus endpoint.
+//! Every metric name wal2delta exports, in one place (served by [`crate::endpoint`]).
 
-use std::net::SocketAddr;
-
-use metrics_exporter_prometheus::PrometheusBuilder;
-
+/// Sessions (or rounds) of a stage started again after a transient failure, by `stage`.
+pub const STAGE_RESTARTS: &str = "wal2delta_stage_restarts_total";
+/// Failures that ended a stage's session or round, by `stage` and `class` (transient,
+/// record, operator).
+pub const STAGE_FAILURES: &str = "wal2delta_stage_failures_total";
+/// 1 while a stage runs healthy, by `stage`.
+pub const STAGE_UP: &str = "wal2delta_stage_up";
+/// 1 once a stage stopped for an error that needs an operator, by `stage`.
+pub const STAGE_FAILED: &str = "wal2delta_stage_failed";
+/// Tables whose own work keeps failing while their stage goes on, by `stage`.
+pub const STAGE_FAILING_TABLES: &str = "wal2delta_stage_failing_tables";
 /// Change events published to Kafka, by table and op.
 pub const CAPTURE_EVENTS: &str = "wal2delta_capture_events_total";
 /// Events sent to the dead-letter topic, by table and reason kind.
@@ -14,8 +21,6 @@ pub const CAPTURE_TRANSACTIONS: &str = "wal2delta_capture_transactions_total";
 pub const CAPTURE_IN_FLIGHT: &str = "wal2delta_capture_in_flight_events";
 /// The LSN confirmed to the slot, as a number (bytes).
 pub const CAPTURE_CONFIRMED_LSN: &str = "wal2delta_capture_confirmed_lsn";
-/// Capture sessions restarted after a transient failure.
-pub const CAPTURE_RESTARTS: &str = "wal2delta_capture_restarts_total";
 /// Schemas the registry refused, by table.
 pub const CAPTURE_SCHEMA_REFUSED: &str = "wal2delta_capture_schema_refused_total";
 /// WAL bytes between the server's current position and the slot's confirmed position.
@@ -88,8 +93,6 @@ pub const BRONZE_OFFSET_GAPS: &str = "wal2delta_bronze_offset_gaps_total";
 /// Tombstones (null-value messages capture sends after deletes) Bronze passed over
 /// (label `table`): not change events, stored as no row.
 pub const BRONZE_TOMBSTONES: &str = "wal2delta_bronze_tombstones_skipped_total";
-/// Bronze sessions restarted after a transient failure.
-pub const BRONZE_RESTARTS: &str = "wal2delta_bronze_restarts_total";
 /// Commits of one Bronze table that failed (labels `table`, `kind`: `error` or `panic`);
 /// the table retries with its own backoff while the others go on.
 pub const BRONZE_TABLE_FAILURES: &str = "wal2delta_bronze_table_failures_total";
@@ -109,13 +112,3 @@ pub const QUARANTINED: &str = "wal2delta_quarantined_records_total";
 pub const LAKE_FILES_COMPACTED: &str = "wal2delta_lake_files_compacted_total";
 /// Compaction/checkpoint passes that failed (label `table`).
 pub const LAKE_MAINTENANCE_FAILURES: &str = "wal2delta_lake_maintenance_failures_total";
-
-/// Starts the Prometheus text endpoint.
-pub fn install(listen: &str) -> anyhow::Result<()> {
-    let addr: SocketAddr = listen.parse()?;
-    PrometheusBuilder::new()
-        .with_http_listener(addr)
-        .install()
-        .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr} ([metrics] listen): {e}"))?;
-    Ok(())
-}

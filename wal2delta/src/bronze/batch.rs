@@ -236,44 +236,19 @@ impl TopicBuffer {
         let ingested_at = now_us();
         let mut i = self.converted;
         while i < self.events.len() {
-            let schema = match &self.events[i].state {
-                Payload::Decoded(schema, _, _) => schema.clone(),
+            let (end, outcome) = match &self.events[i].state {
+                Payload::Decoded(schema, _, _) => {
+                    let schema = schema.clone();
+                    let (end, key_schema) = self.run_end(i, &schema);
+                    let outcome =
+                        self.change_batch(i..end, &schema, key_schema.as_ref(), ingested_at);
+                    (end, outcome)
+                }
                 Payload::Transaction(_) => {
-                    let mut j = i;
-                    while j < self.events.len()
-                        && matches!(self.events[j].state, Payload::Transaction(_))
-                    {
-                        j += 1;
-                    }
-                    let records: Vec<&TransactionRecord> = self.events[i..j]
-                        .iter()
-                        .filter_map(|e| match &e.state {
-                            Payload::Transaction(r) => Some(r),
-                            _ => None,
-                        })
-                        .collect();
-                    let (fields, arrays) = transaction_columns(&records);
-                    let coordinates: Vec<KafkaCoordinates> =
-                        self.events[i..j].iter().map(|e| e.coordinates).collect();
-                    let outcome = bronze_batch(
-                        &self.table,
-                        &self.topic,
-                        fields,
-                        arrays,
-                        &coordinates,
-                        ingested_at,
-                    )
-                    .map_err(|e| ("unsupported_schema", e.to_string()));
-                    for e in &mut self.events[i..j] {
-                        e.state = Payload::Converted;
-                    }
-                    self.runs.push(Run {
-                        start: i,
-                        end: j,
-                        outcome,
-                    });
-                    i = j;
-                    continue;
+                    let end = (i..self.events.len())
+                        .find(|&j| !matches!(self.events[j].state, Payload::Transaction(_)))
+                        .unwrap_or(self.events.len());
+                    (end, self.transaction_batch(i..end, ingested_at))
                 }
                 Payload::Failed(code, detail) => {
                     self.runs.push(Run {
@@ -289,71 +264,112 @@ impl TopicBuffer {
                     continue;
                 }
             };
-            // A run: consecutive events with one value schema and one key schema (events
-            // without a key, i.e. TRUNCATEs, join any run).
-            let mut key_schema: Option<Arc<AvroSchema>> = None;
-            let mut j = i;
-            while j < self.events.len() {
-                let Payload::Decoded(s, _, key) = &self.events[j].state else {
-                    break;
-                };
-                if s.id != schema.id {
-                    break;
-                }
-                if let Some((ks, _)) = key {
-                    match &key_schema {
-                        Some(current) if current.id != ks.id => break,
-                        Some(_) => {}
-                        None => key_schema = Some(ks.clone()),
-                    }
-                }
-                j += 1;
-            }
-            let events = &self.events[i..j];
-            let (values, keys): (Vec<&Value>, Vec<Option<&Value>>) = events
-                .iter()
-                .filter_map(|e| match &e.state {
-                    Payload::Decoded(_, v, k) => Some((v, k.as_ref().map(|(_, k)| k))),
-                    _ => None,
-                })
-                .unzip();
-            let coordinates: Vec<KafkaCoordinates> = events.iter().map(|e| e.coordinates).collect();
-            let outcome = envelope_columns(&schema.parsed, schema.id, &values)
-                .and_then(|mut cols| {
-                    if let Some(ks) = &key_schema {
-                        if let Some((field, array)) = key_column(&ks.parsed, &keys)? {
-                            cols.fields.push(field);
-                            cols.arrays.push(array);
-                        }
-                    }
-                    let (field, array) = out_of_range_column(&values, &keys)?;
-                    cols.fields.push(field);
-                    cols.arrays.push(array);
-                    Ok(cols)
-                })
-                .map_err(|e| ("unsupported_schema", e.to_string()))
-                .and_then(|cols| {
-                    bronze_batch(
-                        &self.table,
-                        &self.topic,
-                        cols.fields,
-                        cols.arrays,
-                        &coordinates,
-                        ingested_at,
-                    )
-                    .map_err(|e| ("unsupported_schema", e.to_string()))
-                });
-            for e in &mut self.events[i..j] {
+            for e in &mut self.events[i..end] {
                 e.state = Payload::Converted;
             }
             self.runs.push(Run {
                 start: i,
-                end: j,
+                end,
                 outcome,
             });
-            i = j;
+            i = end;
         }
         self.converted = self.events.len();
+    }
+
+    /// Where the run starting at `start` ends: consecutive events with one value schema
+    /// and one key schema (events without a key, i.e. TRUNCATEs, join any run); and the
+    /// run's key schema.
+    fn run_end(&self, start: usize, schema: &AvroSchema) -> (usize, Option<Arc<AvroSchema>>) {
+        let mut key_schema: Option<Arc<AvroSchema>> = None;
+        let mut j = start;
+        while j < self.events.len() {
+            let Payload::Decoded(s, _, key) = &self.events[j].state else {
+                break;
+            };
+            if s.id != schema.id {
+                break;
+            }
+            if let Some((ks, _)) = key {
+                match &key_schema {
+                    Some(current) if current.id != ks.id => break,
+                    Some(_) => {}
+                    None => key_schema = Some(ks.clone()),
+                }
+            }
+            j += 1;
+        }
+        (j, key_schema)
+    }
+
+    /// The Bronze rows of a run of change events.
+    fn change_batch(
+        &self,
+        run: std::ops::Range<usize>,
+        schema: &AvroSchema,
+        key_schema: Option<&Arc<AvroSchema>>,
+        ingested_at: i64,
+    ) -> Result<RecordBatch, (&'static str, String)> {
+        let events = &self.events[run];
+        let (values, keys): (Vec<&Value>, Vec<Option<&Value>>) = events
+            .iter()
+            .filter_map(|e| match &e.state {
+                Payload::Decoded(_, v, k) => Some((v, k.as_ref().map(|(_, k)| k))),
+                _ => None,
+            })
+            .unzip();
+        let coordinates: Vec<KafkaCoordinates> = events.iter().map(|e| e.coordinates).collect();
+        let unsupported = |e: &dyn std::fmt::Display| ("unsupported_schema", e.to_string());
+        let cols = envelope_columns(&schema.parsed, schema.id, &values)
+            .and_then(|mut cols| {
+                if let Some(ks) = key_schema {
+                    if let Some((field, array)) = key_column(&ks.parsed, &keys)? {
+                        cols.fields.push(field);
+                        cols.arrays.push(array);
+                    }
+                }
+                let (field, array) = out_of_range_column(&values, &keys)?;
+                cols.fields.push(field);
+                cols.arrays.push(array);
+                Ok(cols)
+            })
+            .map_err(|e| unsupported(&e))?;
+        bronze_batch(
+            &self.table,
+            &self.topic,
+            cols.fields,
+            cols.arrays,
+            &coordinates,
+            ingested_at,
+        )
+        .map_err(|e| unsupported(&e))
+    }
+
+    /// The Bronze rows of a run of transaction records.
+    fn transaction_batch(
+        &self,
+        run: std::ops::Range<usize>,
+        ingested_at: i64,
+    ) -> Result<RecordBatch, (&'static str, String)> {
+        let events = &self.events[run];
+        let records: Vec<&TransactionRecord> = events
+            .iter()
+            .filter_map(|e| match &e.state {
+                Payload::Transaction(r) => Some(r),
+                _ => None,
+            })
+            .collect();
+        let (fields, arrays) = transaction_columns(&records);
+        let coordinates: Vec<KafkaCoordinates> = events.iter().map(|e| e.coordinates).collect();
+        bronze_batch(
+            &self.table,
+            &self.topic,
+            fields,
+            arrays,
+            &coordinates,
+            ingested_at,
+        )
+        .map_err(|e| ("unsupported_schema", e.to_string()))
     }
 
     /// The record batches whose schemas merge into `table_schema`, in order; every other

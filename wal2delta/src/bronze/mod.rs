@@ -12,6 +12,7 @@
 //! partitions are re-read from the offsets the tables hold.
 
 mod batch;
+mod commit;
 mod maintenance;
 mod offsets;
 pub mod status;
@@ -19,7 +20,6 @@ pub mod status;
 use std::collections::HashMap;
 use std::time::Duration;
 
-use anyhow::anyhow;
 use tokio::sync::watch;
 use wal2delta_lake::bronze::{Append, AppendOutcome, BronzeTable};
 use wal2delta_lake::quarantine::QuarantineTable;
@@ -35,6 +35,7 @@ use wal2delta_stream::StreamError;
 
 use crate::config::Config;
 use crate::metrics as m;
+use crate::supervisor::{Backoff, Next, StageError, Supervisor};
 use batch::{BufferedEvent, DecodedEvent, MicroBatch, TopicBuffer};
 use offsets::{BronzeTopics, LakeOffsets, TRANSACTIONS_TABLE};
 
@@ -47,47 +48,57 @@ enum SessionError {
     Stream(#[from] StreamError),
     #[error(transparent)]
     Decode(#[from] DecodeError),
-    #[error("the consumer stopped: {0}")]
-    Consumer(String),
+    /// librdkafka reported the consumer unusable (the reason is its error text).
+    #[error("the Kafka consumer failed: {reason}")]
+    ConsumerFailed { reason: String },
+    #[error("the Kafka consumer's thread ended")]
+    ConsumerEnded,
 }
 
-impl SessionError {
+impl StageError for SessionError {
     fn class(&self) -> ErrorClass {
         match self {
             SessionError::Lake(e) => e.class(),
             SessionError::Stream(e) => e.class(),
             SessionError::Decode(e) => e.class(),
-            SessionError::Consumer(_) => ErrorClass::Transient,
+            SessionError::ConsumerFailed { .. } | SessionError::ConsumerEnded => {
+                ErrorClass::Transient
+            }
+        }
+    }
+
+    fn hint(&self) -> Option<String> {
+        match self {
+            SessionError::Lake(e) => e.hint(),
+            _ => None,
         }
     }
 }
 
-/// Runs the bronze stage until `shutdown` turns true. Transient failures restart the
-/// session (from the offsets the tables hold) with backoff.
-pub async fn run(config: &Config, mut shutdown: watch::Receiver<bool>) -> anyhow::Result<()> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+/// Runs the bronze stage until `shutdown` turns true, under its [`Supervisor`]: transient
+/// failures start a new session (from the offsets the tables hold); operator errors stop
+/// the stage with the reason.
+pub async fn run(
+    config: &Config,
+    supervisor: Supervisor,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let lake = match Lake::new(&config.lake.uri) {
+        Ok(lake) => lake,
+        Err(e) => return supervisor.stop_now(&SessionError::Lake(e)),
+    };
     let maintenance = maintenance::spawn(config, lake.clone(), shutdown.clone());
-    const FIRST_BACKOFF: Duration = Duration::from_millis(500);
-    let mut backoff = FIRST_BACKOFF;
     let result = loop {
-        let mut committed = false;
-        match session(config, &lake, &mut shutdown, &mut committed).await {
-            Ok(()) => break Ok(()),
-            Err(e) if e.class() == ErrorClass::Transient => {
-                // A session that stored something was healthy: its end is a new failure,
-                // not the next of a series.
-                if committed {
-                    backoff = FIRST_BACKOFF;
-                }
-                metrics::counter!(m::BRONZE_RESTARTS).increment(1);
-                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "bronze session ended; restarting from the offsets stored in the Bronze tables");
-                tokio::select! {
-                    _ = tokio::time::sleep(backoff) => {}
-                    _ = shutdown.changed() => break Ok(()),
-                }
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+        match session(config, &lake, &supervisor, &mut shutdown).await {
+            Ok(()) => {
+                supervisor.stopped();
+                break Ok(());
             }
-            Err(e) => break Err(anyhow!("bronze stage: {e}")),
+            Err(e) => match supervisor.failed(&e, &mut shutdown).await {
+                Next::Retry => {}
+                Next::Shutdown => break Ok(()),
+                Next::Stop(e) => break Err(e),
+            },
         }
     };
     if let Some(task) = maintenance {
@@ -113,7 +124,7 @@ const AWAITING_SEEK: u64 = u64::MAX;
 /// A table whose last commit failed: its topic's events are dropped until `until`, then
 /// re-read from what the table holds. Other tables go on meanwhile.
 struct Failing {
-    delay: Duration,
+    backoff: Backoff,
     /// `Some` while paused; `None` once resumed and not yet committed again.
     until: Option<tokio::time::Instant>,
 }
@@ -152,13 +163,10 @@ impl TableFailure {
     }
 }
 
-/// The first and the largest pause of a failing table.
-const TABLE_BACKOFF: (Duration, Duration) = (Duration::from_millis(500), Duration::from_secs(30));
-
 struct Session<'a> {
     lake: &'a Lake,
-    /// Set once anything is committed (the stage's restart backoff then starts over).
-    committed: &'a mut bool,
+    /// Told of every commit (the stage's backoff then starts over) and of failing tables.
+    supervisor: &'a Supervisor,
     failing: HashMap<String, Failing>,
     idle: Idle,
     decoder: EventDecoder,
@@ -192,8 +200,8 @@ pub fn bronze_topics(config: &Config) -> BronzeTopics {
 async fn session(
     config: &Config,
     lake: &Lake,
+    supervisor: &Supervisor,
     shutdown: &mut watch::Receiver<bool>,
-    committed: &mut bool,
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
     let topics = bronze_topics(config);
@@ -225,9 +233,10 @@ async fn session(
     // hold memory.
     let capacity = b.max_batch_events.clamp(1_000, 10_000);
     let consumer = ChangeConsumer::start(settings, offsets, capacity)?;
+    supervisor.started();
     let mut s = Session {
         lake,
-        committed,
+        supervisor,
         failing: HashMap::new(),
         decoder: EventDecoder::new(&config.schema_registry.url)?,
         consumer,
@@ -257,7 +266,7 @@ async fn session(
                 return Ok(());
             }
             event = s.consumer.next() => match event {
-                None => return Err(SessionError::Consumer("the consumer thread ended".into())),
+                None => return Err(SessionError::ConsumerEnded),
                 Some(e) => s.on_event(e).await?,
             },
             _ = async { if let Some(d) = deadline { tokio::time::sleep_until(d).await } }, if deadline.is_some() => {
@@ -319,7 +328,7 @@ impl Session<'_> {
                 }
             }
             ConsumerEvent::Message(msg) => self.on_message(msg).await?,
-            ConsumerEvent::Failed(reason) => return Err(SessionError::Consumer(reason)),
+            ConsumerEvent::Failed(reason) => return Err(SessionError::ConsumerFailed { reason }),
         }
         Ok(())
     }
@@ -397,179 +406,6 @@ impl Session<'_> {
         Ok(())
     }
 
-    /// Commits the micro-batch: quarantine records first, then one Bronze commit per table
-    /// (tables in parallel).
-    async fn flush(&mut self) -> Result<(), SessionError> {
-        if self.batch.is_empty() {
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        let events = self.batch.events;
-        let topics = self.batch.take();
-
-        // Prepare each topic against its table's current schema.
-        let mut work: Vec<(String, TopicBuffer, BronzeTable, batch::Prepared)> = Vec::new();
-        let mut quarantined = Vec::new();
-        for (topic, mut buf) in topics {
-            let mut table = match self.tables.remove(&topic) {
-                Some(t) => t,
-                None => match LakeOffsets::table_for(self.lake, &self.topics, &topic) {
-                    Some(t) => t,
-                    None => continue, // not a table topic; the subscription excludes these
-                },
-            };
-            if let Err(e) = table.refresh().await {
-                let name = table.name().to_owned();
-                self.tables.insert(topic.clone(), table);
-                self.table_failed(&topic, &name, e.into())?;
-                continue;
-            }
-            let schema = table.arrow_schema();
-            let prepared = buf.prepare(schema.as_deref());
-            quarantined.extend(prepared.quarantined.iter().cloned());
-            work.push((topic, buf, table, prepared));
-        }
-        if !quarantined.is_empty() {
-            let mut by_reason: HashMap<String, u64> = HashMap::new();
-            for r in &quarantined {
-                *by_reason.entry(r.reason_code.clone()).or_default() += 1;
-            }
-            let stored = self
-                .quarantine
-                .append(QuarantineStage::Bronze, quarantined)
-                .await?;
-            for (reason, n) in by_reason {
-                tracing::warn!(reason = %reason, events = n, "events quarantined");
-                metrics::counter!(m::QUARANTINED, "stage" => "bronze", "reason" => reason)
-                    .increment(n);
-            }
-            tracing::debug!(stored, "quarantine records appended");
-        }
-
-        // Each table commits in a task of its own: a panic in the writer (deltalake-core
-        // panics on some values it cannot describe in file statistics) ends that task only,
-        // and becomes that table's failure.
-        let appends: Vec<_> = work
-            .into_iter()
-            .map(|(topic, buf, mut table, prepared)| {
-                let name = table.name().to_owned();
-                let append = Append {
-                    topic: topic.clone(),
-                    batches: prepared.batches,
-                    ranges: buf.ranges.clone(),
-                };
-                let bytes = prepared.payload_bytes;
-                let task = tokio::spawn(async move {
-                    let rows: usize = append.batches.iter().map(|b| b.num_rows()).sum();
-                    let conflicts_before = table.conflicts();
-                    let outcome = table.append(append).await;
-                    let conflicts = table.conflicts() - conflicts_before;
-                    (table, rows, conflicts, outcome)
-                });
-                (topic, buf, name, bytes, task)
-            })
-            .collect();
-        for (topic, buf, name, bytes, task) in appends {
-            let (table, rows, conflicts, outcome) = match task.await {
-                Ok(done) => done,
-                Err(e) => {
-                    let reason = match e.try_into_panic() {
-                        Ok(p) => panic_message(p.as_ref()),
-                        Err(e) => e.to_string(),
-                    };
-                    // The handle went down with the task; a new one reloads the table.
-                    if let Some(t) = LakeOffsets::table_for(self.lake, &self.topics, &topic) {
-                        self.tables.insert(topic.clone(), t);
-                    }
-                    self.table_failed(&topic, &name, TableFailure::Panicked(reason))?;
-                    continue;
-                }
-            };
-            self.tables.insert(topic.clone(), table);
-            if conflicts > 0 {
-                metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone())
-                    .increment(conflicts);
-            }
-            match outcome {
-                Ok(AppendOutcome::Committed {
-                    version,
-                    schema_changed,
-                    ..
-                }) => {
-                    *self.committed = true;
-                    if self.failing.remove(&topic).is_some() {
-                        tracing::info!(table = %name, "Bronze table committing again");
-                    }
-                    metrics::counter!(m::BRONZE_ROWS, "table" => name.clone())
-                        .increment(rows as u64);
-                    metrics::counter!(m::BRONZE_BYTES, "table" => name.clone())
-                        .increment(bytes as u64);
-                    metrics::counter!(m::BRONZE_COMMITS, "table" => name.clone()).increment(1);
-                    if version == 0 {
-                        tracing::info!(table = %name, "Bronze table created");
-                    } else if schema_changed {
-                        tracing::info!(table = %name, version, "Bronze table schema evolved (columns added)");
-                    }
-                    for (p, r) in &buf.ranges {
-                        if let Some(o) = self.owned.get_mut(&(topic.clone(), *p)) {
-                            o.committed_next = Some(r.last + 1);
-                        }
-                    }
-                    tracing::debug!(table = %name, version, rows, "Bronze commit");
-                }
-                Ok(AppendOutcome::NoTable) => {
-                    // Every event was quarantined and the table does not exist yet: the
-                    // quarantine table's own offsets keep them from being stored twice.
-                }
-                Ok(AppendOutcome::Stale { stored }) => {
-                    metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => name.clone())
-                        .increment(1);
-                    tracing::info!(table = %name, "another writer stored these offsets first; re-reading from the table's offsets");
-                    for p in buf.ranges.keys() {
-                        let next = stored.get(p).copied().flatten().map(|s| s + 1);
-                        self.reseek(&topic, *p, next);
-                    }
-                }
-                Err(LakeError::SchemaConflict { reason, .. }) => {
-                    // The table changed under us (another writer evolved it): re-read and
-                    // prepare against the new schema.
-                    tracing::info!(table = %name, reason = %reason, "table schema changed during the commit; re-reading");
-                    let stored = match self.tables.get_mut(&topic) {
-                        Some(t) => {
-                            t.stored_offsets(
-                                &topic,
-                                &buf.ranges.keys().copied().collect::<Vec<_>>(),
-                            )
-                            .await
-                        }
-                        None => Ok(Default::default()),
-                    };
-                    match stored {
-                        Ok(stored) => {
-                            for p in buf.ranges.keys() {
-                                self.reseek(
-                                    &topic,
-                                    *p,
-                                    stored.get(p).copied().flatten().map(|s| s + 1),
-                                );
-                            }
-                        }
-                        Err(e) => self.table_failed(&topic, &name, e.into())?,
-                    }
-                }
-                Err(e) => self.table_failed(&topic, &name, e.into())?,
-            }
-        }
-        metrics::histogram!(m::BRONZE_BATCH_SECONDS).record(started.elapsed().as_secs_f64());
-        tracing::debug!(
-            events,
-            ms = started.elapsed().as_millis() as u64,
-            "micro-batch committed"
-        );
-        self.report_lag();
-        Ok(())
-    }
-
     /// One table's commit failed: unless the failure needs an operator, its topic pauses
     /// (events dropped, so nothing of it is buffered) with a backoff of its own, and is then
     /// re-read from the offsets the table holds. The other tables go on.
@@ -589,13 +425,14 @@ impl Session<'_> {
         };
         metrics::counter!(m::BRONZE_TABLE_FAILURES, "table" => table.to_owned(), "kind" => failure.kind())
             .increment(1);
+        self.supervisor.table_failed(table, &failure);
         let f = self.failing.entry(topic.to_owned()).or_insert(Failing {
-            delay: TABLE_BACKOFF.0 / 2,
+            backoff: Backoff::standard(),
             until: None,
         });
-        f.delay = (f.delay * 2).min(TABLE_BACKOFF.1);
-        f.until = Some(tokio::time::Instant::now() + f.delay);
-        tracing::error!(table = %table, error = %failure, retry_in_ms = f.delay.as_millis() as u64, "Bronze commit of this table failed; the other tables go on, this one is re-read from its stored offsets after the pause");
+        let pause = f.backoff.next_wait();
+        f.until = Some(tokio::time::Instant::now() + pause);
+        tracing::error!(table = %table, error = %failure, retry_in_ms = pause.as_millis() as u64, "Bronze commit of this table failed; the other tables go on, this one is re-read from its stored offsets after the pause");
         // Messages already queued are of the old epoch once the table resumes (it re-seeks).
         for ((t, _), o) in self.owned.iter_mut() {
             if t == topic {

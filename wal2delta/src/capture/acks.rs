@@ -17,7 +17,7 @@ use wal2delta_stream::ack::{AckToken, AckTracker, DeliveryTag};
 use wal2delta_stream::producer::Delivery;
 use wal2delta_stream::snapshots::SnapshotProgress;
 
-use super::{delivery_failed, SessionError};
+use super::SessionError;
 use crate::metrics as m;
 
 /// What a delivery report moved, so the session knows what to do next.
@@ -131,7 +131,7 @@ impl Acks {
     /// may be confirmed; the next session resends from the slot).
     pub(super) fn on_delivery(&mut self, d: Delivery) -> Result<Delivered, SessionError> {
         self.watch.report();
-        if let Some(e) = delivery_failed(&d) {
+        if let Some(e) = SessionError::of_delivery(&d) {
             return Err(e);
         }
         Ok(match d.tag {
@@ -255,10 +255,7 @@ impl DeliveryWatch {
             return Ok(());
         }
         if self.since.elapsed() >= self.timeout {
-            return Err(SessionError::Delivery(format!(
-                "Kafka acknowledged nothing for {} ms while events were in flight ([kafka] delivery_timeout_ms)",
-                self.timeout.as_millis()
-            )));
+            return Err(SessionError::DeliveryTimeout(self.timeout));
         }
         Ok(())
     }

@@ -12,7 +12,7 @@ use wal2delta_model::{
 };
 use wal2delta_stream::ack::{AckToken, DeliveryTag};
 use wal2delta_stream::avro::envelope::{
-    encode_change, table_schemas, SourceInfo, TableSchemas, OLD_KEY_HEADER,
+    encode_change, table_schemas, EncodedChange, SourceInfo, TableSchemas, OLD_KEY_HEADER,
 };
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::{headers_bytes, EventProducer};
@@ -340,27 +340,9 @@ impl Publisher {
             }
         };
         let encoded = encode_change(schema, reg.avro, &self.source, change, now_ms, token_key_id)
-            .and_then(|e| {
-                let key = match e.key {
-                    Some(k) => Some(
-                        frame_with(&reg.key_writer, reg.key_id, &k)
-                            .map_err(|err| encode_err(&change.table, err))?,
-                    ),
-                    None => None,
-                };
-                let value = frame_with(&reg.value_writer, reg.value_id, &e.value)
-                    .map_err(|err| encode_err(&change.table, err))?;
-                let old_key = match e.old_key {
-                    Some(k) => Some(
-                        frame_with(&reg.key_writer, reg.key_id, &k)
-                            .map_err(|err| encode_err(&change.table, err))?,
-                    ),
-                    None => None,
-                };
-                Ok((key, value, old_key))
-            });
-        let (key, value, old_key) = match encoded {
-            Ok(kv) => kv,
+            .and_then(|e| Framed::of(reg, &change.table, e));
+        let framed = match encoded {
+            Ok(f) => f,
             Err(e) => {
                 return self
                     .dead_letter(
@@ -378,61 +360,80 @@ impl Publisher {
         let topic = p.topic.clone();
         let counter = p.counters.get(change.op.code()).cloned();
         let tag = DeliveryTag::Event(token);
-        let mut sent = 0;
-        if matches!(change.op, ChangeOp::Truncate | ChangeOp::SnapshotEnd) {
+        let sent = if matches!(change.op, ChangeOp::Truncate | ChangeOp::SnapshotEnd) {
             // A TRUNCATE (and the end of a re-snapshot) goes to every partition so it is
             // ordered against the rows of each.
             let n = self.producer.partition_count(&topic)?;
             for part in 0..n {
                 self.producer
-                    .send(&topic, Some(part), None, &value, tag)
+                    .send(&topic, Some(part), None, &framed.value, tag)
                     .await?;
-                sent += 1;
             }
             self.count(change, n.max(0) as u64);
+            n.max(0) as usize
         } else {
-            // An event over the message size goes to the DLQ, checked before sending so
-            // that it is never counted in the END record: the count says what is on the
-            // table topic, and Silver waits for exactly that many.
-            let headers: Vec<(&str, &[u8])> = match &old_key {
-                Some(k) => vec![(OLD_KEY_HEADER, k.as_slice())],
-                None => Vec::new(),
-            };
-            let bytes = value.len() + key.as_ref().map_or(0, Vec::len) + headers_bytes(&headers);
-            let queued = if self.producer.fits(bytes) {
-                self.producer
-                    .send_record(&topic, None, key.as_deref(), Some(&value), &headers, tag)
-                    .await
-            } else {
-                Err(StreamError::TooLarge {
-                    topic: topic.clone(),
-                    bytes,
-                    limit: self.producer.max_payload_bytes(),
-                })
-            };
-            match queued {
-                Ok(()) => {}
-                Err(StreamError::TooLarge { bytes, limit, .. }) => {
+            match self
+                .send_keyed(&topic, schema, change, &framed, tag)
+                .await?
+            {
+                Keyed::Sent(n) => n,
+                Keyed::TooLarge { bytes, limit } => {
                     return self.too_large(token, schema, change, bytes, limit).await;
                 }
-                Err(e) => return Err(e),
             }
-            sent += 1;
-            self.count(change, 1);
-            // A delete is followed by a tombstone of its key (null value), so a compacted
-            // topic can drop the key. Not a change event: the END record does not count it.
-            // A table without a primary key has no key to drop: no tombstone.
-            if change.op == ChangeOp::Delete && schema.has_primary_key() {
-                if let Some(k) = &key {
-                    self.producer.send_tombstone(&topic, k, tag).await?;
-                    sent += 1;
-                }
-            }
-        }
+        };
         if let Some(c) = counter {
             c.increment(1);
         }
         Ok(Sent(sent))
+    }
+
+    /// Sends a row change to its key's partition, and the tombstone that follows a delete.
+    async fn send_keyed(
+        &mut self,
+        topic: &str,
+        schema: &TableSchema,
+        change: &Change,
+        framed: &Framed,
+        tag: DeliveryTag,
+    ) -> Result<Keyed, StreamError> {
+        // An event over the message size goes to the DLQ, checked before sending so that
+        // it is never counted in the END record: the count says what is on the table
+        // topic, and Silver waits for exactly that many.
+        let headers: Vec<(&str, &[u8])> = match &framed.old_key {
+            Some(k) => vec![(OLD_KEY_HEADER, k.as_slice())],
+            None => Vec::new(),
+        };
+        let key = framed.key.as_deref();
+        let bytes = framed.value.len() + key.map_or(0, <[u8]>::len) + headers_bytes(&headers);
+        if !self.producer.fits(bytes) {
+            return Ok(Keyed::TooLarge {
+                bytes,
+                limit: self.producer.max_payload_bytes(),
+            });
+        }
+        match self
+            .producer
+            .send_record(topic, None, key, Some(&framed.value), &headers, tag)
+            .await
+        {
+            Ok(()) => {}
+            Err(StreamError::TooLarge { bytes, limit, .. }) => {
+                return Ok(Keyed::TooLarge { bytes, limit })
+            }
+            Err(e) => return Err(e),
+        }
+        self.count(change, 1);
+        // A delete is followed by a tombstone of its key (null value), so a compacted topic
+        // can drop the key. Not a change event: the END record does not count it. A table
+        // without a primary key has no key to drop: no tombstone.
+        if change.op == ChangeOp::Delete && schema.has_primary_key() {
+            if let Some(k) = key {
+                self.producer.send_tombstone(topic, k, tag).await?;
+                return Ok(Keyed::Sent(2));
+            }
+        }
+        Ok(Keyed::Sent(1))
     }
 
     /// Sends an event too large for Kafka to the DLQ: its key, its columns and the sizes,
@@ -627,4 +628,37 @@ fn encode_err(table: &TableName, e: apache_avro::Error) -> StreamError {
         table: table.to_string(),
         reason: e.to_string(),
     }
+}
+
+/// A change's Avro key, value and old key (of a primary-key change), each framed with its
+/// registry schema id.
+struct Framed {
+    key: Option<Vec<u8>>,
+    value: Vec<u8>,
+    old_key: Option<Vec<u8>>,
+}
+
+impl Framed {
+    fn of(reg: &Registered, table: &TableName, e: EncodedChange) -> Result<Framed, StreamError> {
+        let frame_key = |k: Option<_>| {
+            k.map(|k| {
+                frame_with(&reg.key_writer, reg.key_id, &k).map_err(|err| encode_err(table, err))
+            })
+            .transpose()
+        };
+        Ok(Framed {
+            key: frame_key(e.key)?,
+            value: frame_with(&reg.value_writer, reg.value_id, &e.value)
+                .map_err(|err| encode_err(table, err))?,
+            old_key: frame_key(e.old_key)?,
+        })
+    }
+}
+
+/// What sending a keyed change did.
+enum Keyed {
+    /// Messages queued (the change, and a delete's tombstone).
+    Sent(usize),
+    /// Over the message size: nothing was sent.
+    TooLarge { bytes: usize, limit: usize },
 }

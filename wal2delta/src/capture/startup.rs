@@ -35,7 +35,7 @@ pub(super) async fn recorded_position(
         wal2delta_stream::positions::last_position(&brokers, &t, &slot)
     })
     .await
-    .map_err(|e| SessionError::Operator(format!("position check failed: {e}")))??)
+    .map_err(SessionError::task("position check"))??)
 }
 
 /// Snapshot progress recorded in Kafka, by table.
@@ -51,9 +51,7 @@ pub(super) async fn load_snapshot_progress(
     Ok(
         tokio::task::spawn_blocking(move || wal2delta_stream::snapshots::load(&brokers, &t, &slot))
             .await
-            .map_err(|e| {
-                SessionError::Operator(format!("reading snapshot progress failed: {e}"))
-            })??,
+            .map_err(SessionError::task("snapshot progress"))??,
     )
 }
 
@@ -100,14 +98,13 @@ pub(super) fn check_slot_position(
             tracing::info!(topic = %topic, "no position recorded yet for this slot; first start")
         }
         Some(recorded) if slot_confirmed > recorded => {
-            let msg = format!(
-                "slot {:?} is confirmed at {slot_confirmed}, ahead of the last position wal2delta recorded in Kafka ({recorded}, topic {topic}): \
-                 changes in between may never have reached Kafka (another consumer used the slot, the slot was advanced by hand, or Kafka lost data). \
-                 Check, then start once with `wal2delta run --allow-slot-ahead` to accept the gap",
-                config.source.slot
-            );
             if !allow {
-                return Err(SessionError::Operator(msg));
+                return Err(SessionError::SlotAhead {
+                    slot: config.source.slot.clone(),
+                    confirmed: slot_confirmed,
+                    recorded,
+                    topic: topic.to_owned(),
+                });
             }
             tracing::warn!(slot_confirmed = %slot_confirmed, recorded = %recorded, "slot ahead of the position log; continuing because --allow-slot-ahead was given");
         }
@@ -177,15 +174,13 @@ pub(super) async fn record_new_slot(
     while acknowledged < expected {
         match tokio::time::timeout(Duration::from_secs(5), deliveries.recv()).await {
             Ok(Some(d)) => {
-                d.result
-                    .map_err(|e| SessionError::Delivery(e.to_string()))?;
+                if let Some(e) = SessionError::of_delivery(&d) {
+                    return Err(e);
+                }
                 acknowledged += 1;
             }
-            _ => {
-                return Err(SessionError::Delivery(
-                    "the new slot's position was not acknowledged by Kafka".into(),
-                ))
-            }
+            Ok(None) => return Err(SessionError::DeliveriesClosed),
+            Err(_) => return Err(SessionError::DeliveryTimeout(Duration::from_secs(5))),
         }
     }
     Ok(())

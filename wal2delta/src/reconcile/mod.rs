@@ -124,7 +124,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
             if !keyless.is_empty() {
                 bail!(
                     "{w} is not compared: {}; Silver does not hold it",
-                    crate::commands::KEYLESS
+                    crate::status::KEYLESS
                 );
             }
             if not_in_silver.is_empty() {
@@ -138,7 +138,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
     }
     // Capture's initial snapshot rows reach Silver outside the watermark: a table whose
     // snapshot is still running cannot be compared yet.
-    let snapshots = match crate::commands::snapshot_progress(config).await {
+    let snapshots = match crate::status::snapshot_progress(config).await {
         Ok(p) => p,
         Err(e) => {
             tracing::warn!(error = %e, "cannot read the snapshot progress from Kafka; assuming every initial snapshot is done");
@@ -251,6 +251,45 @@ struct Job<'a> {
     policies: &'a Policies,
 }
 
+/// The columns compared, and those only one side has.
+struct Columns {
+    shape: Shape,
+    only_in_source: Vec<String>,
+    only_in_silver: Vec<String>,
+}
+
+impl Columns {
+    /// Compared: the source's columns that Silver has, typed as the source decodes them.
+    fn of(src: &SourceTable, silver: &SilverRead) -> Result<Columns> {
+        let silver_schema = silver.schema()?;
+        let mut compared = Vec::new();
+        let mut only_in_source = Vec::new();
+        for f in src.schema.fields() {
+            if silver_schema.field_with_name(f.name()).is_ok() {
+                compared.push(f.as_ref().clone());
+            } else {
+                only_in_source.push(f.name().clone());
+            }
+        }
+        let only_in_silver: Vec<String> = silver_schema
+            .fields()
+            .iter()
+            .map(|f| f.name().clone())
+            .filter(|n| !n.starts_with('_') && src.schema.field_with_name(n).is_err())
+            .collect();
+        if let Some(k) = src.key.iter().find(|k| only_in_source.contains(k)) {
+            bail!("Silver has no primary-key column `{k}`");
+        }
+        let shape =
+            Shape::new(Arc::new(Schema::new(compared)), &src.key).map_err(|e| anyhow!(e))?;
+        Ok(Columns {
+            shape,
+            only_in_source,
+            only_in_silver,
+        })
+    }
+}
+
 impl Job<'_> {
     async fn table(
         &self,
@@ -278,116 +317,27 @@ impl Job<'_> {
         let Some(src) = SourceTable::open(snapshot, decoder, t, masking).await? else {
             bail!("the source table has no primary key; Silver only holds tables with one");
         };
-        let chunk_rows = self.config.snapshot.chunk_rows;
-
         let watermark = self.wait_for_watermark(&stage, l).await?;
         let silver = SilverRead::open(self.lake, &schema, &table)
             .await?
             .ok_or_else(|| anyhow!("the Silver table disappeared"))?;
-        let silver_schema = silver.schema()?;
+        let columns = Columns::of(&src, &silver)?;
+        let shape = &columns.shape;
+        let (mut ex, without_key) = self.exclusions(t, &silver, &src, shape).await?;
 
-        // Compared: the source's columns that Silver has, typed as the source decodes them.
-        let mut compared = Vec::new();
-        let mut only_in_source = Vec::new();
-        for f in src.schema.fields() {
-            if silver_schema.field_with_name(f.name()).is_ok() {
-                compared.push(f.as_ref().clone());
-            } else {
-                only_in_source.push(f.name().clone());
-            }
-        }
-        let only_in_silver: Vec<String> = silver_schema
-            .fields()
-            .iter()
-            .map(|f| f.name().clone())
-            .filter(|n| !n.starts_with('_') && src.schema.field_with_name(n).is_err())
-            .collect();
-        if let Some(k) = src.key.iter().find(|k| only_in_source.contains(k)) {
-            bail!("Silver has no primary-key column `{k}`");
-        }
-        let shape =
-            Shape::new(Arc::new(Schema::new(compared)), &src.key).map_err(|e| anyhow!(e))?;
-
-        let mut ex = Exclusions {
-            lsn: l,
-            truncated_after: silver.progress().truncated.is_some_and(|p| p.0 >= l),
-            ..Exclusions::default()
-        };
-        for b in tombstones_from(self.lake, &schema, &table, &src.key, l).await? {
-            let keys = shape
-                .conform_keys(&b)
-                .map_err(|e| anyhow!("tombstones: {e}"))?;
-            ex.tombstoned
-                .extend(shape.key_hashes(&keys).map_err(|e| anyhow!(e))?);
-        }
-        let (quarantined, without_key) = quarantined::quarantined_keys(
-            &self.quarantine.records,
-            &self.quarantine.resolved,
-            // Silver's records name the table by its identity, as its lake path does.
-            &t.ident(),
-            &shape,
-        );
-        ex.quarantined = quarantined;
-
-        // The source in the snapshot: only the hashes are kept.
         let mut tally = Tally::default();
-        let mut undecodable = 0u64;
-        let mut rows = src.rows();
-        while let Some(chunk) = rows.next(snapshot, decoder, &src, chunk_rows).await? {
-            undecodable += chunk.undecodable as u64;
-            if chunk.undecodable_keys.num_rows() > 0 {
-                let keys = shape
-                    .conform_keys(&chunk.undecodable_keys)
-                    .map_err(|e| anyhow!(e))?;
-                ex.undecodable
-                    .extend(shape.key_hashes(&keys).map_err(|e| anyhow!(e))?);
-            }
-            let b = shape.conform(&chunk.rows).map_err(|e| anyhow!(e))?;
-            for (k, r) in shape.hashes(&b).map_err(|e| anyhow!(e))? {
-                tally.source(k, r).map_err(|e| anyhow!(e))?;
-            }
-        }
+        let undecodable = self
+            .tally_source(snapshot, decoder, &src, shape, &mut ex, &mut tally)
+            .await?;
         tracing::info!(table = %name, rows = tally.held(), undecodable, "source rows read");
-
-        // Silver, streamed against them.
-        let mut columns = shape.names();
-        columns.push(COMMIT_LSN.to_owned());
-        let mut scan = silver.scan(&columns).await?;
-        while let Some(b) = scan.next().await {
-            let b = b?;
-            let lsns = commit_lsns(&b, COMMIT_LSN).map_err(|e| anyhow!(e))?;
-            let lsns = lsns.as_primitive::<Int64Type>();
-            let b = shape.conform(&b).map_err(|e| anyhow!(e))?;
-            for (i, (k, r)) in shape
-                .hashes(&b)
-                .map_err(|e| anyhow!(e))?
-                .into_iter()
-                .enumerate()
-            {
-                tally.silver(&ex, k, r, lsns.value(i));
-            }
-        }
+        tally_silver(&silver, shape, &ex, &mut tally).await?;
         let counts = tally.finish(&ex, undecodable);
         tracing::info!(table = %name, silver_rows = tally.silver_rows, differing = tally.differences.len(), "silver rows compared");
+        let differing_keys = self
+            .differing_keys(snapshot, decoder, &src, &silver, shape, &tally)
+            .await?;
 
-        // Name the first differing keys: both sides once more.
-        let mut differing_keys = Vec::new();
-        if !tally.differences.is_empty() && self.options.max_keys > 0 {
-            let mut picker = Picker::new(&shape, &tally.differences, self.options.max_keys);
-            let mut rows = src.rows();
-            while let Some(chunk) = rows.next(snapshot, decoder, &src, chunk_rows).await? {
-                let b = shape.conform(&chunk.rows).map_err(|e| anyhow!(e))?;
-                picker.offer(&b, false).map_err(|e| anyhow!(e))?;
-            }
-            let mut scan = silver.scan(&shape.names()).await?;
-            while let Some(b) = scan.next().await {
-                let b = shape.conform(&b?).map_err(|e| anyhow!(e))?;
-                picker.offer(&b, true).map_err(|e| anyhow!(e))?;
-            }
-            differing_keys = picker.finish().into_iter().map(Into::into).collect();
-        }
-
-        let equal = tally.differences.is_empty() && only_in_source.is_empty();
+        let equal = tally.differences.is_empty() && columns.only_in_source.is_empty();
         Ok(TableReport {
             name,
             lsn: self.lsn.to_string(),
@@ -411,10 +361,103 @@ impl Job<'_> {
                 values_differ: counts.values_differ,
             }),
             columns: shape.names(),
-            columns_only_in_source: only_in_source,
-            columns_only_in_silver: only_in_silver,
+            columns_only_in_source: columns.only_in_source,
+            columns_only_in_silver: columns.only_in_silver,
             differing_keys,
         })
+    }
+
+    /// What the comparison leaves out: keys deleted or changed after the snapshot, keys
+    /// with open quarantine records (and how many records name no key).
+    async fn exclusions(
+        &self,
+        t: &TableName,
+        silver: &SilverRead,
+        src: &SourceTable,
+        shape: &Shape,
+    ) -> Result<(Exclusions, usize)> {
+        let l = self.lsn.0 as i64;
+        let (schema, table) = t.ident_parts();
+        let mut ex = Exclusions {
+            lsn: l,
+            truncated_after: silver.progress().truncated.is_some_and(|p| p.0 >= l),
+            ..Exclusions::default()
+        };
+        for b in tombstones_from(self.lake, &schema, &table, &src.key, l).await? {
+            let keys = shape
+                .conform_keys(&b)
+                .map_err(|e| anyhow!("tombstones: {e}"))?;
+            ex.tombstoned
+                .extend(shape.key_hashes(&keys).map_err(|e| anyhow!(e))?);
+        }
+        let (quarantined, without_key) = quarantined::quarantined_keys(
+            &self.quarantine.records,
+            &self.quarantine.resolved,
+            // Silver's records name the table by its identity, as its lake path does.
+            &t.ident(),
+            shape,
+        );
+        ex.quarantined = quarantined;
+        Ok((ex, without_key))
+    }
+
+    /// The source in the snapshot: only the hashes are kept. Returns the rows that could
+    /// not be decoded (their keys are excluded).
+    async fn tally_source(
+        &self,
+        snapshot: &mut Snapshot,
+        decoder: &mut Decoder,
+        src: &SourceTable,
+        shape: &Shape,
+        ex: &mut Exclusions,
+        tally: &mut Tally,
+    ) -> Result<u64> {
+        let mut undecodable = 0u64;
+        let mut rows = src.rows();
+        let chunk_rows = self.config.snapshot.chunk_rows;
+        while let Some(chunk) = rows.next(snapshot, decoder, src, chunk_rows).await? {
+            undecodable += chunk.undecodable as u64;
+            if chunk.undecodable_keys.num_rows() > 0 {
+                let keys = shape
+                    .conform_keys(&chunk.undecodable_keys)
+                    .map_err(|e| anyhow!(e))?;
+                ex.undecodable
+                    .extend(shape.key_hashes(&keys).map_err(|e| anyhow!(e))?);
+            }
+            let b = shape.conform(&chunk.rows).map_err(|e| anyhow!(e))?;
+            for (k, r) in shape.hashes(&b).map_err(|e| anyhow!(e))? {
+                tally.source(k, r).map_err(|e| anyhow!(e))?;
+            }
+        }
+        Ok(undecodable)
+    }
+
+    /// Names the first differing keys (`--max-keys`): both sides read once more.
+    async fn differing_keys(
+        &self,
+        snapshot: &mut Snapshot,
+        decoder: &mut Decoder,
+        src: &SourceTable,
+        silver: &SilverRead,
+        shape: &Shape,
+        tally: &Tally,
+    ) -> Result<Vec<report::DifferingKey>> {
+        if tally.differences.is_empty() || self.options.max_keys == 0 {
+            return Ok(Vec::new());
+        }
+        let mut picker = Picker::new(shape, &tally.differences, self.options.max_keys);
+        let mut rows = src.rows();
+        let chunk_rows = self.config.snapshot.chunk_rows;
+        while let Some(chunk) = rows.next(snapshot, decoder, src, chunk_rows).await? {
+            let b = shape.conform(&chunk.rows).map_err(|e| anyhow!(e))?;
+            picker.offer(&b, false).map_err(|e| anyhow!(e))?;
+        }
+        let mut scan = silver.scan(&shape.names()).await?;
+        while let Some(b) = scan.next().await {
+            let b = shape.conform(&b?).map_err(|e| anyhow!(e))?;
+            picker.offer(&b, true).map_err(|e| anyhow!(e))?;
+        }
+        Ok(picker.finish().into_iter().map(Into::into).collect())
     }
 
     /// Waits until Silver's watermark of `t` is at or above `lsn` (every transaction
@@ -441,4 +484,27 @@ impl Job<'_> {
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
     }
+}
+
+/// Silver, streamed against the source's hashes.
+async fn tally_silver(
+    silver: &SilverRead,
+    shape: &Shape,
+    ex: &Exclusions,
+    tally: &mut Tally,
+) -> Result<()> {
+    let mut columns = shape.names();
+    columns.push(COMMIT_LSN.to_owned());
+    let mut scan = silver.scan(&columns).await?;
+    while let Some(b) = scan.next().await {
+        let b = b?;
+        let lsns = commit_lsns(&b, COMMIT_LSN).map_err(|e| anyhow!(e))?;
+        let lsns = lsns.as_primitive::<Int64Type>();
+        let b = shape.conform(&b).map_err(|e| anyhow!(e))?;
+        let hashes = shape.hashes(&b).map_err(|e| anyhow!(e))?;
+        for (i, (k, r)) in hashes.into_iter().enumerate() {
+            tally.silver(ex, k, r, lsns.value(i));
+        }
+    }
+    Ok(())
 }

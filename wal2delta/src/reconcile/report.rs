@@ -208,7 +208,7 @@ impl Report {
             let _ = writeln!(
                 out,
                 "not compared ({}): {}",
-                crate::commands::KEYLESS,
+                crate::status::KEYLESS,
                 self.tables_without_primary_key.join(", ")
             );
         }

@@ -2,65 +2,68 @@
 //!
 //! Each round reads the transaction records once (END counts and watermarks above the
 //! lowest Silver watermark), then applies every table in turn (`wal2delta_lake::silver`).
-//! A table's failure is logged and counted and the table is retried next round; the other
-//! tables go on. Progress lives in the Silver tables' commits, so a killed stage resumes
-//! where its last commit left off.
+//! A table's failure is logged and counted, and the table is retried after its own
+//! backoff; the other tables go on. A round that fails as a whole is handled by the
+//! stage's [`Supervisor`]. Progress lives in the Silver tables' commits, so a killed stage
+//! resumes where its last commit left off.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 pub mod replay;
 
-use anyhow::anyhow;
 use tokio::sync::watch;
 use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts};
 use wal2delta_lake::{Lake, LakeError};
 
 use crate::config::{Config, Policies};
 use crate::metrics as m;
+use crate::supervisor::{Backoff, Next, StageError, Supervisor};
+use wal2delta_lake::Url;
+use wal2delta_model::ErrorClass;
 
 /// `policies`: the masking and checks resolved against the source at startup
 /// ([`crate::policies`]).
 pub async fn run(
     config: &Config,
     policies: Policies,
+    supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
-    let mut tables: HashMap<String, Tracked> = HashMap::new();
-    let mut watermarks: HashMap<String, i64> = HashMap::new();
-    let mut keyless: HashMap<String, Instant> = HashMap::new();
+    let lake = match Lake::new(&config.lake.uri) {
+        Ok(lake) => lake,
+        Err(e) => return supervisor.stop_now(&e),
+    };
+    let mut stage = Stage {
+        config,
+        policies: &policies,
+        lake: &lake,
+        supervisor: &supervisor,
+        tables: HashMap::new(),
+        watermarks: HashMap::new(),
+        keyless: HashMap::new(),
+        failing: HashMap::new(),
+    };
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
+    supervisor.started();
     let mut counted: Option<Instant> = None;
     loop {
         if *shutdown.borrow() {
             break;
         }
         let started = Instant::now();
-        if let Err(e) = round(
-            config,
-            &policies,
-            &lake,
-            &mut tables,
-            &mut watermarks,
-            &mut keyless,
-        )
-        .await
-        {
-            tracing::warn!(error = %e, "silver round failed; retrying next round");
+        match stage.round().await {
+            Ok(()) => supervisor.healthy(),
+            Err(e) => match supervisor.failed(&e, &mut shutdown).await {
+                Next::Retry => continue,
+                Next::Shutdown => return Ok(()),
+                Next::Stop(e) => return Err(e),
+            },
         }
         if counted.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
             counted = Some(Instant::now());
-            match crate::quarantine::open_counts(&lake).await {
-                Ok(counts) => {
-                    for stage in ["bronze", "silver"] {
-                        metrics::gauge!(m::QUARANTINE_OPEN, "stage" => stage)
-                            .set(counts.get(stage).copied().unwrap_or(0) as f64);
-                    }
-                }
-                Err(e) => tracing::warn!(error = %e, "cannot count open quarantine records"),
-            }
+            report_open_quarantine(&lake).await;
         }
         let rest = every.saturating_sub(started.elapsed());
         tokio::select! {
@@ -68,8 +71,41 @@ pub async fn run(
             _ = tokio::time::sleep(rest) => {}
         }
     }
+    supervisor.stopped();
     tracing::info!("silver stage stopped");
     Ok(())
+}
+
+async fn report_open_quarantine(lake: &Lake) {
+    match crate::quarantine::open_counts(lake).await {
+        Ok(counts) => {
+            for stage in ["bronze", "silver"] {
+                metrics::gauge!(m::QUARANTINE_OPEN, "stage" => stage)
+                    .set(counts.get(stage).copied().unwrap_or(0) as f64);
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot count open quarantine records"),
+    }
+}
+
+/// The stage's working state between rounds.
+struct Stage<'a> {
+    config: &'a Config,
+    policies: &'a Policies,
+    lake: &'a Lake,
+    supervisor: &'a Supervisor,
+    tables: HashMap<String, Tracked>,
+    watermarks: HashMap<String, i64>,
+    /// Bronze tables without a `key` column, and when they were last looked at.
+    keyless: HashMap<String, Instant>,
+    /// Tables whose last open or round failed: retried after their own backoff.
+    failing: HashMap<String, Retry>,
+}
+
+/// When a failing table is tried again.
+struct Retry {
+    backoff: Backoff,
+    at: Instant,
 }
 
 /// A Silver table the stage works on, and when its tombstones were last pruned.
@@ -107,7 +143,7 @@ async fn open_table(
     lake: &Lake,
     schema: &str,
     table: &str,
-) -> anyhow::Result<SilverTable> {
+) -> Result<SilverTable, LakeError> {
     let mut t = silver_table(config, policies, lake, schema, table);
     let wanted = t.masking_description();
     let recorded = t.recorded_masking().await?;
@@ -122,128 +158,178 @@ async fn open_table(
     Ok(t)
 }
 
-/// Applies every Bronze table once.
-async fn round(
-    config: &Config,
-    policies: &Policies,
-    lake: &Lake,
-    tables: &mut HashMap<String, Tracked>,
-    watermarks: &mut HashMap<String, i64>,
-    keyless: &mut HashMap<String, Instant>,
-) -> Result<(), LakeError> {
-    let mut names = Vec::new();
-    for (schema, table, url) in lake.bronze_tables() {
-        let name = format!("{schema}.{table}");
-        if !tables.contains_key(&name) {
-            // Silver merges by primary key: a table without one (its Bronze rows have no
-            // `key`) is kept in Bronze only, as append-only history.
-            if keyless
+impl Stage<'_> {
+    /// Applies every Bronze table once.
+    async fn round(&mut self) -> Result<(), LakeError> {
+        let mut names = Vec::new();
+        for (schema, table, url) in self.lake.bronze_tables() {
+            let name = format!("{schema}.{table}");
+            if self
+                .failing
                 .get(&name)
-                .is_some_and(|at| at.elapsed() < KEYLESS_RECHECK)
+                .is_some_and(|r| r.at > Instant::now())
             {
                 continue;
             }
-            match wal2delta_lake::bronze::BronzeTable::has_key_at(&name, &url).await {
-                Ok(Some(false)) => {
-                    if keyless.insert(name.clone(), Instant::now()).is_none() {
-                        tracing::info!(table = %name, "no primary key: the table is kept in Bronze only (append-only history); Silver does not hold it");
-                    }
-                    continue;
-                }
-                Ok(_) => {
-                    keyless.remove(&name);
-                }
-                Err(e) => {
-                    tracing::warn!(table = %name, error = %e, "cannot read the Bronze table's schema; retrying next round");
-                    continue;
-                }
+            if !self.tables.contains_key(&name) && !self.open(&name, &schema, &table, &url).await? {
+                continue;
             }
-            let t = match open_table(config, policies, lake, &schema, &table).await {
-                Ok(t) => t,
-                Err(e) => {
-                    metrics::counter!(m::SILVER_ERRORS, "table" => name.clone(), "class" => "operator")
-                        .increment(1);
-                    tracing::error!(table = %name, error = %e, "cannot open the Silver table; retrying next round");
-                    continue;
-                }
-            };
-            watermarks.insert(name.clone(), t.progress().await?.watermark);
-            tables.insert(
-                name.clone(),
-                Tracked {
-                    table: t,
-                    pruned: None,
-                },
-            );
+            names.push(name);
         }
-        names.push(name);
+        if names.is_empty() {
+            return Ok(());
+        }
+        let lowest = names
+            .iter()
+            .filter_map(|n| self.watermarks.get(n))
+            .copied()
+            .min()
+            .unwrap_or(0);
+        let (top, counts) = transaction_counts(self.lake, lowest).await?;
+        for name in names {
+            let counts = counts.get(&name).cloned().unwrap_or(TransactionCounts {
+                top,
+                ..TransactionCounts::default()
+            });
+            self.apply(&name, &counts).await;
+        }
+        Ok(())
     }
-    if names.is_empty() {
-        return Ok(());
+
+    /// Starts working on a Bronze table: `false` when Silver does not hold it (no primary
+    /// key) or it cannot be opened yet.
+    async fn open(
+        &mut self,
+        name: &str,
+        schema: &str,
+        table: &str,
+        url: &Url,
+    ) -> Result<bool, LakeError> {
+        // Silver merges by primary key: a table without one (its Bronze rows have no `key`)
+        // is kept in Bronze only, as append-only history.
+        if self
+            .keyless
+            .get(name)
+            .is_some_and(|at| at.elapsed() < KEYLESS_RECHECK)
+        {
+            return Ok(false);
+        }
+        match wal2delta_lake::bronze::BronzeTable::has_key_at(name, url).await {
+            Ok(Some(false)) => {
+                if self
+                    .keyless
+                    .insert(name.to_owned(), Instant::now())
+                    .is_none()
+                {
+                    tracing::info!(table = %name, "no primary key: the table is kept in Bronze only (append-only history); Silver does not hold it");
+                }
+                return Ok(false);
+            }
+            Ok(_) => {
+                self.keyless.remove(name);
+            }
+            Err(e) => {
+                tracing::warn!(table = %name, error = %e, "cannot read the Bronze table's schema; retrying next round");
+                return Ok(false);
+            }
+        }
+        let t = match open_table(self.config, self.policies, self.lake, schema, table).await {
+            Ok(t) => t,
+            Err(e) => {
+                metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => "operator")
+                    .increment(1);
+                self.table_failed(name, &e);
+                return Ok(false);
+            }
+        };
+        self.watermarks
+            .insert(name.to_owned(), t.progress().await?.watermark);
+        self.tables.insert(
+            name.to_owned(),
+            Tracked {
+                table: t,
+                pruned: None,
+            },
+        );
+        Ok(true)
     }
-    let lowest = names
-        .iter()
-        .filter_map(|n| watermarks.get(n))
-        .copied()
-        .min()
-        .unwrap_or(0);
-    let (top, counts) = transaction_counts(lake, lowest).await?;
-    for name in names {
-        let Some(tracked) = tables.get_mut(&name) else {
-            continue;
+
+    /// One round of one table; a failure is the table's own (retried after its backoff).
+    async fn apply(&mut self, name: &str, counts: &TransactionCounts) {
+        let Some(tracked) = self.tables.get_mut(name) else {
+            return;
         };
         if tracked.pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
-            let retention = Duration::from_secs(config.silver.tombstone_retention_hours * 3600);
+            let retention =
+                Duration::from_secs(self.config.silver.tombstone_retention_hours * 3600);
             // Once an hour, whether it works or not (a failure is retried an hour later).
             tracked.pruned = Some(Instant::now());
             match tracked.table.prune_tombstones(retention).await {
-                Ok(n) => {
-                    if n > 0 {
-                        tracing::info!(table = %name, tombstones = n, "pruned tombstones past the retention");
-                    }
+                Ok(n) if n > 0 => {
+                    tracing::info!(table = %name, tombstones = n, "pruned tombstones past the retention")
                 }
+                Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(table = %name, error = %e, "pruning tombstones failed; retrying next round")
+                    tracing::warn!(table = %name, error = %e, "pruning tombstones failed; retrying in an hour")
                 }
             }
         }
-        let table = &mut tracked.table;
-        let counts = counts.get(&name).cloned().unwrap_or(TransactionCounts {
-            top,
-            ..TransactionCounts::default()
-        });
         let started = Instant::now();
-        match table.apply(&counts).await {
+        match tracked.table.apply(counts).await {
             Ok(r) => {
-                watermarks.insert(name.clone(), r.watermark);
-                metrics::counter!(m::SILVER_UPSERTS, "table" => name.clone())
-                    .increment(r.upserts as u64);
-                metrics::counter!(m::SILVER_DELETES, "table" => name.clone())
-                    .increment(r.deletes as u64);
-                metrics::gauge!(m::SILVER_WATERMARK_LSN, "table" => name.clone())
-                    .set(r.watermark as f64);
-                metrics::gauge!(m::SILVER_WAITING_TRANSACTIONS, "table" => name.clone())
-                    .set(r.waiting as f64);
-                metrics::counter!(m::SILVER_DUPLICATES, "table" => name.clone())
-                    .increment(r.stale as u64);
-                if r.quarantined > 0 {
-                    metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::silver::CHECK_FAILED)
-                        .increment(r.quarantined as u64);
-                    tracing::warn!(table = %name, rows = r.quarantined, "rows failed quality checks and went to quarantine");
-                }
-                metrics::histogram!(m::SILVER_ROUND_SECONDS, "table" => name.clone())
-                    .record(started.elapsed().as_secs_f64());
-                if let Some(v) = r.version {
-                    tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark, "silver commit");
+                self.watermarks.insert(name.to_owned(), r.watermark);
+                report_applied(name, &r, started);
+                if self.failing.remove(name).is_some() {
+                    self.supervisor.table_ok(name);
+                    tracing::info!(table = %name, "Silver table merging again");
                 }
             }
             Err(e) => {
                 let class = format!("{:?}", e.class()).to_lowercase();
-                metrics::counter!(m::SILVER_ERRORS, "table" => name.clone(), "class" => class)
+                metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => class)
                     .increment(1);
-                tracing::warn!(table = %name, error = %e, "silver round of the table failed; retrying next round");
+                self.table_failed(name, &e);
             }
         }
     }
-    Ok(())
+
+    /// A table failed: it waits for its own backoff; the other tables go on.
+    fn table_failed(&mut self, name: &str, error: &LakeError) {
+        self.supervisor.table_failed(name, error);
+        let retry = self.failing.entry(name.to_owned()).or_insert(Retry {
+            backoff: Backoff::standard(),
+            at: Instant::now(),
+        });
+        let wait = retry.backoff.next_wait();
+        retry.at = Instant::now() + wait;
+        let hint = error
+            .hint()
+            .map(|h| format!(" (hint: {h})"))
+            .unwrap_or_default();
+        if error.class() == ErrorClass::Operator {
+            tracing::error!(table = %name, error = %format!("{error}{hint}"), retry_in_ms = wait.as_millis() as u64, "the Silver table cannot be worked on until an operator fixes this; the other tables go on");
+        } else {
+            tracing::warn!(table = %name, error = %error, retry_in_ms = wait.as_millis() as u64, "silver round of the table failed; the other tables go on, this one is retried after a pause");
+        }
+    }
+}
+
+/// The metrics of one applied round of a table.
+fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: Instant) {
+    let name = name.to_owned();
+    metrics::counter!(m::SILVER_UPSERTS, "table" => name.clone()).increment(r.upserts as u64);
+    metrics::counter!(m::SILVER_DELETES, "table" => name.clone()).increment(r.deletes as u64);
+    metrics::gauge!(m::SILVER_WATERMARK_LSN, "table" => name.clone()).set(r.watermark as f64);
+    metrics::gauge!(m::SILVER_WAITING_TRANSACTIONS, "table" => name.clone()).set(r.waiting as f64);
+    metrics::counter!(m::SILVER_DUPLICATES, "table" => name.clone()).increment(r.stale as u64);
+    if r.quarantined > 0 {
+        metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::silver::CHECK_FAILED)
+            .increment(r.quarantined as u64);
+        tracing::warn!(table = %name, rows = r.quarantined, "rows failed quality checks and went to quarantine");
+    }
+    metrics::histogram!(m::SILVER_ROUND_SECONDS, "table" => name.clone())
+        .record(started.elapsed().as_secs_f64());
+    if let Some(v) = r.version {
+        tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark, "silver commit");
+    }
 }

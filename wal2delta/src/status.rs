@@ -1,0 +1,383 @@
+//! `wal2delta status`: the slot's health, snapshot progress, Bronze lag, Silver
+//! watermarks, open quarantine records and, when the daemon answers on `[metrics] listen`,
+//! each stage's state (`/readyz`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use wal2delta_cdc::slot::{self, SlotInfo};
+use wal2delta_cdc::source;
+use wal2delta_model::Lsn;
+use wal2delta_stream::snapshots::SnapshotProgress;
+
+use crate::bronze::status::TableLag;
+use crate::commands::with_hint;
+use crate::config::Config;
+use crate::{health, quarantine};
+
+/// Everything `status` reports, gathered once.
+struct Report {
+    slot: String,
+    /// `None` when the slot does not exist.
+    info: Option<SlotInfo>,
+    wal_rate: Option<f64>,
+    snapshots: Result<HashMap<String, SnapshotProgress>, String>,
+    bronze: Result<Vec<TableLag>, String>,
+    silver: Result<Vec<(String, Option<i64>)>, String>,
+    /// Open Bronze quarantine records by table: (id, commit LSN).
+    held: BTreeMap<String, Vec<(String, Option<i64>)>>,
+    quarantine: Result<BTreeMap<String, u64>, String>,
+    /// The daemon's `/readyz` document, or why it could not be read.
+    daemon: Result<Value, String>,
+}
+
+impl Report {
+    /// Bytes between a Silver watermark and the slot's confirmed position.
+    fn behind(&self, watermark: i64) -> Option<i64> {
+        self.info
+            .as_ref()
+            .and_then(|i| i.confirmed_flush)
+            .map(|c| (c.0 as i64 - watermark).max(0))
+    }
+
+    /// The open Bronze quarantine records that hold `table`'s watermark at `watermark`.
+    fn held_for(&self, table: &str, watermark: i64) -> Vec<(String, Option<i64>)> {
+        self.held
+            .get(table)
+            .map(|v| {
+                v.iter()
+                    .filter(|(_, l)| l.is_none_or(|l| l > watermark))
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+pub async fn run(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
+    let report = gather(config).await?;
+    if json {
+        println!("{}", serde_json::to_string_pretty(&to_json(&report))?);
+    } else {
+        print!("{}", to_text(&report));
+    }
+    // A lost or missing slot is an emergency: say so in the exit code too.
+    Ok(if report.info.as_ref().is_none_or(SlotInfo::is_lost) {
+        ExitCode::from(3)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn gather(config: &Config) -> anyhow::Result<Report> {
+    let dsn = config.source.effective_dsn()?;
+    let client = source::connect(&dsn).await.map_err(with_hint)?;
+    // Two samples a second apart give the current WAL rate for the time-to-invalidation.
+    let mut rate = slot::WalRate::default();
+    let mut wal_rate = None;
+    let mut info = slot::slot_info(&client, &config.source.slot).await?;
+    if let Some(first) = &info {
+        rate.sample(Instant::now(), first.current_wal);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        info = slot::slot_info(&client, &config.source.slot).await?;
+        wal_rate = info
+            .as_ref()
+            .and_then(|i| rate.sample(Instant::now(), i.current_wal));
+    }
+    Ok(Report {
+        slot: config.source.slot.clone(),
+        info,
+        wal_rate,
+        snapshots: snapshot_progress(config).await,
+        bronze: crate::bronze::status::lag(config).await,
+        silver: silver_positions(config).await,
+        held: held_by_bronze_quarantine(config).await,
+        quarantine: quarantine_counts(config).await,
+        daemon: daemon_stages(&config.metrics.listen).await,
+    })
+}
+
+/// The running daemon's `/readyz` document. A listener on every interface is asked on
+/// the loopback address.
+async fn daemon_stages(listen: &str) -> Result<Value, String> {
+    let addr = listen.replacen("0.0.0.0:", "127.0.0.1:", 1);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let answer = client
+        .get(format!("http://{addr}/readyz"))
+        .send()
+        .await
+        .map_err(|_| format!("no daemon answers on {listen} ([metrics] listen): not running, or listening elsewhere"))?;
+    answer
+        .json::<Value>()
+        .await
+        .map_err(|e| format!("the daemon on {listen} answered /readyz with no JSON: {e}"))
+}
+
+fn or_error<T>(r: &Result<T, String>, ok: impl FnOnce(&T) -> Value) -> Value {
+    match r {
+        Ok(v) => ok(v),
+        Err(e) => json!({ "error": e }),
+    }
+}
+
+fn lsn_text(l: i64) -> String {
+    Lsn(l as u64).to_string()
+}
+
+/// What a missing slot means, for both outputs.
+const MISSING: &str = "the replication slot does not exist: on a first start run `wal2delta setup`; if wal2delta ran before, it was dropped (the daemon's stages below say what capture did about it)";
+
+fn to_json(r: &Report) -> Value {
+    let mut doc = match &r.info {
+        Some(info) => health::to_json(info, r.wal_rate),
+        None => json!({
+            "slot": { "name": r.slot, "missing": true, "reason": MISSING },
+            "stages": {},
+        }),
+    };
+    doc["stages"]["snapshot"] = health::snapshot_json(&r.snapshots);
+    doc["stages"]["bronze"] = or_error(&r.bronze, |tables| json!({ "tables": tables }));
+    doc["stages"]["silver"] = or_error(&r.silver, |tables| {
+        let tables: Vec<Value> = tables
+            .iter()
+            .map(|(t, w)| match w {
+                Some(w) => silver_table_json(r, t, *w),
+                None => json!({ "table": t, "not_in_silver": KEYLESS }),
+            })
+            .collect();
+        json!({ "tables": tables })
+    });
+    doc["quarantine"] = or_error(&r.quarantine, |counts| json!(counts));
+    doc["daemon"] = or_error(&r.daemon, Value::clone);
+    doc
+}
+
+fn silver_table_json(r: &Report, table: &str, watermark: i64) -> Value {
+    let mut doc = json!({
+        "table": table,
+        "watermark_lsn": lsn_text(watermark),
+        "lag_bytes": r.behind(watermark),
+    });
+    let held = r.held_for(table, watermark);
+    if !held.is_empty() {
+        let held: Vec<Value> = held
+            .iter()
+            .map(|(id, l)| json!({ "id": id, "commit_lsn": l.map(lsn_text) }))
+            .collect();
+        doc["held_by_quarantine"] = json!(held);
+        doc["held_reason"] = json!(HELD);
+    }
+    doc
+}
+
+fn to_text(r: &Report) -> String {
+    let mut out = match &r.info {
+        Some(info) => health::to_text(info, r.wal_rate),
+        None => format!("slot {}: MISSING: {MISSING}\n", r.slot),
+    };
+    out += &health::snapshot_text(&r.snapshots);
+    out += &bronze_text(&r.bronze);
+    out += &silver_text(r);
+    out += &quarantine_text(&r.quarantine);
+    out += &daemon_text(&r.daemon);
+    out
+}
+
+fn bronze_text(bronze: &Result<Vec<TableLag>, String>) -> String {
+    let tables = match bronze {
+        Err(e) => return format!("bronze: unknown ({e})\n"),
+        Ok(t) if t.is_empty() => return "bronze: no table topics yet\n".into(),
+        Ok(t) => t,
+    };
+    let mut out = String::from("bronze:\n");
+    for t in tables {
+        out += &format!(
+            "  {}: {} events behind Kafka (table version {}){}\n",
+            t.table,
+            t.lag_events,
+            t.version.map_or("none".into(), |v| v.to_string()),
+            if t.bronze_only {
+                "; no primary key: kept in Bronze only (append-only history), not in Silver"
+            } else {
+                ""
+            }
+        );
+        if let Some(s) = t.stalled_s {
+            out += &format!("    STALLED: no Bronze commit for {s} s while events wait; is a bronze writer running, and does it hold partitions? (docs/bronze.md)\n");
+        }
+    }
+    out
+}
+
+fn silver_text(r: &Report) -> String {
+    let tables = match &r.silver {
+        Err(e) => return format!("silver: unknown ({e})\n"),
+        Ok(t) if t.is_empty() => return "silver: no tables yet\n".into(),
+        Ok(t) => t,
+    };
+    let mut out = String::from("silver:\n");
+    for (t, w) in tables {
+        let Some(w) = *w else {
+            out += &format!("  {t}: not in Silver ({KEYLESS})\n");
+            continue;
+        };
+        let behind = r.behind(w).map_or(String::new(), |b| {
+            format!(" ({b} bytes behind the slot's confirmed position)")
+        });
+        out += &format!("  {t}: watermark {}{behind}\n", lsn_text(w));
+        let held = r.held_for(t, w);
+        if !held.is_empty() {
+            let ids: Vec<String> = held
+                .iter()
+                .map(|(id, l)| match l {
+                    Some(l) => format!("{id} (commit LSN {})", lsn_text(*l)),
+                    None => id.clone(),
+                })
+                .collect();
+            out += &format!("    HELD: {HELD}; open: {}\n", ids.join(", "));
+        }
+    }
+    out
+}
+
+fn quarantine_text(q: &Result<BTreeMap<String, u64>, String>) -> String {
+    match q {
+        Err(e) => format!("quarantine: unknown ({e})\n"),
+        Ok(counts) if counts.is_empty() => "quarantine: no open records\n".into(),
+        Ok(counts) => {
+            let mut out = String::from("quarantine (open records):\n");
+            for (k, n) in counts {
+                out += &format!("  {k}: {n}\n");
+            }
+            out
+        }
+    }
+}
+
+/// The daemon's stages as its `/readyz` reports them.
+fn daemon_text(daemon: &Result<Value, String>) -> String {
+    let doc = match daemon {
+        Err(e) => return format!("daemon: {e}\n"),
+        Ok(doc) => doc,
+    };
+    let mut out = match doc["reason"].as_str() {
+        None => "daemon: ready\n".to_owned(),
+        Some(reason) => format!("daemon: NOT READY: {reason}\n"),
+    };
+    if let Some(stages) = doc["stages"].as_object() {
+        for (name, st) in stages {
+            out += &format!("  {name}: {}", st["state"].as_str().unwrap_or("unknown"));
+            if let Some(n) = st["failures"].as_u64().filter(|n| *n > 0) {
+                out += &format!(", {n} failures in a row");
+            }
+            if let Some(e) = st["last_error"].as_str() {
+                out += &format!(", last error: {e}");
+            }
+            if let Some(h) = st["hint"].as_str() {
+                out += &format!(" (fix: {h})");
+            }
+            out += "\n";
+            if let Some(tables) = st["failing_tables"].as_object() {
+                for (t, f) in tables {
+                    out += &format!(
+                        "    table {t}: {} failures in a row: {}\n",
+                        f["failures"],
+                        f["last_error"].as_str().unwrap_or("")
+                    );
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Why a table is not in Silver when its source table has no primary key.
+pub const KEYLESS: &str = "no primary key: Bronze only (append-only history)";
+
+/// Each Silver table's watermark (commit LSN), by `schema.table`; `None` for a table
+/// without a primary key, which Silver does not hold.
+async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>, String> {
+    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let mut out = Vec::new();
+    for (schema, table, url) in lake.bronze_tables() {
+        let name = format!("{schema}.{table}");
+        let has_key = wal2delta_lake::bronze::BronzeTable::has_key_at(&name, &url)
+            .await
+            .map_err(|e| e.to_string())?;
+        if has_key == Some(false) {
+            out.push((name, None));
+            continue;
+        }
+        let t = wal2delta_lake::silver::SilverTable::new(&lake, &schema, &table, 1);
+        let p = t.progress().await.map_err(|e| e.to_string())?;
+        out.push((name, Some(p.watermark)));
+    }
+    Ok(out)
+}
+
+/// Why a Silver table's watermark holds while Bronze quarantine records of its changes
+/// are open.
+pub const HELD: &str = "the watermark waits for events Bronze quarantined (their transaction's END record counts them); fix the cause (`wal2delta quarantine show ID`), then `wal2delta quarantine resolve ID` lets Silver pass the transaction without them";
+
+/// Open Bronze quarantine records by table, with the commit LSN of their change when
+/// known. Empty when the quarantine cannot be read (the quarantine section says why).
+async fn held_by_bronze_quarantine(
+    config: &Config,
+) -> BTreeMap<String, Vec<(String, Option<i64>)>> {
+    let mut out = BTreeMap::<String, Vec<_>>::new();
+    let Ok(lake) = wal2delta_lake::Lake::new(&config.lake.uri) else {
+        return out;
+    };
+    let Ok(records) = quarantine::open_records(&lake).await else {
+        return out;
+    };
+    for r in records {
+        if r.stage != wal2delta_quarantine::Stage::Bronze {
+            continue;
+        }
+        if let Some(t) = r.table {
+            out.entry(t).or_default().push((r.id, r.commit_lsn));
+        }
+    }
+    out
+}
+
+/// Open quarantine records (no resolution yet) by `stage/reason_code`.
+async fn quarantine_counts(config: &Config) -> Result<BTreeMap<String, u64>, String> {
+    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let records = quarantine::open_records(&lake)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut counts = BTreeMap::new();
+    for r in records {
+        *counts
+            .entry(format!("{}/{}", r.stage.as_str(), r.reason_code))
+            .or_insert(0) += 1;
+    }
+    Ok(counts)
+}
+
+/// Snapshot progress from Kafka; `Err` with the reason when it cannot be read.
+pub async fn snapshot_progress(
+    config: &Config,
+) -> Result<HashMap<String, SnapshotProgress>, String> {
+    let (brokers, topic, slot) = (
+        config.kafka.brokers.clone(),
+        config.kafka.snapshots_topic(),
+        config.source.slot.clone(),
+    );
+    let read = tokio::task::spawn_blocking(move || {
+        wal2delta_stream::snapshots::load(&brokers, &topic, &slot)
+    });
+    match tokio::time::timeout(Duration::from_secs(20), read).await {
+        Ok(Ok(Ok(p))) => Ok(p),
+        Ok(Ok(Err(e))) => Err(e.to_string()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("Kafka did not answer within 20 s".into()),
+    }
+}
