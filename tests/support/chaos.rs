@@ -549,6 +549,18 @@ impl Workload {
         )
     }
 
+    /// A workload statement failed (a fault is going on): counted; the session is
+    /// replaced when the connection is gone, else its transaction is rolled back.
+    async fn failed(&self, pg: Client) -> Client {
+        self.counts.errors.fetch_add(1, Ordering::Relaxed);
+        if pg.is_closed() {
+            self.client().await
+        } else {
+            let _ = pg.batch_execute("ROLLBACK").await;
+            pg
+        }
+    }
+
     async fn run(
         mut self,
         stop: Arc<AtomicBool>,
@@ -572,14 +584,7 @@ impl Workload {
                 let stmt = self.repair_statement(id);
                 match self.transaction(&pg, vec![stmt], false).await {
                     Ok(_) => self.repair = None,
-                    Err(_) => {
-                        self.counts.errors.fetch_add(1, Ordering::Relaxed);
-                        if pg.is_closed() {
-                            pg = self.client().await;
-                        } else {
-                            let _ = pg.batch_execute("ROLLBACK").await;
-                        }
-                    }
+                    Err(_) => pg = self.failed(pg).await,
                 }
                 continue;
             }
@@ -593,14 +598,7 @@ impl Workload {
                         );
                     }
                     Ok(None) => {}
-                    Err(_) => {
-                        self.counts.errors.fetch_add(1, Ordering::Relaxed);
-                        if pg.is_closed() {
-                            pg = self.client().await;
-                        } else {
-                            let _ = pg.batch_execute("ROLLBACK").await;
-                        }
-                    }
+                    Err(_) => pg = self.failed(pg).await,
                 }
                 continue;
             }
@@ -664,14 +662,7 @@ impl Workload {
                         );
                     }
                 }
-                Err(_) => {
-                    self.counts.errors.fetch_add(1, Ordering::Relaxed);
-                    if pg.is_closed() {
-                        pg = self.client().await;
-                    } else {
-                        let _ = pg.batch_execute("ROLLBACK").await;
-                    }
-                }
+                Err(_) => pg = self.failed(pg).await,
             }
             tokio::time::sleep(Duration::from_millis(self.rng.random_range(5..40))).await;
         }
@@ -807,16 +798,7 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
         while start.elapsed() < opts.duration {
             tokio::time::sleep(Duration::from_millis(250)).await;
             pipe.supervise(&d, &sched, start)?;
-            let now = broker_storage_panics(stack);
-            if now > panics {
-                sched.note(
-                    start,
-                    "broker: tansu's storage panicked; restarting it (known tansu 0.6 problem)",
-                );
-                ops_stack(&["kill-broker"])?;
-                ops_stack(&["start-broker"])?;
-                panics = broker_storage_panics(stack);
-            }
+            restart_panicked_broker(stack, &sched, start, &mut panics)?;
             if !separate && start.elapsed() >= opts.duration / 2 {
                 pipe.kill_all();
                 pipe = Pipeline::new(&d, true)?;
@@ -974,6 +956,26 @@ pub async fn run(stack: &Stack, opts: &Options) -> Result<Outcome> {
     Ok(report.finish())
 }
 
+/// Restarts the broker when its log shows a new storage panic (a known tansu 0.6 problem
+/// that stops it serving a partition).
+fn restart_panicked_broker(
+    stack: &Stack,
+    sched: &Schedule,
+    start: Instant,
+    panics: &mut usize,
+) -> Result<()> {
+    if broker_storage_panics(stack) > *panics {
+        sched.note(
+            start,
+            "broker: tansu's storage panicked; restarting it (known tansu 0.6 problem)",
+        );
+        ops_stack(&["kill-broker"])?;
+        ops_stack(&["start-broker"])?;
+        *panics = broker_storage_panics(stack);
+    }
+    Ok(())
+}
+
 async fn drain(
     stack: &Stack,
     d: &Daemon,
@@ -985,16 +987,7 @@ async fn drain(
     let deadline = Instant::now() + Duration::from_secs(DRAIN_SECS);
     loop {
         pipe.supervise(d, sched, start)?;
-        let now = broker_storage_panics(stack);
-        if now > *panics {
-            sched.note(
-                start,
-                "broker: tansu's storage panicked; restarting it (known tansu 0.6 problem)",
-            );
-            ops_stack(&["kill-broker"])?;
-            ops_stack(&["start-broker"])?;
-            *panics = broker_storage_panics(stack);
-        }
+        restart_panicked_broker(stack, sched, start, panics)?;
         let pg = match stack.connect().await {
             Ok(pg) => pg,
             Err(e) => {
@@ -1027,16 +1020,7 @@ async fn drain(
     // slow or starved Bronze is reported as such rather than as a reconcile difference.
     loop {
         pipe.supervise(d, sched, start)?;
-        let now = broker_storage_panics(stack);
-        if now > *panics {
-            sched.note(
-                start,
-                "broker: tansu's storage panicked; restarting it (known tansu 0.6 problem)",
-            );
-            ops_stack(&["kill-broker"])?;
-            ops_stack(&["start-broker"])?;
-            *panics = broker_storage_panics(stack);
-        }
+        restart_panicked_broker(stack, sched, start, panics)?;
         let last = match bronze_lag(d) {
             // The four tables and the transactions topic.
             // The transactions topic keeps growing while capture is idle (a WATERMARK record
