@@ -212,15 +212,24 @@ fn unreachable_database_gives_one_clear_line() -> Result<()> {
 }
 
 #[test]
-fn stages_not_built_yet_say_so() -> Result<()> {
-    let (ok, stderr, _) = run_with_config(GOOD, &["replay", "--layer", "gold"])?;
-    ensure!(!ok && stderr.contains("not available"), "{stderr}");
+fn stages_not_built_yet_and_gold_without_models_say_so() -> Result<()> {
     let (ok, stderr, _) = run_with_config(GOOD, &["rules", "list"])?;
     ensure!(!ok && stderr.contains("not available"), "{stderr}");
-    let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "gold"])?;
+    let (ok, stderr, _) = run_with_config(GOOD, &["run", "--stage", "rules"])?;
     ensure!(
-        !ok && stderr.contains("gold") && stderr.contains("not built"),
+        !ok && stderr.contains("rules") && stderr.contains("not built"),
         "{stderr}"
     );
+    // Gold is built, and says what it needs.
+    for args in [
+        &["replay", "--layer", "gold"][..],
+        &["run", "--stage", "gold"][..],
+    ] {
+        let (ok, stderr, _) = run_with_config(GOOD, args)?;
+        ensure!(
+            !ok && stderr.contains("[gold] models_dir"),
+            "{args:?}: {stderr}"
+        );
+    }
     Ok(())
 }

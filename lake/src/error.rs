@@ -23,12 +23,17 @@ pub enum LakeError {
     /// A masking policy or quality check of the table cannot run: fix `[silver]` config.
     #[error("the [silver] policy of {table} cannot be applied: {reason} (fix [silver] mask/checks in the config and restart)")]
     Policy { table: String, reason: String },
+    /// A Gold model cannot be read, planned or run: fix its SQL file.
+    #[error("gold model {model}: {reason} (fix {model}.sql in [gold] models_dir)")]
+    Model { model: String, reason: String },
 }
 
 impl LakeError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            LakeError::Uri { .. } | LakeError::Policy { .. } => ErrorClass::Operator,
+            LakeError::Uri { .. } | LakeError::Policy { .. } | LakeError::Model { .. } => {
+                ErrorClass::Operator
+            }
             LakeError::Delta { .. } => ErrorClass::Transient,
             LakeError::SchemaConflict { .. } | LakeError::Rows { .. } => ErrorClass::Record,
         }

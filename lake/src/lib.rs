@@ -1,5 +1,5 @@
 //! Delta Lake side of wal2delta: where tables live, the Bronze append with Kafka offsets in
-//! the same commit, Silver's idempotent MERGE, and table maintenance. (Gold and rules follow.)
+//! the same commit, Silver's idempotent MERGE, Gold models, and table maintenance. (Rules follow.)
 //!
 //! Everything is written with delta-rs; the tables are plain Delta tables that DuckDB's
 //! delta extension, Spark and the `deltalake` Python package read as they are.
@@ -7,6 +7,7 @@
 pub mod bronze;
 mod delta;
 mod error;
+pub mod gold;
 mod location;
 pub mod maintenance;
 pub mod quarantine;

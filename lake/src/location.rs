@@ -71,6 +71,11 @@ impl Lake {
         self.table(&["silver", schema, table])
     }
 
+    /// The Gold table of a model.
+    pub fn gold(&self, model: &str) -> Url {
+        self.table(&["gold", model])
+    }
+
     /// Delete tombstones of a Silver table (see `silver::tombstones`).
     pub fn silver_tombstones(&self, schema: &str, table: &str) -> Url {
         self.table(&["silver", INTERNAL_SCHEMA, "tombstones", schema, table])

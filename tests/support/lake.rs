@@ -138,3 +138,24 @@ fn percent_decode(s: &str) -> String {
     }
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// The latest version of a Delta table (the highest commit file of its log).
+pub fn delta_version(table: &Path) -> Option<i64> {
+    std::fs::read_dir(table.join("_delta_log"))
+        .ok()?
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().into_string().ok()?;
+            name.strip_suffix(".json")?.parse::<i64>().ok()
+        })
+        .max()
+}
+
+/// The `commitInfo` action of the table's latest commit.
+pub fn last_commit_info(table: &Path) -> Result<Value> {
+    let v = delta_version(table).context("no commit yet")?;
+    let text = std::fs::read_to_string(table.join(format!("_delta_log/{v:020}.json")))?;
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .find_map(|a| a.get("commitInfo").cloned())
+        .context("the commit has no commitInfo")
+}

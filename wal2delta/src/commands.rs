@@ -9,7 +9,7 @@ use wal2delta_cdc::{setup, source};
 use crate::cli::{Cli, Command, Layer, QuarantineAction, Stage};
 use crate::config::Config;
 use crate::supervisor::{Stages, Supervisor};
-use crate::{bronze, capture, endpoint, quarantine, reconcile, silver, status, telemetry};
+use crate::{bronze, capture, endpoint, gold, quarantine, reconcile, silver, status, telemetry};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = match Config::load(&cli.config) {
@@ -49,8 +49,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             table,
         } => silver::replay::run(&config, table.as_deref()).await,
         Command::Replay {
-            layer: Layer::Gold, ..
-        } => not_built("replay --layer gold", "the Gold stage is not built yet"),
+            layer: Layer::Gold,
+            table,
+        } => gold::replay(&config, table.as_deref()).await,
         Command::Quarantine { action } => match action {
             QuarantineAction::List => quarantine::list(&config).await,
             QuarantineAction::Show { id } => quarantine::show(&config, &id).await,
@@ -123,9 +124,13 @@ async fn run_daemon(
     stages: &[Stage],
     allow_slot_ahead: bool,
 ) -> anyhow::Result<ExitCode> {
-    const BUILT: [Stage; 3] = [Stage::Capture, Stage::Bronze, Stage::Silver];
+    const BUILT: [Stage; 4] = [Stage::Capture, Stage::Bronze, Stage::Silver, Stage::Gold];
+    // By default every built stage; gold when models are configured.
     let stages: Vec<Stage> = if stages.is_empty() {
-        BUILT.to_vec()
+        BUILT
+            .into_iter()
+            .filter(|s| *s != Stage::Gold || config.gold.models_dir.is_some())
+            .collect()
     } else {
         stages.to_vec()
     };
@@ -136,7 +141,7 @@ async fn run_daemon(
         .collect();
     if !unbuilt.is_empty() {
         bail!(
-            "stage(s) {} are not built in this version; run with --stage capture,bronze,silver",
+            "stage(s) {} are not built in this version; run with --stage capture,bronze,silver,gold",
             unbuilt.join(", ")
         );
     }
@@ -147,6 +152,13 @@ async fn run_daemon(
         stages.contains(&Stage::Silver),
     )
     .await?;
+    // Models that cannot run (a cycle, an unknown table or model) stop the start, naming
+    // the model.
+    let models = if stages.contains(&Stage::Gold) {
+        Some(gold::load_models(config).await?)
+    } else {
+        None
+    };
     let stages_status = Stages::new(&stages);
     endpoint::serve(&config.metrics.listen, stages_status.clone()).await?;
     let (tx, rx) = watch::channel(false);
@@ -195,8 +207,14 @@ async fn run_daemon(
             None => Ok(()),
         }
     };
-    let (c, b, s) = tokio::join!(capture, bronze, silver);
-    let failed: Vec<String> = [c, b, s]
+    let gold = async {
+        match (runs(Stage::Gold), models) {
+            (Some(sup), Some(models)) => ended(gold::run(config, models, sup, rx.clone()).await),
+            _ => Ok(()),
+        }
+    };
+    let (c, b, s, g) = tokio::join!(capture, bronze, silver, gold);
+    let failed: Vec<String> = [c, b, s, g]
         .into_iter()
         .filter_map(Result::err)
         .map(|e| format!("{e:#}"))

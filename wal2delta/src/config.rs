@@ -10,9 +10,11 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+mod gold;
 pub mod path;
 mod silver;
 
+pub use gold::GoldConfig;
 pub use silver::{Policies, SilverConfig};
 use wal2delta_model::TableName;
 
@@ -63,6 +65,8 @@ pub struct Config {
     pub bronze: BronzeConfig,
     #[serde(default)]
     pub silver: SilverConfig,
+    #[serde(default)]
+    pub gold: GoldConfig,
 }
 
 /// `[bronze]`: the Kafka → Bronze stage. Offsets live in the Bronze tables' Delta commits;
@@ -948,6 +952,7 @@ impl Config {
         }
         self.bronze.validate()?;
         self.silver.validate()?;
+        self.gold.validate()?;
         Ok(())
     }
 }

@@ -5,6 +5,7 @@ mod capture;
 mod cli;
 mod commands;
 mod endpoint;
+mod gold;
 use wal2delta::config;
 mod health;
 mod metrics;

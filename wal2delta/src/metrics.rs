@@ -112,3 +112,11 @@ pub const QUARANTINED: &str = "wal2delta_quarantined_records_total";
 pub const LAKE_FILES_COMPACTED: &str = "wal2delta_lake_files_compacted_total";
 /// Compaction/checkpoint passes that failed (label `table`).
 pub const LAKE_MAINTENANCE_FAILURES: &str = "wal2delta_lake_maintenance_failures_total";
+/// Gold model versions written (label `model`).
+pub const GOLD_REFRESHES: &str = "wal2delta_gold_refreshes_total";
+/// Rows of a Gold model's last version (label `model`).
+pub const GOLD_ROWS: &str = "wal2delta_gold_rows";
+/// Time to refresh one Gold model (label `model`).
+pub const GOLD_REFRESH_SECONDS: &str = "wal2delta_gold_refresh_seconds";
+/// Gold model refreshes that failed (label `model`); the model retries after a backoff.
+pub const GOLD_FAILURES: &str = "wal2delta_gold_failures_total";

@@ -15,7 +15,7 @@ use wal2delta_model::TableName;
 use crate::config::{Config, Policies};
 
 /// The published tables with their column names, in the order capture sends them.
-async fn source_catalog(config: &Config) -> anyhow::Result<BTreeMap<TableName, Vec<String>>> {
+pub async fn source_catalog(config: &Config) -> anyhow::Result<BTreeMap<TableName, Vec<String>>> {
     let dsn = config.source.effective_dsn()?;
     let with_hint = |e: wal2delta_cdc::CdcError| match e.hint() {
         Some(h) => anyhow!("{e} (hint: {h})"),
@@ -25,7 +25,9 @@ async fn source_catalog(config: &Config) -> anyhow::Result<BTreeMap<TableName, V
     published_columns(&client, &config.source.publication)
         .await
         .map_err(|e| {
-            anyhow!("cannot read the published tables' columns to check the policies: {e}")
+            anyhow!(
+                "cannot read the published tables' columns (to check the policies and models): {e}"
+            )
         })
 }
 

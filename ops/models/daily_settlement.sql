@@ -1,0 +1,10 @@
+-- Settled payments per merchant, currency and day (UTC): what each merchant is paid.
+-- numeric columns are exact text in Silver (docs/types.md): cast them to compute.
+SELECT merchant_id,
+       currency,
+       CAST(created_at AS DATE) AS day,
+       sum(CAST(amount AS DECIMAL(18, 2))) AS settled_amount,
+       count(*) AS payments
+FROM public.transactions
+WHERE status = 'settled'
+GROUP BY merchant_id, currency, CAST(created_at AS DATE)

@@ -1,0 +1,167 @@
+//! The gold stage: every model of `[gold] models_dir` refreshed, in dependency order, when
+//! its inputs changed (`wal2delta_lake::gold`), every `[gold] interval_ms`; and
+//! `replay --layer gold`, which rebuilds the models from Silver.
+//!
+//! A model that fails (a division by zero in its SQL, an input being rewritten) is shown
+//! on its own in the stage's status and retried after its own backoff; the models that
+//! read it wait for it, the others go on.
+
+use std::collections::{BTreeSet, HashMap};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::anyhow;
+use tokio::sync::watch;
+use wal2delta_lake::gold::{GoldTable, Input, Model, Models, Refreshed};
+use wal2delta_lake::{Lake, LakeError};
+use wal2delta_model::TableName;
+
+use crate::config::Config;
+use crate::metrics as m;
+use crate::supervisor::{Backoff, Supervisor};
+
+/// The models, checked against the captured tables (every Silver table a model names
+/// must be published). An error names the model and what is wrong with it.
+pub async fn load_models(config: &Config) -> anyhow::Result<Models> {
+    let Some(dir) = &config.gold.models_dir else {
+        anyhow::bail!("the gold stage needs [gold] models_dir: the directory of the model SQL files (docs/gold.md)");
+    };
+    let tables: BTreeSet<TableName> = crate::policies::source_catalog(config)
+        .await?
+        .into_keys()
+        .collect();
+    let models = Models::load(dir, &tables)?;
+    tracing::info!(models = models.len(), dir = %dir.display(), "gold models loaded");
+    Ok(models)
+}
+
+/// A model whose last refresh failed, and when it is tried again.
+struct Failing {
+    backoff: Backoff,
+    at: Instant,
+}
+
+pub async fn run(
+    config: &Config,
+    models: Models,
+    supervisor: Supervisor,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let lake = match Lake::new(&config.lake.uri) {
+        Ok(lake) => lake,
+        Err(e) => return supervisor.stop_now(&e),
+    };
+    let every = Duration::from_millis(config.gold.interval_ms);
+    let mut failing: HashMap<String, Failing> = HashMap::new();
+    supervisor.started();
+    tracing::info!("gold stage started");
+    loop {
+        let started = Instant::now();
+        let mut failed_now: BTreeSet<String> = BTreeSet::new();
+        for model in models.iter() {
+            if failing
+                .get(&model.name)
+                .is_some_and(|f| f.at > Instant::now())
+            {
+                failed_now.insert(model.name.clone());
+                continue;
+            }
+            // What a failed model would feed is left as it was until the model works.
+            if reads_any(model, &failed_now) {
+                failed_now.insert(model.name.clone());
+                continue;
+            }
+            match refresh(&lake, model, false).await {
+                Ok(_) => {
+                    if failing.remove(&model.name).is_some() {
+                        supervisor.table_ok(&model.name);
+                        tracing::info!(model = %model.name, "gold model refreshing again");
+                    }
+                }
+                Err(e) => {
+                    failed_now.insert(model.name.clone());
+                    supervisor.table_failed(&model.name, &e);
+                    let f = failing.entry(model.name.clone()).or_insert(Failing {
+                        backoff: Backoff::standard(),
+                        at: Instant::now(),
+                    });
+                    let wait = f.backoff.next_wait();
+                    f.at = Instant::now() + wait;
+                    metrics::counter!(m::GOLD_FAILURES, "model" => model.name.clone()).increment(1);
+                    tracing::warn!(model = %model.name, error = %e, retry_in_ms = wait.as_millis() as u64, "gold model refresh failed; the models that read it wait, the others go on");
+                }
+            }
+        }
+        supervisor.healthy();
+        let rest = every.saturating_sub(started.elapsed());
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = tokio::time::sleep(rest) => {}
+        }
+    }
+    supervisor.stopped();
+    tracing::info!("gold stage stopped");
+    Ok(())
+}
+
+fn reads_any(model: &Model, models: &BTreeSet<String>) -> bool {
+    model
+        .inputs
+        .iter()
+        .any(|i| matches!(i, Input::Model(n) if models.contains(n)))
+}
+
+/// Refreshes one model (`force`: even when nothing changed), with its metrics.
+async fn refresh(lake: &Lake, model: &Model, force: bool) -> Result<Refreshed, LakeError> {
+    let started = Instant::now();
+    let r = GoldTable::new(lake, model).refresh(force).await?;
+    if let Refreshed::Written { version, rows } = &r {
+        let name = model.name.clone();
+        metrics::counter!(m::GOLD_REFRESHES, "model" => name.clone()).increment(1);
+        metrics::gauge!(m::GOLD_ROWS, "model" => name.clone()).set(*rows as f64);
+        metrics::histogram!(m::GOLD_REFRESH_SECONDS, "model" => name.clone())
+            .record(started.elapsed().as_secs_f64());
+        tracing::info!(model = %name, version, rows, ms = started.elapsed().as_millis() as u64, "gold model refreshed");
+    }
+    Ok(r)
+}
+
+/// `wal2delta replay --layer gold [--table MODEL]`: recomputes the models from Silver as it
+/// is now (a model and, with it, every model that reads it).
+pub async fn replay(config: &Config, only: Option<&str>) -> anyhow::Result<ExitCode> {
+    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let models = load_models(config).await?;
+    if let Some(want) = only {
+        if !models.iter().any(|m| m.name == want) {
+            eprintln!("wal2delta: no gold model {want:?} in [gold] models_dir");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    let mut chosen: BTreeSet<String> = BTreeSet::new();
+    let mut waiting = false;
+    for model in models.iter() {
+        let wanted = only.is_none_or(|w| w == model.name) || reads_any(model, &chosen);
+        if !wanted {
+            continue;
+        }
+        chosen.insert(model.name.clone());
+        match refresh(&lake, model, true).await? {
+            Refreshed::Written { version, rows } => {
+                println!("{}: rebuilt, {rows} rows (version {version})", model.name)
+            }
+            Refreshed::Waiting { input } => {
+                waiting = true;
+                println!(
+                    "{}: not built: its input {input} does not exist yet",
+                    model.name
+                )
+            }
+            Refreshed::Unchanged => {}
+        }
+    }
+    Ok(if waiting {
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    })
+}
