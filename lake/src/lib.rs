@@ -1,5 +1,5 @@
 //! Delta Lake side of wal2delta: where tables live, the Bronze append with Kafka offsets in
-//! the same commit, Silver's idempotent MERGE, Gold models, and table maintenance. (Rules follow.)
+//! the same commit, Silver's idempotent MERGE, Gold models, rule compilation, and table maintenance.
 //!
 //! Everything is written with delta-rs; the tables are plain Delta tables that DuckDB's
 //! delta extension, Spark and the `deltalake` Python package read as they are.
@@ -12,6 +12,7 @@ mod location;
 pub mod maintenance;
 pub mod quarantine;
 pub mod reconcile;
+pub mod rules;
 pub mod silver;
 
 pub use deltalake;

@@ -6,10 +6,12 @@ use anyhow::{anyhow, bail};
 use tokio::sync::watch;
 use wal2delta_cdc::{setup, source};
 
-use crate::cli::{Cli, Command, Layer, QuarantineAction, Stage};
+use crate::cli::{Cli, Command, Layer, QuarantineAction, RulesAction, Stage};
 use crate::config::Config;
 use crate::supervisor::{Stages, Supervisor};
-use crate::{bronze, capture, endpoint, gold, quarantine, reconcile, silver, status, telemetry};
+use crate::{
+    bronze, capture, endpoint, gold, quarantine, reconcile, rules, silver, status, telemetry,
+};
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     let config = match Config::load(&cli.config) {
@@ -58,7 +60,13 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             QuarantineAction::Replay { id } => quarantine::replay(&config, id.as_deref()).await,
             QuarantineAction::Resolve { id } => quarantine::resolve(&config, &id).await,
         },
-        Command::Rules { .. } => not_built("rules", "the rules stage is not built yet"),
+        Command::Rules {
+            action: RulesAction::Validate { file },
+        } => rules::validate(&config, file).await,
+        Command::Rules { .. } => not_built(
+            "rules list/apply",
+            "the rules stage is not built yet (`rules validate` is)",
+        ),
     }
 }
 

@@ -12,9 +12,11 @@ use serde::Deserialize;
 
 mod gold;
 pub mod path;
+mod rules;
 mod silver;
 
 pub use gold::GoldConfig;
+pub use rules::RulesConfig;
 pub use silver::{Policies, SilverConfig};
 use wal2delta_model::TableName;
 
@@ -67,6 +69,8 @@ pub struct Config {
     pub silver: SilverConfig,
     #[serde(default)]
     pub gold: GoldConfig,
+    #[serde(default)]
+    pub rules: RulesConfig,
 }
 
 /// `[bronze]`: the Kafka → Bronze stage. Offsets live in the Bronze tables' Delta commits;
@@ -953,6 +957,7 @@ impl Config {
         self.bronze.validate()?;
         self.silver.validate()?;
         self.gold.validate()?;
+        self.rules.validate()?;
         Ok(())
     }
 }

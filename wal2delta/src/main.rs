@@ -12,6 +12,7 @@ mod metrics;
 mod policies;
 mod quarantine;
 mod reconcile;
+mod rules;
 mod silver;
 mod status;
 mod supervisor;

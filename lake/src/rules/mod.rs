@@ -1,0 +1,35 @@
+//! Rules: business conditions as SQL boolean expressions over a table's Silver columns
+//! (docs/rules.md). [`compile`] checks each rule against the table's Silver schema once and
+//! turns it into a vectorised expression evaluated over Arrow batches.
+
+pub mod compile;
+
+pub use compile::{compile, evaluate, CompiledRule, RuleError};
+
+use wal2delta_model::TableName;
+
+/// One rule as its source (the rules file or the rules table) states it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rule {
+    pub id: String,
+    /// The source table it applies to (`public.transactions`).
+    pub table: TableName,
+    /// A SQL boolean expression over the table's columns, as Silver stores them.
+    pub when: String,
+    pub version: i64,
+    pub active: bool,
+}
+
+/// The Arrow schema of `table`'s Silver table (what its rules see), `None` when Silver has
+/// no such table yet.
+pub async fn silver_schema(
+    lake: &crate::Lake,
+    table: &TableName,
+) -> Result<Option<deltalake::arrow::datatypes::SchemaRef>, crate::LakeError> {
+    let (schema, name) = table.ident_parts();
+    let label = format!("silver/{table}");
+    match crate::delta::open(&label, &lake.silver(&schema, &name)).await? {
+        Some(t) => Ok(Some(crate::delta::arrow_schema(&label, &t)?)),
+        None => Ok(None),
+    }
+}
