@@ -222,7 +222,7 @@ async fn session(
 
     // The slot: use it, or create it (first start, or re-creation when configured), in
     // which case it exports the snapshot the initial snapshot reads.
-    let snapshot_on = config.snapshot.mode == "initial";
+    let snapshot_on = config.snapshot.mode == crate::config::SnapshotMode::Initial;
     let info = slot::slot_info(&catalog, slot_name).await?;
     let mut exported = None;
     let mut reset_progress = false;
@@ -241,7 +241,7 @@ async fn session(
         _ => {
             let lost = info.is_some();
             let existed = lost || recorded.is_some();
-            if existed && config.source.on_slot_lost != "recreate" {
+            if existed && config.source.on_slot_lost != crate::config::OnSlotLost::Recreate {
                 return Err(SessionError::Operator(if lost {
                     format!("replication slot {slot_name:?} is invalidated (wal_status = lost): PostgreSQL removed WAL it needed, so changes were lost. Refusing to continue; set [source] on_slot_lost = \"recreate\" to re-create it and re-snapshot every table")
                 } else {
