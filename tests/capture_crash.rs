@@ -16,7 +16,7 @@ use apache_avro::types::Value;
 use rand::Rng;
 use wal2delta_model::Lsn;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
-use wal2delta_tests::{scenario, slot_confirmed, unique, Stack};
+use wal2delta_tests::{scenario, slot_confirmed, Stack};
 
 const TARGET_CHANGES: usize = 100_000;
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use apache_avro::types::Value;
-use wal2delta_tests::daemon::{binary, Daemon};
+use wal2delta_tests::daemon::binary;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
 use wal2delta_tests::{current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Stack};
 

@@ -400,7 +400,7 @@ async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() 
 async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhile() -> Result<()> {
     let stack = Stack::from_env();
     let toml = "[snapshot]\nmode = \"initial\"\nchunk_rows = 40\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
-    let (name, pg, d) = scenario(
+    let (name, pg, mut d) = scenario(
         &stack,
         "resnap",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);

@@ -152,9 +152,7 @@ fn table_report(stdout: &str) -> Result<Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn reconcile_finds_silver_equal_and_names_what_differs() -> Result<()> {
     let stack = Stack::from_env();
-    let World {
-        name, pg, mut d, ..
-    } = Scenario::new(&stack, "rec", TABLE)
+    let World { name, pg, d, .. } = Scenario::new(&stack, "rec", TABLE)
         .toml(TOML)
         .partitions(3)
         .env("W2D_TEST_MASK_KEY", "masking key of the reconcile test")
