@@ -266,7 +266,7 @@ async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Res
 async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Result<()> {
     let stack = Stack::from_env();
     // A budget no slot can meet: the snapshot must wait, never read.
-    let (name, pg, mut d) = scenario(
+    let (name, _pg, mut d) = scenario(
         &stack,
         "throttle",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v int); INSERT INTO {s}.t SELECT g, 1 FROM generate_series(1, 1000) g;",

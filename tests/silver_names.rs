@@ -214,7 +214,7 @@ async fn a_policy_on_real_names_masks_the_column() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_policy_naming_no_column_refuses_to_start() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let (_, _pg, d) = scenario(
         &stack,
         "mask_unknown",
         "CREATE TABLE {s}.\"Card Holders\" (id int PRIMARY KEY, \"Card No\" text);",
