@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use rand::Rng;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan, uncommitted_files};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const ROWS: i64 = 200_000;
 
@@ -182,6 +182,5 @@ async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()
     );
     ensure!(bronze.stop()?.success(), "clean stop");
     capture.kill9();
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

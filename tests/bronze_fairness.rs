@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use wal2delta_tests::lake::{duckdb_i64, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 /// Rows of the backlog on `big`.
 const BACKLOG: i64 = 200_000;
@@ -106,6 +106,5 @@ async fn a_quiet_table_is_committed_while_another_has_a_deep_backlog() -> Result
         );
     }
     capture.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

@@ -11,7 +11,7 @@ use rdkafka::ClientConfig;
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, string, AvroDecoder};
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 /// Fast batches and topic discovery, and a consumer group of the test's own.
 const BRONZE_TOML: &str =
@@ -219,7 +219,6 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
         "status shows the table caught up: {tables:?}"
     );
     ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -301,7 +300,6 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
     );
     run.assert_running()?;
     run.kill9(); // the slot must be inactive to be dropped
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -418,7 +416,6 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
         "quarantine show: {doc}"
     );
     run.kill9(); // the slot must be inactive to be dropped
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -484,6 +481,5 @@ async fn an_unreachable_registry_stalls_bronze_without_quarantining_anything() -
         "each event once"
     );
     capture.kill9(); // the slot must be inactive to be dropped
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

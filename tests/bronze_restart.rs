@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context, Result};
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::kafka::read_topic_to_end;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const ROWS: i64 = 20_000;
 
@@ -48,7 +48,6 @@ async fn a_sigkilled_writer_restarted_at_once_stores_every_event_once() -> Resul
     }
     drop(bronze);
     capture.kill9();
-    cleanup(&pg, &d.slot, &d.publication).await;
     result
 }
 

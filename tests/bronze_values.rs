@@ -7,7 +7,7 @@ use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const BRONZE_TOML: &str =
     "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n";
@@ -53,7 +53,6 @@ async fn dates_beyond_the_writers_calendar_land_next_to_a_plain_table() -> Resul
         ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
     }
     drop(run);
-    cleanup(&pg, &d.slot, &d.publication).await;
     result
 }
 
@@ -157,7 +156,6 @@ async fn a_table_without_a_primary_key_lands_in_bronze_only() -> Result<()> {
         ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
     }
     drop(run);
-    cleanup(&pg, &d.slot, &d.publication).await;
     result
 }
 
@@ -300,7 +298,6 @@ async fn a_table_that_gains_a_primary_key_later_reaches_silver() -> Result<()> {
         ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
     }
     drop(run);
-    cleanup(&pg, &d.slot, &d.publication).await;
     result
 }
 

@@ -5,9 +5,8 @@ use std::time::Duration;
 
 use anyhow::Result;
 use apache_avro::types::Value;
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, long, read_topic, string, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{scenario, Scenario, Stack, World};
 
 fn is_null(v: Option<&Value>) -> bool {
     matches!(v.map(unwrap_union), Some(Value::Null))
@@ -71,18 +70,21 @@ fn events(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<Event>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("chg");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.dflt (id int PRIMARY KEY, v text, doc text);
-         CREATE TABLE {name}.full (id int PRIMARY KEY, v text);
-         ALTER TABLE {name}.full REPLICA IDENTITY FULL;
-         ALTER TABLE {name}.dflt ALTER COLUMN doc SET STORAGE EXTERNAL;"
-    ))
+    let World {
+        name,
+        pg,
+        mut d,
+        setup,
+    } = Scenario::new(
+        &stack,
+        "chg",
+        "CREATE TABLE {s}.dflt (id int PRIMARY KEY, v text, doc text);
+         CREATE TABLE {s}.full (id int PRIMARY KEY, v text);
+         ALTER TABLE {s}.full REPLICA IDENTITY FULL;
+         ALTER TABLE {s}.dflt ALTER COLUMN doc SET STORAGE EXTERNAL;",
+    )
+    .build()
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    let setup = d.setup()?;
     assert!(setup.contains("created replication slot"), "{setup}");
     assert!(setup.contains("created publication"), "{setup}");
     // Idempotent: a second run changes nothing.
@@ -173,21 +175,20 @@ async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
         "clean exit on SIGTERM: {}",
         d.last_log()
     );
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn add_column_mid_stream_registers_a_new_version_without_restart() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("ddl");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "ddl",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text);",
+        "",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
     d.start()?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.t VALUES (1, 'a');
@@ -213,21 +214,20 @@ async fn add_column_mid_stream_registers_a_new_version_without_restart() -> Resu
     .await?;
     assert_eq!(versions, vec![1, 2]);
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("dlq");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, a int[]);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "dlq",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, a int[]);",
+        "",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
     d.start()?;
     // A two-dimensional array has no exact mapping to the column's Avro array type.
     pg.batch_execute(&format!(
@@ -262,21 +262,20 @@ async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
     );
     assert!(letter["lsn"].as_str().unwrap_or("").contains('/'));
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("refuse");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v int);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "refuse",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v int);",
+        "",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
     d.start()?;
     // int → text is not BACKWARD compatible: the registry refuses the new value schema.
     pg.batch_execute(&format!(
@@ -303,7 +302,6 @@ async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
         "{letter}"
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -313,7 +311,7 @@ async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn transaction_end_records_count_each_tables_events() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = wal2delta_tests::scenario(
+    let (name, pg, mut d) = scenario(
         &stack,
         "txend",
         "CREATE TABLE {s}.a (id int PRIMARY KEY); CREATE TABLE {s}.b (id int PRIMARY KEY);",
@@ -405,7 +403,6 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
         );
     }
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -416,7 +413,7 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = wal2delta_tests::scenario(
+    let (name, pg, mut d) = scenario(
         &stack,
         "big",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, doc jsonb);",
@@ -496,7 +493,6 @@ async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() 
     let log = d.last_log();
     assert!(!log.contains("capture session ended"), "{log}");
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -508,16 +504,18 @@ async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() 
 #[tokio::test(flavor = "multi_thread")]
 async fn replica_identity_index_without_the_key_is_refused_and_never_loses_deletes() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("ident");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.t (id int PRIMARY KEY, u int NOT NULL, v text);
-         CREATE UNIQUE INDEX t_u ON {name}.t (u);
-         ALTER TABLE {name}.t REPLICA IDENTITY USING INDEX t_u;"
-    ))
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "ident",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, u int NOT NULL, v text);
+         CREATE UNIQUE INDEX t_u ON {s}.t (u);
+         ALTER TABLE {s}.t REPLICA IDENTITY USING INDEX t_u;",
+    )
+    .without_setup()
+    .build()
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
     let out = d.command(&["setup"])?;
     let text = format!(
         "{}{}",
@@ -577,6 +575,5 @@ async fn replica_identity_index_without_the_key_is_refused_and_never_loses_delet
         d.last_log()
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

@@ -15,9 +15,8 @@ use anyhow::{ensure, Result};
 use apache_avro::types::Value;
 use rand::Rng;
 use wal2delta_model::Lsn;
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
-use wal2delta_tests::{cleanup, slot_confirmed, unique, Stack};
+use wal2delta_tests::{scenario, slot_confirmed, Stack};
 
 const TARGET_CHANGES: usize = 100_000;
 
@@ -64,14 +63,15 @@ struct Tx {
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("crash");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.t (id bigint PRIMARY KEY, v bigint NOT NULL, pad text);")).await?;
-    let mut d = Daemon::new(&stack, &name, "[capture]\nmax_in_flight = 20000\n")?;
     // Three partitions: acknowledgements of one transaction arrive out of order.
-    d.env
-        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
-    d.setup()?;
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "crash",
+        "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint NOT NULL, pad text);",
+        "[capture]\nmax_in_flight = 20000\n",
+        3,
+    )
+    .await?;
     d.start()?;
 
     // The workload: transactions of 1..2000 changes, inserts and updates, each change a
@@ -224,6 +224,5 @@ async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
         &missing[..missing.len().min(5)]
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

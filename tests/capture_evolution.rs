@@ -5,11 +5,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use apache_avro::types::Value;
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{
     dead_letters, field, long, read_topic, schema_versions, AvroDecoder, Record,
 };
-use wal2delta_tests::{cleanup, streamed_transactions, unique, Stack};
+use wal2delta_tests::{scenario, streamed_transactions, Scenario, Stack, World};
 
 fn decoded(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<(Record, Value)>> {
     let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
@@ -29,14 +28,14 @@ fn op(v: &Value) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("evo");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, a int, b text, c int);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "evo",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, a int, b text, c int);",
+        "",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
     d.start()?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.t VALUES (1, 1, 'b', 1);
@@ -89,23 +88,21 @@ async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
         "nothing went to the DLQ"
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn partitions_are_published_under_the_root_including_new_ones() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("part");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.orders (id int, region text, amount int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
-         CREATE TABLE {name}.orders_eu PARTITION OF {name}.orders FOR VALUES IN ('eu');"
-    ))
-    .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    let setup = d.setup()?;
+    let World {
+        name,
+        pg,
+        mut d,
+        setup,
+    } = Scenario::new(&stack, "part", "CREATE TABLE {s}.orders (id int, region text, amount int, PRIMARY KEY (id, region)) PARTITION BY LIST (region);
+         CREATE TABLE {s}.orders_eu PARTITION OF {s}.orders FOR VALUES IN ('eu');")
+        .build()
+        .await?;
     ensure!(
         setup.contains(&format!("{name}.orders")) && !setup.contains("orders_eu"),
         "only the root is listed: {setup}"
@@ -145,23 +142,20 @@ async fn partitions_are_published_under_the_root_including_new_ones() -> Result<
         );
     }
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn truncate_is_ordered_after_the_rows_in_every_partition() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("trunc");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "trunc",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
+        "",
+        3,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.env
-        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
-    d.setup()?;
     d.start()?;
     pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 60); TRUNCATE {name}.t; INSERT INTO {name}.t VALUES (1000);")).await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
@@ -191,7 +185,6 @@ async fn truncate_is_ordered_after_the_rows_in_every_partition() -> Result<()> {
         );
     }
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -219,24 +212,23 @@ fn objects_with<'a>(v: &'a serde_json::Value, key: &str, out: &mut Vec<&'a serde
 async fn a_type_created_inside_a_streamed_transaction_is_published_with_its_real_type() -> Result<()>
 {
     let stack = Stack::from_env();
-    let name = unique("styp");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v int);"
-    ))
-    .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
     // The smallest decoding memory makes the server stream the transactions below, and
     // each stays open for a while, so they are streamed while still in progress.
     let sep = if stack.dsn.contains('?') { '&' } else { '?' };
-    d.env.push((
-        "WAL2DELTA__SOURCE__DSN".into(),
-        format!(
-            "{}{sep}options=-c%20logical_decoding_work_mem%3D64kB",
-            stack.dsn
-        ),
-    ));
-    d.setup()?;
+    let dsn = format!(
+        "{}{sep}options=-c%20logical_decoding_work_mem%3D64kB",
+        stack.dsn
+    );
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "styp",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v int);",
+    )
+    .env("WAL2DELTA__SOURCE__DSN", &dsn)
+    .build()
+    .await?;
     d.start()?;
     pg.batch_execute(&format!(
         "BEGIN;
@@ -311,8 +303,5 @@ async fn a_type_created_inside_a_streamed_transaction_is_published_with_its_real
         "nothing went to the DLQ"
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
-        .await?;
     Ok(())
 }

@@ -7,9 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Result};
 use apache_avro::types::Value;
-use wal2delta_tests::daemon::{binary, Daemon};
+use wal2delta_tests::daemon::binary;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, current_wal_lsn, slot_confirmed, unique, wait_confirmed, Stack};
+use wal2delta_tests::{current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Stack};
 
 fn stack_script(action: &str) -> Result<()> {
     let script = format!("{}/../ops/stack", env!("CARGO_MANIFEST_DIR"));
@@ -42,14 +42,14 @@ fn ids_in_topic(stack: &Stack, topic: &str, expect: usize) -> Result<HashSet<i64
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_down_mid_stream_waits_without_acknowledging_then_catches_up() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("down");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "down",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text);",
+        "",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
     d.start()?;
     pg.execute(
         &format!("INSERT INTO {name}.t SELECT g, 'before' FROM generate_series(1, 5000) g"),
@@ -118,7 +118,6 @@ async fn broker_down_mid_stream_waits_without_acknowledging_then_catches_up() ->
         d.last_log()
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 

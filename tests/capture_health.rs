@@ -5,8 +5,7 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::{cleanup, connect, current_wal_lsn, unique, Stack};
+use wal2delta_tests::{connect, current_wal_lsn, Scenario, Stack, TempDatabase, World};
 
 async fn metrics_text(port: u16) -> Result<String> {
     Ok(reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
@@ -25,26 +24,17 @@ fn metric(text: &str, name: &str) -> Option<f64> {
 #[tokio::test(flavor = "multi_thread")]
 async fn heartbeats_keep_an_idle_slot_moving_while_another_database_is_busy() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("hb");
-    let pg = stack.connect().await?;
-    let admin = stack.admin().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY);"
-    ))
-    .await?;
-    admin
-        .batch_execute(&format!("CREATE DATABASE {name}_busy"))
-        .await?;
-    let busy_dsn = stack.admin_dsn.replace("/app", &format!("/{name}_busy"));
-    let busy = connect(&busy_dsn).await?;
-
     let port = 19_500 + (std::process::id() % 400) as u16;
-    let mut d = Daemon::new(&stack, &name, "[capture]\nheartbeat_interval_ms = 500\n")?;
-    d.env.push((
-        "WAL2DELTA__METRICS__LISTEN".into(),
-        format!("127.0.0.1:{port}"),
-    ));
-    d.setup()?;
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "hb", "CREATE TABLE {s}.t (id int PRIMARY KEY);")
+        .toml("[capture]\nheartbeat_interval_ms = 500\n")
+        .env("WAL2DELTA__METRICS__LISTEN", &format!("127.0.0.1:{port}"))
+        .build()
+        .await?;
+    let busy_db = TempDatabase::create(&stack, &format!("{name}_busy")).await?;
+    let busy = connect(&busy_db.dsn).await?;
+    let admin = stack.admin().await?;
     d.start()?;
 
     // The busy database writes about 100 MB of WAL; the captured one writes nothing.
@@ -131,10 +121,5 @@ async fn heartbeats_keep_an_idle_slot_moving_while_another_database_is_busy() ->
     );
 
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
-    drop(busy);
-    admin
-        .batch_execute(&format!("DROP DATABASE IF EXISTS {name}_busy WITH (FORCE)"))
-        .await?;
     Ok(())
 }

@@ -8,8 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
-use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::{cleanup, current_wal_lsn, streamed_transactions, unique, Stack};
+use wal2delta_tests::{current_wal_lsn, streamed_transactions, Scenario, Stack, World};
 
 const ROWS: i64 = 5_000_000;
 /// The bound the daemon's peak RSS must stay under: the stream buffer's memory limit
@@ -49,19 +48,17 @@ fn peak_rss_kib(pid: u32) -> u64 {
 #[tokio::test(flavor = "multi_thread")]
 async fn five_million_row_transaction_with_bounded_memory() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("big");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v int);"
-    ))
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "big",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v int);",
+    )
+    .toml("[capture]\nmax_in_flight = 20000\nstream_memory_bytes = 16777216\n")
+    .env("WAL2DELTA__CAPTURE__SPILL_DIR", "\"{dir}/spill\"")
+    .build()
     .await?;
-    let extra = "[capture]\nmax_in_flight = 20000\nstream_memory_bytes = 16777216\n";
-    let mut d = Daemon::new(&stack, &name, extra)?;
-    d.env.push((
-        "WAL2DELTA__CAPTURE__SPILL_DIR".into(),
-        format!("\"{}\"", d.dir.join("spill").display()),
-    ));
-    d.setup()?;
     d.start()?;
     let topic = format!("{name}.{name}.t");
 
@@ -125,8 +122,5 @@ async fn five_million_row_transaction_with_bounded_memory() -> Result<()> {
         peak / 1024
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
-    pg.batch_execute(&format!("DROP SCHEMA {name} CASCADE"))
-        .await?;
     Ok(())
 }

@@ -5,21 +5,20 @@
 use std::time::Duration;
 
 use anyhow::{ensure, Result};
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::read_topic;
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("ahead");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "ahead",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
+        "",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
     d.start()?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.t SELECT generate_series(1, 10)"
@@ -74,6 +73,5 @@ async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     d.assert_running()?;
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

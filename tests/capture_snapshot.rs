@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Result};
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{scenario, Scenario, Stack, World};
 
 /// One event: (op, id, v, position as (commit LSN, ordinal)).
 type Event = (String, i64, Option<i64>, (i64, i64));
@@ -100,12 +100,16 @@ async fn wait_snapshot_done(stack: &Stack, d: &mut Daemon, table: &str) -> Resul
 #[tokio::test(flavor = "multi_thread")]
 async fn initial_snapshot_with_concurrent_writes_matches_the_source() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("snap");
-    let pg = stack.connect().await?;
+    let World {
+        name,
+        pg,
+        mut d,
+        setup,
+    } = Scenario::new(&stack, "snap", "CREATE TABLE {s}.t (id int PRIMARY KEY, v int); INSERT INTO {s}.t SELECT g, 0 FROM generate_series(1, 30000) g;")
+        .toml("[snapshot]\nchunk_rows = 1000\n")
+        .build()
+        .await?;
     let table = format!("{name}.t");
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {table} (id int PRIMARY KEY, v int); INSERT INTO {table} SELECT g, 0 FROM generate_series(1, 30000) g;")).await?;
-    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 1000\n")?;
-    let setup = d.setup()?;
     ensure!(
         setup.contains("will be created by `wal2delta run`"),
         "{setup}"
@@ -141,20 +145,22 @@ async fn initial_snapshot_with_concurrent_writes_matches_the_source() -> Result<
         "events applied by position differ from the source"
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn killed_snapshot_resumes_after_the_last_recorded_chunk() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("resume");
-    let pg = stack.connect().await?;
-    let table = format!("{name}.t");
     const ROWS: i64 = 100_000;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {table} (id int PRIMARY KEY, v int); INSERT INTO {table} SELECT g, 1 FROM generate_series(1, {ROWS}) g;")).await?;
-    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 2000\n")?;
-    d.setup()?;
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "resume",
+        &format!("CREATE TABLE {{s}}.t (id int PRIMARY KEY, v int); INSERT INTO {{s}}.t SELECT g, 1 FROM generate_series(1, {ROWS}) g;"),
+        "[snapshot]\nchunk_rows = 2000\n",
+        1,
+    )
+    .await?;
+    let table = format!("{name}.t");
     d.start()?;
     let topic = format!("{name}.{table}");
     let start = Instant::now();
@@ -194,18 +200,13 @@ async fn killed_snapshot_resumes_after_the_last_recorded_chunk() -> Result<()> {
         "events applied by position differ from the source"
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("addt");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {name}.a (id int PRIMARY KEY, v int); INSERT INTO {name}.a SELECT g, 1 FROM generate_series(1, 100) g;")).await?;
-    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 50\n")?;
-    d.setup()?;
+    let (name, pg, mut d) = scenario(&stack, "addt", "CREATE TABLE {s}.a (id int PRIMARY KEY, v int); INSERT INTO {s}.a SELECT g, 1 FROM generate_series(1, 100) g;", "[snapshot]\nchunk_rows = 50\n", 1).await?;
     d.start()?;
     wait_snapshot_done(&stack, &mut d, &format!("{name}.a")).await?;
 
@@ -258,24 +259,22 @@ async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Res
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("throttle");
-    let pg = stack.connect().await?;
-    let table = format!("{name}.t");
-    pg.batch_execute(&format!("CREATE SCHEMA {name}; CREATE TABLE {table} (id int PRIMARY KEY, v int); INSERT INTO {table} SELECT g, 1 FROM generate_series(1, 1000) g;")).await?;
     // A budget no slot can meet: the snapshot must wait, never read.
-    let mut d = Daemon::new(
+    let (name, _pg, mut d) = scenario(
         &stack,
-        &name,
+        "throttle",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v int); INSERT INTO {s}.t SELECT g, 1 FROM generate_series(1, 1000) g;",
         "[snapshot]\nchunk_rows = 100\nmax_retained_wal_bytes = 1\n",
-    )?;
-    d.setup()?;
+        1,
+    )
+    .await?;
+    let table = format!("{name}.t");
     d.start()?;
     tokio::time::sleep(Duration::from_secs(4)).await;
     d.assert_running()?;
@@ -300,7 +299,6 @@ async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Re
             == 1000
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -312,15 +310,15 @@ async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Re
 #[tokio::test(flavor = "multi_thread")]
 async fn fresh_snapshot_rows_never_outrank_a_delete_committing_meanwhile() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("snapdel");
-    let pg = stack.connect().await?;
-    let admin = stack.admin().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.a (id int PRIMARY KEY, v int);"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "snapdel",
+        "CREATE TABLE {s}.a (id int PRIMARY KEY, v int);",
+        "[snapshot]\nchunk_rows = 50\n",
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, "[snapshot]\nchunk_rows = 50\n")?;
-    d.setup()?;
+    let admin = stack.admin().await?;
     d.start()?;
     wait_snapshot_done(&stack, &mut d, &format!("{name}.a")).await?;
     let b = format!("{name}.b");
@@ -376,6 +374,5 @@ async fn fresh_snapshot_rows_never_outrank_a_delete_committing_meanwhile() -> Re
     ensure!(back.is_empty(), "deleted rows came back: {back:?}");
     ensure!(topic == source);
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

@@ -8,9 +8,8 @@ use anyhow::{ensure, Result};
 use apache_avro::types::Value;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, read_topic, read_topic_to_end, string, AvroDecoder};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 fn contains(haystack: &[u8], needle: &str) -> bool {
     haystack
@@ -21,22 +20,17 @@ fn contains(haystack: &[u8], needle: &str) -> bool {
 #[tokio::test(flavor = "multi_thread")]
 async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("tok");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.tx (id int PRIMARY KEY, card_number text, email text, amount numeric(10,2), tags int[]);"
-    ))
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "tok",
+        "CREATE TABLE {s}.tx (id int PRIMARY KEY, card_number text, email text, amount numeric(10,2), tags int[]);",
+    )
+    .toml("[tokenize]\ncolumns = [\"{s}.tx.card_number:last4\", \"{s}.tx.email\"]\nkey_env = \"W2D_TEST_TOKEN_KEY\"\nkey_id = \"test-1\"\n")
+    .env("W2D_TEST_TOKEN_KEY", "a secret key for the test, 32b!")
+    .build()
     .await?;
-    let extra = format!(
-        "[tokenize]\ncolumns = [\"{name}.tx.card_number:last4\", \"{name}.tx.email\"]\nkey_env = \"W2D_TEST_TOKEN_KEY\"\nkey_id = \"test-1\"\n"
-    );
-    let mut d = Daemon::new(&stack, &name, &extra)?;
-    d.env.push((
-        "W2D_TEST_TOKEN_KEY".into(),
-        "a secret key for the test, 32b!".into(),
-    ));
-    d.setup()?;
     d.start()?;
 
     let cards = ["4111111111119871", "5500000000006543", "4111111111119871"];
@@ -153,7 +147,6 @@ async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
     }
     ensure!(scanned >= 5, "scanned only {scanned} messages");
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -163,23 +156,18 @@ async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("toksnap");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TABLE {name}.cards (card_number text PRIMARY KEY, v int);
-         INSERT INTO {name}.cards SELECT 'card-' || lpad(g::text, 6, '0'), g FROM generate_series(1, 2000) g;"
-    ))
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "toksnap",
+        "CREATE TABLE {s}.cards (card_number text PRIMARY KEY, v int);
+         INSERT INTO {s}.cards SELECT 'card-' || lpad(g::text, 6, '0'), g FROM generate_series(1, 2000) g;",
+    )
+    .toml("[tokenize]\ncolumns = [\"{s}.cards.card_number\"]\nkey_env = \"W2D_TEST_TOKEN_KEY\"\nkey_id = \"test-1\"\n[snapshot]\nchunk_rows = 10\n")
+    .env("W2D_TEST_TOKEN_KEY", "a secret key for the test, 32b!")
+    .build()
     .await?;
-    let extra = format!(
-        "[tokenize]\ncolumns = [\"{name}.cards.card_number\"]\nkey_env = \"W2D_TEST_TOKEN_KEY\"\nkey_id = \"test-1\"\n[snapshot]\nchunk_rows = 10\n"
-    );
-    let mut d = Daemon::new(&stack, &name, &extra)?;
-    d.env.push((
-        "W2D_TEST_TOKEN_KEY".into(),
-        "a secret key for the test, 32b!".into(),
-    ));
-    d.setup()?;
     d.start()?;
     // Wait for a first recorded chunk, kill, restart: the resume must open the sealed key.
     let topic = format!("{name}.snapshots");
@@ -248,6 +236,5 @@ async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
         keys.len()
     );
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

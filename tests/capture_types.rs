@@ -10,9 +10,8 @@ use wal2delta_cdc::catalog::TypeCatalog;
 use wal2delta_cdc::value::render_text;
 use wal2delta_model::ColumnType;
 use wal2delta_stream::avro::types::from_avro;
-use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 /// (column type, values as SQL literals). Each value becomes one row; the other columns
 /// of that row stay NULL.
@@ -148,29 +147,21 @@ fn cases() -> Vec<(&'static str, Vec<&'static str>)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn every_type_round_trips_exactly() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("types");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name};
-         CREATE TYPE {name}.mood AS ENUM ('sad', 'ok', 'happy');
-         CREATE DOMAIN {name}.positive AS int CHECK (VALUE > 0);
-         CREATE TYPE {name}.pair AS (a int, b text);"
-    ))
-    .await?;
     let cases = cases();
     let cols: Vec<String> = (0..cases.len()).map(|i| format!("c{i}")).collect();
     let defs: Vec<String> = cases
         .iter()
         .zip(&cols)
-        .map(|((ty, _), c)| format!("{c} {}", ty.replace("{schema}", &name)))
+        .map(|((ty, _), c)| format!("{c} {}", ty.replace("{schema}", "{s}")))
         .collect();
-    pg.batch_execute(&format!(
-        "CREATE TABLE {name}.t (id int PRIMARY KEY, {})",
+    let tables = format!(
+        "CREATE TYPE {{s}}.mood AS ENUM ('sad', 'ok', 'happy');
+         CREATE DOMAIN {{s}}.positive AS int CHECK (VALUE > 0);
+         CREATE TYPE {{s}}.pair AS (a int, b text);
+         CREATE TABLE {{s}}.t (id int PRIMARY KEY, {})",
         defs.join(", ")
-    ))
-    .await?;
-    let mut d = Daemon::new(&stack, &name, "")?;
-    d.setup()?;
+    );
+    let (name, pg, mut d) = scenario(&stack, "types", &tables, "", 1).await?;
     d.start()?;
 
     let mut rows = Vec::new(); // (id, column index)
@@ -260,6 +251,5 @@ async fn every_type_round_trips_exactly() -> Result<()> {
     }
     ensure!(checked == rows.len());
     d.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

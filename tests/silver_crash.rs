@@ -15,7 +15,7 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const CHANGES: u64 = 200_000;
 
@@ -337,6 +337,5 @@ async fn every_stage_sigkilled_silver_still_equals_the_source() -> Result<()> {
         (versions("acct")?, versions("pay")?) == positions,
         "the rebuilt Silver rows carry other positions than the incremental ones"
     );
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const TOML: &str = r#"[bronze]
 group_id = "{s}"
@@ -211,7 +211,6 @@ async fn silver_moves_past_large_transactions_gaps_and_failing_rows() -> Result<
     assert_eq!(held, 80, "every failing row is in quarantine once");
 
     run.stop()?;
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }
 
@@ -222,18 +221,15 @@ async fn silver_moves_past_large_transactions_gaps_and_failing_rows() -> Result<
 async fn a_round_that_changes_nothing_still_moves_the_watermark() -> Result<()> {
     let stack = Stack::from_env();
     let toml = "[snapshot]\nmode = \"initial\"\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
-    let stack2 = stack.clone();
-    let name = wal2delta_tests::unique("noop");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text, n int);
-         INSERT INTO {name}.t SELECT g, 'snap', g FROM generate_series(1, 20) g;"
-    ))
+    let (name, pg, d) = scenario(
+        &stack,
+        "noop",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);
+         INSERT INTO {s}.t SELECT g, 'snap', g FROM generate_series(1, 20) g;",
+        toml,
+        1,
+    )
     .await?;
-    let mut d = Daemon::new(&stack2, &name, &toml.replace("{s}", &name))?;
-    d.env
-        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "1".into()));
-    d.setup()?;
     let s = &name;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     wait_equal(&pg, &d, s, "t", &mut run).await?;
@@ -284,7 +280,6 @@ async fn a_round_that_changes_nothing_still_moves_the_watermark() -> Result<()> 
         String::from_utf8_lossy(&out.stderr)
     );
     run.stop()?;
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }
 
@@ -394,7 +389,6 @@ async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() 
         bail!("nothing holds the watermark once resolved: {st}");
     }
     run.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }
 
@@ -406,17 +400,15 @@ async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() 
 async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhile() -> Result<()> {
     let stack = Stack::from_env();
     let toml = "[snapshot]\nmode = \"initial\"\nchunk_rows = 40\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
-    let name = wal2delta_tests::unique("resnap");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; CREATE TABLE {name}.t (id int PRIMARY KEY, v text, n int);
-         INSERT INTO {name}.t SELECT g, 'snap', g FROM generate_series(1, 200) g;"
-    ))
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "resnap",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);
+         INSERT INTO {s}.t SELECT g, 'snap', g FROM generate_series(1, 200) g;",
+        toml,
+        3,
+    )
     .await?;
-    let mut d = Daemon::new(&stack, &name, &toml.replace("{s}", &name))?;
-    d.env
-        .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()));
-    d.setup()?;
     let s = &name;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     let n = wait_equal(&pg, &d, s, "t", &mut run).await?;
@@ -464,6 +456,5 @@ async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhil
         String::from_utf8_lossy(&out.stderr)
     );
     run.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

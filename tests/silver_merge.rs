@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::kafka::read_topic_to_end;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const TOML: &str = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
 
@@ -194,7 +194,6 @@ async fn silver_equals_the_source_and_ignores_redelivered_changes() -> Result<()
     assert!(have == src, "re-delivered changes altered Silver's rows");
 
     run.stop()?;
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }
 
@@ -399,6 +398,5 @@ async fn a_key_change_is_a_delete_a_tombstone_and_a_create_naming_the_old_key() 
         String::from_utf8_lossy(&out.stderr)
     );
     run.stop()?;
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }

@@ -14,7 +14,7 @@ use wal2delta_model::TableName;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::kafka::read_topic_to_end;
 use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const TOML: &str = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
 
@@ -113,7 +113,6 @@ async fn odd_table_names_get_their_own_topics_and_tables() -> Result<()> {
     )
     .await?;
     let result = body(&stack, &name, &pg, &d).await;
-    cleanup(&pg, &name, &name).await;
     result
 }
 
@@ -208,7 +207,6 @@ async fn a_policy_on_real_names_masks_the_column() -> Result<()> {
         Ok(())
     }
     .await;
-    cleanup(&pg, &name, &name).await;
     result
 }
 
@@ -216,7 +214,7 @@ async fn a_policy_on_real_names_masks_the_column() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_policy_naming_no_column_refuses_to_start() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let (_, _pg, d) = scenario(
         &stack,
         "mask_unknown",
         "CREATE TABLE {s}.\"Card Holders\" (id int PRIMARY KEY, \"Card No\" text);",
@@ -241,6 +239,5 @@ async fn a_policy_naming_no_column_refuses_to_start() -> Result<()> {
         Ok(())
     }
     .await;
-    cleanup(&pg, &name, &name).await;
     result
 }

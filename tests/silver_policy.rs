@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use serde_json::Value;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{cleanup, scenario, Stack};
+use wal2delta_tests::{scenario, Stack};
 
 const KEY_FILE: &str = "/tmp/wal2delta-test-mask-key";
 
@@ -245,7 +245,6 @@ async fn checks_quarantine_masking_and_replay() -> Result<()> {
         "{doc}"
     );
 
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }
 
@@ -321,6 +320,5 @@ async fn hashing_a_key_column_rewrites_the_tombstones() -> Result<()> {
         bail!("tombstone files after the rebuild: {tombstones:?}");
     }
     run.stop()?;
-    cleanup(&pg, &d.slot, &d.publication).await;
     Ok(())
 }

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{duckdb_i64, scan, tamper};
-use wal2delta_tests::{cleanup, unique, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const TABLE: &str = "CREATE TABLE {s}.pay (
     id int PRIMARY KEY, owner text, amount numeric(12,2), big numeric, at timestamptz,
@@ -152,26 +152,13 @@ fn table_report(stdout: &str) -> Result<Value> {
 #[tokio::test(flavor = "multi_thread")]
 async fn reconcile_finds_silver_equal_and_names_what_differs() -> Result<()> {
     let stack = Stack::from_env();
-    let name = unique("rec");
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; {}",
-        TABLE.replace("{s}", &name)
-    ))
-    .await?;
-    let mut d = Daemon::new(&stack, &name, &TOML.replace("{s}", &name))?;
-    d.env.extend([
-        ("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), "3".into()),
-        (
-            "W2D_TEST_MASK_KEY".into(),
-            "masking key of the reconcile test".into(),
-        ),
-        (
-            "W2D_TEST_TOKEN_KEY".into(),
-            "token key of the reconcile test!".into(),
-        ),
-    ]);
-    d.setup()?;
+    let World { name, pg, d, .. } = Scenario::new(&stack, "rec", TABLE)
+        .toml(TOML)
+        .partitions(3)
+        .env("W2D_TEST_MASK_KEY", "masking key of the reconcile test")
+        .env("W2D_TEST_TOKEN_KEY", "token key of the reconcile test!")
+        .build()
+        .await?;
     // Capture and bronze in one process, silver in another, so Silver can be stopped alone.
     let mut pipe = d.spawn_stage("capture,bronze", "pipe")?;
     let mut silver = d.spawn_stage("silver", "silver")?;
@@ -379,6 +366,5 @@ async fn reconcile_finds_silver_equal_and_names_what_differs() -> Result<()> {
 
     silver.stop()?;
     pipe.stop()?;
-    cleanup(&pg, &name, &name).await;
     Ok(())
 }

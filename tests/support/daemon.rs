@@ -289,39 +289,59 @@ impl Drop for StageProcess {
 }
 
 impl Drop for Daemon {
-    /// Stops the daemon and drops its slot and publication, also when the test failed: a
-    /// leaked slot holds WAL on the shared server for good. The walsender of a killed
-    /// daemon takes a moment to release the slot, hence the retries.
+    /// Stops the daemon and drops its slot, publication and schema, also when the test
+    /// failed or panicked: a leaked slot holds WAL on the shared server for good. The
+    /// walsender of a killed daemon takes a moment to release the slot, hence the retries.
     fn drop(&mut self) {
         self.kill9();
-        let sql = format!(
+        let slot_gone = format!(
             "SELECT count(pg_drop_replication_slot(slot_name)) FROM pg_replication_slots WHERE slot_name = '{slot}' AND NOT active; \
              DROP PUBLICATION IF EXISTS \"{publication}\"; \
              SELECT count(*) FROM pg_replication_slots WHERE slot_name = '{slot}';",
             slot = self.slot.replace('\'', "''"),
             publication = self.publication.replace('"', "\"\""),
         );
-        for _ in 0..50 {
-            let out = Command::new("psql")
-                .args(["-X", "-q", "-t", "-A", "-d", &self.admin_dsn, "-c", &sql])
-                .stdin(Stdio::null())
-                .output();
-            match out {
-                Ok(o) if o.status.success() => {
-                    let text = String::from_utf8_lossy(&o.stdout);
-                    if text.lines().last().map(str::trim) == Some("0") {
-                        return;
-                    }
-                }
-                _ => {}
-            }
-            std::thread::sleep(Duration::from_millis(200));
+        if !retry(|| psql(&self.admin_dsn, &slot_gone).as_deref() == Some("0")) {
+            eprintln!(
+                "could not drop replication slot {} after the test",
+                self.slot
+            );
         }
-        eprintln!(
-            "could not drop replication slot {} after the test",
-            self.slot
+        // After the slot: a schema that cannot be dropped (a lock held a moment longer by
+        // a killed daemon's backend) must not keep the slot alive.
+        let schema_gone = format!(
+            "SET lock_timeout = '2s'; DROP SCHEMA IF EXISTS \"{}\" CASCADE",
+            self.schema.replace('"', "\"\"")
         );
+        if !retry(|| psql(&self.admin_dsn, &schema_gone).is_some()) {
+            eprintln!("could not drop schema {} after the test", self.schema);
+        }
     }
+}
+
+/// Tries `done` up to 50 times, 200 ms apart; whether it succeeded.
+pub(crate) fn retry(mut done: impl FnMut() -> bool) -> bool {
+    for _ in 0..50 {
+        if done() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    false
+}
+
+/// Runs `sql` with psql (no async runtime is needed, so guards can call it from `Drop`);
+/// the last line of its output, `None` when psql failed.
+pub fn psql(dsn: &str, sql: &str) -> Option<String> {
+    let out = Command::new("psql")
+        .args(["-X", "-q", "-t", "-A", "-d", dsn, "-c", sql])
+        .stdin(Stdio::null())
+        .output()
+        .ok()?;
+    out.status.success().then(|| {
+        let text = String::from_utf8_lossy(&out.stdout);
+        text.lines().last().unwrap_or("").trim().to_owned()
+    })
 }
 
 fn clear_overrides(cmd: &mut Command) {

@@ -70,6 +70,8 @@ pub async fn connect(dsn: &str) -> Result<Client> {
 /// One test's world: a schema of its own holding `tables` (SQL where `{s}` stands for the
 /// schema), a daemon config capturing it (`extra_toml` may use `{s}` too, e.g. for a
 /// consumer group id), topics with `partitions` partitions, and `wal2delta setup` done.
+/// The daemon is the guard: its `Drop` stops it and drops the slot, publication and
+/// schema, also when the test fails. [`Scenario`] builds the variants some tests need.
 pub async fn scenario(
     stack: &Stack,
     prefix: &str,
@@ -77,20 +79,132 @@ pub async fn scenario(
     extra_toml: &str,
     partitions: u32,
 ) -> Result<(String, Client, daemon::Daemon)> {
-    let name = unique(prefix);
-    let pg = stack.connect().await?;
-    pg.batch_execute(&format!(
-        "CREATE SCHEMA {name}; {}",
-        tables.replace("{s}", &name)
-    ))
-    .await?;
-    let mut d = daemon::Daemon::new(stack, &name, &extra_toml.replace("{s}", &name))?;
-    d.env.push((
-        "WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(),
-        partitions.to_string(),
-    ));
-    d.setup()?;
-    Ok((name, pg, d))
+    let w = Scenario::new(stack, prefix, tables)
+        .toml(extra_toml)
+        .partitions(partitions)
+        .build()
+        .await?;
+    Ok((w.name, w.pg, w.d))
+}
+
+/// [`scenario`] step by step, for tests that need the daemon's environment, the output of
+/// `wal2delta setup`, or to run setup themselves.
+pub struct Scenario<'a> {
+    stack: &'a Stack,
+    prefix: &'a str,
+    tables: &'a str,
+    toml: &'a str,
+    partitions: Option<u32>,
+    env: Vec<(String, String)>,
+    setup: bool,
+}
+
+/// What [`Scenario::build`] made: the unique name (schema, slot, publication and topic
+/// prefix), a connection as the capture role, the daemon (the guard) and what `wal2delta
+/// setup` printed (empty without setup).
+pub struct World {
+    pub name: String,
+    pub pg: Client,
+    pub d: daemon::Daemon,
+    pub setup: String,
+}
+
+impl<'a> Scenario<'a> {
+    /// A schema named after `prefix` holding `tables` (`{s}` stands for the schema).
+    pub fn new(stack: &'a Stack, prefix: &'a str, tables: &'a str) -> Scenario<'a> {
+        Scenario {
+            stack,
+            prefix,
+            tables,
+            toml: "",
+            partitions: None,
+            env: Vec::new(),
+            setup: true,
+        }
+    }
+
+    /// Config added to the daemon's (`{s}` stands for the schema).
+    pub fn toml(mut self, extra: &'a str) -> Self {
+        self.toml = extra;
+        self
+    }
+
+    /// Partitions of the topics setup creates (the config's default, 1, otherwise).
+    pub fn partitions(mut self, n: u32) -> Self {
+        self.partitions = Some(n);
+        self
+    }
+
+    /// An environment variable of the daemon's; in the value `{s}` stands for the schema
+    /// and `{dir}` for the test's directory.
+    pub fn env(mut self, var: &str, value: &str) -> Self {
+        self.env.push((var.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Leaves `wal2delta setup` to the test.
+    pub fn without_setup(mut self) -> Self {
+        self.setup = false;
+        self
+    }
+
+    pub async fn build(self) -> Result<World> {
+        let name = unique(self.prefix);
+        let pg = self.stack.connect().await?;
+        pg.batch_execute(&format!(
+            "CREATE SCHEMA {name}; {}",
+            self.tables.replace("{s}", &name)
+        ))
+        .await?;
+        let mut d = daemon::Daemon::new(self.stack, &name, &self.toml.replace("{s}", &name))?;
+        if let Some(n) = self.partitions {
+            d.env
+                .push(("WAL2DELTA__KAFKA__TOPIC_PARTITIONS".into(), n.to_string()));
+        }
+        let dir = d.dir.display().to_string();
+        for (var, value) in self.env {
+            let value = value.replace("{s}", &name).replace("{dir}", &dir);
+            d.env.push((var, value));
+        }
+        let setup = if self.setup {
+            d.setup()?
+        } else {
+            String::new()
+        };
+        Ok(World { name, pg, d, setup })
+    }
+}
+
+/// A database of a test's own (e.g. one that writes WAL the test's slot must not see),
+/// dropped by the guard's `Drop`, also when the test fails.
+pub struct TempDatabase {
+    pub name: String,
+    pub dsn: String,
+    admin_dsn: String,
+}
+
+impl TempDatabase {
+    pub async fn create(stack: &Stack, name: &str) -> Result<TempDatabase> {
+        stack
+            .admin()
+            .await?
+            .batch_execute(&format!("CREATE DATABASE {name}"))
+            .await?;
+        Ok(TempDatabase {
+            name: name.to_owned(),
+            dsn: stack.admin_dsn.replace("/app", &format!("/{name}")),
+            admin_dsn: stack.admin_dsn.clone(),
+        })
+    }
+}
+
+impl Drop for TempDatabase {
+    fn drop(&mut self) {
+        let sql = format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.name);
+        if !daemon::retry(|| daemon::psql(&self.admin_dsn, &sql).is_some()) {
+            eprintln!("could not drop database {} after the test", self.name);
+        }
+    }
 }
 
 /// A name unique to this test run, usable as schema, slot, publication and topic prefix.
@@ -154,12 +268,4 @@ pub async fn wait_confirmed(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-}
-
-/// Drops the slot and publication a test created (best effort).
-pub async fn cleanup(client: &Client, slot: &str, publication: &str) {
-    let _ = client.execute("SELECT pg_drop_replication_slot($1) FROM pg_replication_slots WHERE slot_name = $1 AND NOT active", &[&slot]).await;
-    let _ = client
-        .batch_execute(&format!("DROP PUBLICATION IF EXISTS \"{publication}\""))
-        .await;
 }

@@ -84,7 +84,7 @@ async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
             slot: &config.source.slot,
             publication: &config.source.publication,
             table_patterns: &config.source.tables,
-            create_slot: config.snapshot.mode != "initial",
+            create_slot: config.snapshot.mode != crate::config::SnapshotMode::Initial,
         },
     )
     .await

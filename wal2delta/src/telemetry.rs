@@ -2,7 +2,7 @@
 
 use tracing_subscriber::EnvFilter;
 
-use crate::config::LogConfig;
+use crate::config::{LogConfig, LogFormat};
 
 /// Libraries that log every commit and scan at INFO; quieted to WARN unless the filter
 /// names them.
@@ -27,7 +27,7 @@ pub fn init(log: &LogConfig) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    let _ = if log.format == "json" {
+    let _ = if log.format == LogFormat::Json {
         builder.json().try_init()
     } else {
         builder.try_init()

@@ -205,7 +205,7 @@ async fn session(
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
     let topics = bronze_topics(config);
-    let assignment = if b.assignment == "group" {
+    let assignment = if b.assignment == crate::config::Assignment::Group {
         Assignment::Group
     } else {
         let t = topics.clone();

@@ -2,6 +2,7 @@
 //! read, publish and confirm until shutdown or a failure.
 
 use super::*;
+use crate::config::{OnSlotLost, SnapshotMode};
 
 /// A session's connections and topics, before streaming starts.
 struct Setup<'a> {
@@ -152,7 +153,7 @@ impl<'a> Setup<'a> {
         let lost = info.is_some();
         let existed = lost || recorded.is_some();
         let slot = slot_name.clone();
-        if existed && config.source.on_slot_lost != "recreate" {
+        if existed && config.source.on_slot_lost != OnSlotLost::Recreate {
             return Err(if lost {
                 SessionError::SlotLost { slot }
             } else {
@@ -162,7 +163,7 @@ impl<'a> Setup<'a> {
                 }
             });
         }
-        if !existed && config.snapshot.mode != "initial" {
+        if !existed && config.snapshot.mode != SnapshotMode::Initial {
             return Err(SessionError::SlotMissing { slot });
         }
         if lost {
@@ -204,7 +205,7 @@ impl<'a> Setup<'a> {
     ) -> Result<SnapshotFeed, SessionError> {
         let config = self.config;
         let (tx, rx) = mpsc::channel::<SnapshotChunk>(2);
-        if config.snapshot.mode != "initial" && exported.is_none() {
+        if config.snapshot.mode != SnapshotMode::Initial && exported.is_none() {
             return Ok(SnapshotFeed {
                 rx,
                 task: None,

@@ -11,7 +11,8 @@ use wal2delta_lake::silver::Check;
 use wal2delta_model::TableName;
 use wal2delta_stream::avro::envelope::field_names;
 
-use super::{invalid, load_key, path, ConfigError};
+use super::secret::load_key;
+use super::{invalid, path, ConfigError};
 
 /// `[silver]`.
 #[derive(Debug, Clone, Deserialize)]

@@ -1,0 +1,157 @@
+//! `[source]`: the PostgreSQL database to capture.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+use super::{invalid, secret, ConfigError};
+
+/// `[source]`: the PostgreSQL database to capture.
+#[derive(Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    /// libpq-style DSN of a role with the REPLICATION attribute. May carry the password;
+    /// it is never logged.
+    pub dsn: String,
+    /// A file whose first line is the password, used when the DSN has none.
+    #[serde(default)]
+    pub password_file: Option<PathBuf>,
+    #[serde(default = "SourceConfig::default_slot")]
+    pub slot: String,
+    #[serde(default = "SourceConfig::default_publication")]
+    pub publication: String,
+    /// `schema.table` patterns; `*` matches any run of characters.
+    #[serde(default = "SourceConfig::default_tables")]
+    pub tables: Vec<String>,
+    /// What capture does when its slot is invalidated or was dropped ([`OnSlotLost`]).
+    #[serde(default)]
+    pub on_slot_lost: OnSlotLost,
+}
+
+impl std::fmt::Debug for SourceConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SourceConfig")
+            .field("dsn", &"<redacted>")
+            .field("slot", &self.slot)
+            .field("publication", &self.publication)
+            .field("tables", &self.tables)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SourceConfig {
+    fn default_slot() -> String {
+        "wal2delta".into()
+    }
+    fn default_publication() -> String {
+        "wal2delta".into()
+    }
+    fn default_tables() -> Vec<String> {
+        vec!["public.*".into()]
+    }
+
+    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if self.dsn.trim().is_empty() {
+            return Err(invalid(
+                "source.dsn",
+                "must not be empty (e.g. postgres://replicator@127.0.0.1:5432/app)",
+            ));
+        }
+        let pg: tokio_postgres::Config = self
+            .dsn
+            .parse()
+            .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
+        if pg.get_user().is_none() {
+            return Err(invalid("source.dsn", "must name a user"));
+        }
+        for (field, name) in [
+            ("source.slot", &self.slot),
+            ("source.publication", &self.publication),
+        ] {
+            if name.is_empty()
+                || name.len() > 63
+                || !name
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_')
+            {
+                return Err(invalid(
+                    field,
+                    "must be 1 to 63 characters of a-z, 0-9 and _",
+                ));
+            }
+        }
+        if self.tables.is_empty() {
+            return Err(invalid(
+                "source.tables",
+                "must list at least one schema.table pattern",
+            ));
+        }
+        for t in &self.tables {
+            match t.split_once('.') {
+                Some((a, b)) if !a.is_empty() && !b.is_empty() => {}
+                _ => {
+                    return Err(invalid(
+                        "source.tables",
+                        format!("entry {t:?} must look like schema.table (patterns may use *)"),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The DSN with the password from `password_file` added when the DSN has none.
+    pub fn effective_dsn(&self) -> Result<String, ConfigError> {
+        let Some(path) = &self.password_file else {
+            return Ok(self.dsn.clone());
+        };
+        let bytes = secret::read_small_file(path, "source.password_file")?;
+        let text = String::from_utf8(bytes).map_err(|_| {
+            invalid(
+                "source.password_file",
+                format!("cannot be read ({}): it is not UTF-8", path.display()),
+            )
+        })?;
+        let password = text.lines().next().unwrap_or("").to_owned();
+        let mut config: tokio_postgres::Config = self
+            .dsn
+            .parse()
+            .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
+        if config.get_password().is_none() {
+            config.password(password);
+        }
+        Ok(dsn_from_config(&config))
+    }
+}
+
+fn dsn_from_config(c: &tokio_postgres::Config) -> String {
+    let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
+    let mut parts = Vec::new();
+    if let Some(tokio_postgres::config::Host::Tcp(h)) = c.get_hosts().first() {
+        parts.push(format!("host={}", quote(h)));
+    }
+    if let Some(p) = c.get_ports().first() {
+        parts.push(format!("port={p}"));
+    }
+    if let Some(u) = c.get_user() {
+        parts.push(format!("user={}", quote(u)));
+    }
+    if let Some(d) = c.get_dbname() {
+        parts.push(format!("dbname={}", quote(d)));
+    }
+    if let Some(pw) = c.get_password() {
+        parts.push(format!("password={}", quote(&String::from_utf8_lossy(pw))));
+    }
+    parts.join(" ")
+}
+
+/// `[source] on_slot_lost`: what capture does when its slot is invalidated or was dropped.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OnSlotLost {
+    /// Stop and say so.
+    #[default]
+    Refuse,
+    /// Re-create the slot and snapshot every table again.
+    Recreate,
+}
