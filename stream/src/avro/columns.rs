@@ -60,6 +60,70 @@ fn field<'v>(fs: &'v [(String, Value)], name: &str) -> Option<&'v Value> {
     record_field(fs, 0, name).and_then(present)
 }
 
+/// The fields of one decoded record.
+type Record = [(String, Value)];
+
+fn long_of(v: Option<&Value>) -> Option<i64> {
+    match v {
+        Some(Value::Long(l)) => Some(*l),
+        Some(Value::Int(i)) => Some(i64::from(*i)),
+        _ => None,
+    }
+}
+
+/// Field `name` of every record, as text (null where it is not text).
+fn text_column(records: &[&Record], name: &str) -> StringArray {
+    records
+        .iter()
+        .map(|fs| match field(fs, name) {
+            Some(Value::String(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `ts_ms` (milliseconds) of every record, as a UTC timestamp in microseconds.
+fn ts_column<'v>(records: impl Iterator<Item = Option<&'v Record>>) -> TimestampMicrosecondArray {
+    records
+        .map(|fs| long_of(fs.and_then(|fs| field(fs, "ts_ms"))).and_then(|ms| ms.checked_mul(1000)))
+        .collect::<TimestampMicrosecondArray>()
+        .with_timezone("UTC")
+}
+
+/// `unchanged_toast_columns`: the list of column names of every record.
+fn toast_column(records: &[&Record]) -> Result<(Field, ArrayRef), ArrowMappingError> {
+    let build = |reason: String| ArrowMappingError::Build {
+        path: UNCHANGED_TOAST_COLUMNS.into(),
+        reason,
+    };
+    let mut offsets = vec![0i32];
+    let mut names: Vec<&str> = Vec::new();
+    for fs in records {
+        if let Some(Value::Array(items)) = field(fs, UNCHANGED_TOAST_COLUMNS) {
+            for item in items {
+                if let Some(Value::String(s)) = present(item) {
+                    names.push(s);
+                }
+            }
+        }
+        offsets.push(
+            i32::try_from(names.len()).map_err(|_| build("too many items in one batch".into()))?,
+        );
+    }
+    let item = Arc::new(Field::new(LIST_ITEM, DataType::Utf8, true));
+    let toast = ListArray::try_new(
+        item.clone(),
+        OffsetBuffer::new(offsets.into()),
+        Arc::new(StringArray::from(names)),
+        None::<NullBuffer>,
+    )
+    .map_err(|e| build(e.to_string()))?;
+    Ok((
+        Field::new(UNCHANGED_TOAST_COLUMNS, DataType::List(item), true),
+        Arc::new(toast),
+    ))
+}
+
 /// Converts `events` (envelope records decoded with `schema`, registered as `schema_id`).
 pub fn envelope_columns(
     schema: &Schema,
@@ -89,7 +153,7 @@ pub fn envelope_columns(
     }
     let image =
         |name: &str| -> Vec<Option<&Value>> { records.iter().map(|fs| field(fs, name)).collect() };
-    let source: Vec<Option<&[(String, Value)]>> = records
+    let source: Vec<Option<&Record>> = records
         .iter()
         .map(|fs| match field(fs, "source") {
             Some(Value::Record(s)) => Some(s.as_slice()),
@@ -99,11 +163,6 @@ pub fn envelope_columns(
     if source.iter().any(Option::is_none) {
         return Err(not_envelope("an event has no `source` record"));
     }
-    let long_of = |v: Option<&Value>| match v {
-        Some(Value::Long(l)) => Some(*l),
-        Some(Value::Int(i)) => Some(i64::from(*i)),
-        _ => None,
-    };
     let source_long = |name: &str| -> Int64Array {
         source
             .iter()
@@ -111,13 +170,7 @@ pub fn envelope_columns(
             .collect()
     };
 
-    let op: StringArray = records
-        .iter()
-        .map(|fs| match field(fs, OP) {
-            Some(Value::String(s)) => Some(s.as_str()),
-            _ => None,
-        })
-        .collect();
+    let op = text_column(&records, OP);
     if op.null_count() > 0 {
         return Err(not_envelope("an event has no `op`"));
     }
@@ -127,11 +180,7 @@ pub fn envelope_columns(
         .iter()
         .map(|fs| long_of(field(fs, ORDINAL)))
         .collect();
-    let commit_ts: TimestampMicrosecondArray = source
-        .iter()
-        .map(|s| long_of(s.and_then(|s| field(s, "ts_ms"))).and_then(|ms| ms.checked_mul(1000)))
-        .collect::<TimestampMicrosecondArray>()
-        .with_timezone("UTC");
+    let commit_ts = ts_column(source.iter().copied());
     let snapshot: BooleanArray = source
         .iter()
         .map(|s| match s.and_then(|s| field(s, "snapshot")) {
@@ -140,49 +189,9 @@ pub fn envelope_columns(
             _ => Some(false),
         })
         .collect();
-    let token_key_id: StringArray = records
-        .iter()
-        .map(|fs| match field(fs, TOKEN_KEY_ID) {
-            Some(Value::String(s)) => Some(s.as_str()),
-            _ => None,
-        })
-        .collect();
-    let event_ts: TimestampMicrosecondArray = records
-        .iter()
-        .map(|fs| long_of(field(fs, "ts_ms")).and_then(|ms| ms.checked_mul(1000)))
-        .collect::<TimestampMicrosecondArray>()
-        .with_timezone("UTC");
+    let token_key_id = text_column(&records, TOKEN_KEY_ID);
+    let event_ts = ts_column(records.iter().map(|fs| Some(*fs)));
     let schema_ids = Int32Array::from(vec![schema_id as i32; records.len()]);
-
-    // unchanged_toast_columns: a list of column names per event.
-    let mut offsets = vec![0i32];
-    let mut names: Vec<&str> = Vec::new();
-    for fs in &records {
-        if let Some(Value::Array(items)) = field(fs, UNCHANGED_TOAST_COLUMNS) {
-            for item in items {
-                if let Some(Value::String(s)) = present(item) {
-                    names.push(s);
-                }
-            }
-        }
-        offsets.push(
-            i32::try_from(names.len()).map_err(|_| ArrowMappingError::Build {
-                path: UNCHANGED_TOAST_COLUMNS.into(),
-                reason: "too many items in one batch".into(),
-            })?,
-        );
-    }
-    let item = Arc::new(Field::new(LIST_ITEM, DataType::Utf8, true));
-    let toast = ListArray::try_new(
-        item.clone(),
-        OffsetBuffer::new(offsets.into()),
-        Arc::new(StringArray::from(names)),
-        None::<NullBuffer>,
-    )
-    .map_err(|e| ArrowMappingError::Build {
-        path: UNCHANGED_TOAST_COLUMNS.into(),
-        reason: e.to_string(),
-    })?;
 
     let columns: Vec<(Field, ArrayRef)> = vec![
         (Field::new(OP, DataType::Utf8, true), Arc::new(op)),
@@ -212,10 +221,7 @@ pub fn envelope_columns(
             Field::new(SNAPSHOT, DataType::Boolean, true),
             Arc::new(snapshot),
         ),
-        (
-            Field::new(UNCHANGED_TOAST_COLUMNS, DataType::List(item), true),
-            Arc::new(toast),
-        ),
+        toast_column(&records)?,
         (
             Field::new(TOKEN_KEY_ID, DataType::Utf8, true),
             Arc::new(token_key_id),
