@@ -736,7 +736,7 @@ fn batch_bytes(b: &RecordBatch) -> usize {
 async fn profile(path: &Path, window: i64) -> anyhow::Result<Value> {
     use wal2delta_lake::deltalake::arrow::compute::filter_record_batch;
     use wal2delta_lake::deltalake::kernel::schema::cast::cast_record_batch;
-    use wal2delta_lake::silver::{fold, plan};
+    use wal2delta_lake::silver::{fold, plan, BronzeRows};
     let lake = lake_of(path)?;
     let table = SilverTable::new(&lake, synth::SCHEMA, synth::TABLE, window);
     let progress = table.progress().await?;
@@ -814,12 +814,12 @@ async fn profile(path: &Path, window: i64) -> anyhow::Result<Value> {
     record("read", t, batch_bytes(&rows));
     reset_peak();
     let t = Instant::now();
-    let planned = plan(&rows, &progress, &counts).map_err(anyhow::Error::msg)?;
+    let planned = plan(&BronzeRows::new(&rows)?, &progress, &counts)?;
     let applicable = filter_record_batch(&rows, &planned.applicable)?;
     record("plan", t, batch_bytes(&applicable));
     reset_peak();
     let t = Instant::now();
-    let folded = fold(&applicable, progress.truncated)?;
+    let folded = fold(&BronzeRows::new(&applicable)?, progress.truncated)?;
     let folded_bytes = folded.rows.as_ref().map_or(0, batch_bytes);
     record("fold", t, folded_bytes);
     Ok(json!({

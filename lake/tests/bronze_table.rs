@@ -12,6 +12,7 @@ use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Field, Fields, Schem
 use wal2delta_lake::deltalake::datafusion::prelude::SessionContext;
 use wal2delta_lake::quarantine::QuarantineTable;
 use wal2delta_lake::{Lake, LakeError};
+use wal2delta_model::bronze;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 fn lake() -> (Lake, std::path::PathBuf) {
@@ -45,10 +46,10 @@ fn batch(after_fields: Vec<(&str, DataType)>, offsets: &[i64]) -> RecordBatch {
     let day = wal2delta_lake::deltalake::arrow::array::Date32Array::from(vec![20_000; n]);
     RecordBatch::try_new(
         Arc::new(Schema::new(vec![
-            Field::new("op", DataType::Utf8, true),
-            Field::new("after", DataType::Struct(Fields::from(fields)), true),
-            Field::new("kafka_offset", DataType::Int64, true),
-            Field::new("ingest_date", DataType::Date32, true),
+            Field::new(bronze::OP, DataType::Utf8, true),
+            Field::new(bronze::AFTER, DataType::Struct(Fields::from(fields)), true),
+            Field::new(bronze::KAFKA_OFFSET, DataType::Int64, true),
+            Field::new(bronze::INGEST_DATE, DataType::Date32, true),
         ])),
         vec![
             Arc::new(StringArray::from(vec!["c"; n])),

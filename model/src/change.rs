@@ -31,6 +31,19 @@ impl ChangeOp {
             ChangeOp::SnapshotEnd => "s",
         }
     }
+
+    /// The op of a one-letter `op` code ([`Self::code`]); `None` for any other text.
+    pub fn from_code(code: &str) -> Option<ChangeOp> {
+        Some(match code {
+            "c" => ChangeOp::Insert,
+            "u" => ChangeOp::Update,
+            "d" => ChangeOp::Delete,
+            "t" => ChangeOp::Truncate,
+            "r" => ChangeOp::Read,
+            "s" => ChangeOp::SnapshotEnd,
+            _ => return None,
+        })
+    }
 }
 
 /// One column of a row image.
@@ -74,4 +87,20 @@ pub struct Change {
     pub before: Option<Row>,
     pub after: Option<Row>,
     pub position: TxPosition,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ChangeOp;
+
+    #[test]
+    fn every_op_code_parses_back_and_nothing_else_does() {
+        use ChangeOp::*;
+        for op in [Insert, Update, Delete, Truncate, Read, SnapshotEnd] {
+            assert_eq!(ChangeOp::from_code(op.code()), Some(op));
+        }
+        for other in ["", "x", "C", "cu"] {
+            assert_eq!(ChangeOp::from_code(other), None);
+        }
+    }
 }

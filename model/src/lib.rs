@@ -3,6 +3,7 @@
 //! Nothing here talks to an external system: PostgreSQL specifics live in `wal2delta-cdc`,
 //! Kafka and Avro in `wal2delta-stream`, Delta in `wal2delta-lake`.
 
+pub mod bronze;
 pub mod change;
 pub mod clock;
 pub mod datum;

@@ -14,8 +14,8 @@ use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
 use apache_avro::Schema;
 use wal2delta_model::{
-    BaseType, Change, ChangeOp, Column, ColumnType, ColumnValue, Datum, Lsn, ReplicaIdentity, Row,
-    Special, TableName, TableSchema, TxPosition, TypeKind,
+    bronze, BaseType, Change, ChangeOp, Column, ColumnType, ColumnValue, Datum, Lsn,
+    ReplicaIdentity, Row, Special, TableName, TableSchema, TxPosition, TypeKind,
 };
 
 use crate::avro::arrow::present;
@@ -149,7 +149,7 @@ pub fn kafka_record(data: &[u8]) {
         let _ = out_of_range_column(&[&value], &[None]);
         if let Value::Record(fields) = &value {
             for (name, image) in fields {
-                if name != "before" && name != "after" {
+                if name != bronze::BEFORE && name != bronze::AFTER {
                     continue;
                 }
                 if let Some(Value::Record(cols)) = present(image) {

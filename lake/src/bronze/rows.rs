@@ -8,10 +8,12 @@ use deltalake::arrow::array::{
 };
 use deltalake::arrow::datatypes::{DataType, Field, Schema, TimeUnit};
 
+use wal2delta_model::bronze;
+
 use crate::LakeError;
 
 /// The partition column: the UTC date the rows were ingested.
-pub const PARTITION_COLUMN: &str = "ingest_date";
+pub const PARTITION_COLUMN: &str = bronze::INGEST_DATE;
 
 /// Kafka coordinates of one event.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,11 +41,11 @@ pub fn bronze_batch(
     let mut arrays = envelope_arrays;
     let extra: Vec<(Field, ArrayRef)> = vec![
         (
-            Field::new("kafka_topic", DataType::Utf8, true),
+            Field::new(bronze::KAFKA_TOPIC, DataType::Utf8, true),
             Arc::new(StringArray::from(vec![topic; n])),
         ),
         (
-            Field::new("kafka_partition", DataType::Int32, true),
+            Field::new(bronze::KAFKA_PARTITION, DataType::Int32, true),
             Arc::new(
                 coordinates
                     .iter()
@@ -52,7 +54,7 @@ pub fn bronze_batch(
             ),
         ),
         (
-            Field::new("kafka_offset", DataType::Int64, true),
+            Field::new(bronze::KAFKA_OFFSET, DataType::Int64, true),
             Arc::new(
                 coordinates
                     .iter()
@@ -61,7 +63,7 @@ pub fn bronze_batch(
             ),
         ),
         (
-            Field::new("kafka_timestamp", utc(), true),
+            Field::new(bronze::KAFKA_TIMESTAMP, utc(), true),
             Arc::new(
                 coordinates
                     .iter()
@@ -71,7 +73,7 @@ pub fn bronze_batch(
             ),
         ),
         (
-            Field::new("ingested_at", utc(), true),
+            Field::new(bronze::INGESTED_AT, utc(), true),
             Arc::new(TimestampMicrosecondArray::from(vec![ingested_at_us; n]).with_timezone("UTC")),
         ),
         (

@@ -144,7 +144,11 @@ impl BronzeTable {
     /// record, which Arrow and Parquet cannot hold as a struct. Silver does not hold such
     /// tables (docs/silver.md).
     pub fn has_key(&self) -> Option<bool> {
-        Some(self.arrow_schema()?.field_with_name("key").is_ok())
+        Some(
+            self.arrow_schema()?
+                .field_with_name(wal2delta_model::bronze::KEY)
+                .is_ok(),
+        )
     }
 
     /// [`Self::has_key`] of the table at `url`, at its latest version.

@@ -1,6 +1,7 @@
 //! The names Silver's modules share, defined once: Silver's own columns, the fold's
-//! output columns, the Bronze columns a round reads, and a change's position. Every other
-//! Silver module imports from here (downward); nothing here imports them.
+//! output columns, and a change's position. The Bronze columns Silver reads are named in
+//! `wal2delta_model::bronze` (shared with their writer) and typed by [`super::rows`].
+//! Every other Silver module imports from here (downward); nothing here imports them.
 
 /// Silver's column with the commit LSN of the change that wrote the row.
 pub const COMMIT_LSN: &str = "_commit_lsn";
@@ -23,21 +24,6 @@ pub const MOVED_FROM: &str = "_moved_from_";
 /// A change's place in the source's commit order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Position(pub i64, pub i64);
-
-/// The Bronze columns Silver reads.
-pub const BRONZE_COLUMNS: &[&str] = &[
-    "op",
-    "before",
-    "after",
-    "key",
-    "commit_lsn",
-    "ordinal",
-    "commit_ts",
-    "unchanged_toast_columns",
-    "kafka_topic",
-    "kafka_partition",
-    "kafka_offset",
-];
 
 /// Commit metadata key of the masking policies a Silver commit was written under.
 pub const MASKING_KEY: &str = "wal2delta.masking";

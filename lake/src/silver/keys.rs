@@ -15,26 +15,29 @@
 use std::sync::Arc;
 
 use deltalake::arrow::array::{
-    Array, ArrayRef, AsArray, BooleanArray, RecordBatch, StringArray, StructArray, UInt32Array,
+    new_null_array, Array, ArrayRef, BooleanArray, RecordBatch, StringArray, StructArray,
+    UInt32Array,
 };
 use deltalake::arrow::compute::kernels::zip::zip;
 use deltalake::arrow::compute::{cast, is_null, nullif, take};
 use deltalake::arrow::datatypes::DataType;
 use deltalake::arrow::row::{RowConverter, SortField};
+use wal2delta_model::{bronze, ChangeOp};
+
+use super::rows::BronzeRows;
 
 fn err(e: impl std::fmt::Display) -> String {
     e.to_string()
 }
 
-/// Column `name` of struct column `image` of `rows`, cast to `ty`, null where the image is
-/// null. `None` when the image or the column is absent.
+/// Column `name` of row image `image` (Bronze's `after` or `before`), cast to `ty`, null
+/// where the image is null. `None` when the image or the column is absent.
 fn image_column(
-    rows: &RecordBatch,
-    image: &str,
+    image: Option<&StructArray>,
     name: &str,
     ty: &DataType,
 ) -> Result<Option<ArrayRef>, String> {
-    let Some(s) = rows.column_by_name(image).and_then(|a| a.as_struct_opt()) else {
+    let Some(s) = image else {
         return Ok(None);
     };
     let Some(c) = s.column_by_name(name) else {
@@ -51,28 +54,21 @@ fn image_column(
 
 /// `rows` with every missing key taken from the row image, and which rows still have no
 /// key (a TRUNCATE has none and needs none; it is never listed).
-pub fn fill_missing_keys(rows: &RecordBatch) -> Result<(RecordBatch, Vec<usize>), String> {
-    let Some(idx) = rows.schema().index_of("key").ok() else {
-        return Ok((rows.clone(), Vec::new()));
+pub fn fill_missing_keys(rows: &BronzeRows) -> Result<(RecordBatch, Vec<usize>), String> {
+    let batch = rows.batch();
+    let (Some(key), Ok(idx)) = (rows.key(), batch.schema().index_of(bronze::KEY)) else {
+        return Ok((batch.clone(), Vec::new()));
     };
-    let key = rows
-        .column(idx)
-        .as_struct_opt()
-        .ok_or("Bronze column `key` is not a struct")?;
-    let op = rows
-        .column_by_name("op")
-        .and_then(|a| a.as_string_opt::<i32>())
-        .ok_or("Bronze column `op` is missing or not text")?;
-    let needs = |i: usize| key.is_null(i) && op.value(i) != "t";
-    if !(0..rows.num_rows()).any(needs) {
-        return Ok((rows.clone(), Vec::new()));
+    let no_key = |i: usize| !key.is_valid(i) && rows.op(i) != Some(ChangeOp::Truncate);
+    if !(0..rows.num_rows()).any(no_key) {
+        return Ok((batch.clone(), Vec::new()));
     }
     let has_key = BooleanArray::from_iter((0..key.len()).map(|i| Some(key.is_valid(i))));
     let mut children = Vec::with_capacity(key.num_columns());
     for (f, child) in key.fields().iter().zip(key.columns()) {
         let ty = f.data_type();
-        let after = image_column(rows, "after", f.name(), ty)?;
-        let before = image_column(rows, "before", f.name(), ty)?;
+        let after = image_column(rows.after().ok(), f.name(), ty)?;
+        let before = image_column(rows.before(), f.name(), ty)?;
         let fallback = match (after, before) {
             (Some(a), Some(b)) => {
                 let a_valid = BooleanArray::from_iter((0..a.len()).map(|i| Some(a.is_valid(i))));
@@ -80,7 +76,7 @@ pub fn fill_missing_keys(rows: &RecordBatch) -> Result<(RecordBatch, Vec<usize>)
             }
             (Some(a), None) => a,
             (None, Some(b)) => b,
-            (None, None) => deltalake::arrow::array::new_null_array(ty, rows.num_rows()),
+            (None, None) => new_null_array(ty, rows.num_rows()),
         };
         children.push(zip(&has_key, child, &fallback).map_err(err)?);
     }
@@ -88,13 +84,13 @@ pub fn fill_missing_keys(rows: &RecordBatch) -> Result<(RecordBatch, Vec<usize>)
         .map(|i| key.is_valid(i) || children.iter().all(|c| c.is_valid(i)))
         .collect();
     let missing = (0..rows.num_rows())
-        .filter(|&i| !valid[i] && op.value(i) != "t")
+        .filter(|&i| !valid[i] && rows.op(i) != Some(ChangeOp::Truncate))
         .collect();
     let filled =
         StructArray::try_new(key.fields().clone(), children, Some(valid.into())).map_err(err)?;
-    let mut columns = rows.columns().to_vec();
+    let mut columns = batch.columns().to_vec();
     columns[idx] = Arc::new(filled);
-    let out = RecordBatch::try_new(rows.schema(), columns).map_err(err)?;
+    let out = RecordBatch::try_new(batch.schema(), columns).map_err(err)?;
     Ok((out, missing))
 }
 
@@ -103,19 +99,15 @@ pub fn fill_missing_keys(rows: &RecordBatch) -> Result<(RecordBatch, Vec<usize>)
 /// position: `op` `d`, `key` from `before`.
 /// Rows that are not key moves yield nothing.
 pub fn old_key_deletes(
-    rows: &RecordBatch,
+    rows: &BronzeRows,
     candidates: &[usize],
 ) -> Result<Option<RecordBatch>, String> {
-    let (Some(key), Some(op)) = (
-        rows.column_by_name("key").and_then(|a| a.as_struct_opt()),
-        rows.column_by_name("op")
-            .and_then(|a| a.as_string_opt::<i32>()),
-    ) else {
+    let Some(key) = rows.key() else {
         return Ok(None);
     };
     let mut old_cols = Vec::with_capacity(key.num_columns());
     for f in key.fields() {
-        match image_column(rows, "before", f.name(), f.data_type())? {
+        match image_column(rows.before(), f.name(), f.data_type())? {
             Some(c) => old_cols.push(c),
             None => return Ok(None),
         }
@@ -132,7 +124,7 @@ pub fn old_key_deletes(
         .iter()
         .copied()
         .filter(|&i| {
-            matches!(op.value(i), "u" | "c")
+            matches!(rows.op(i), Some(ChangeOp::Update | ChangeOp::Insert))
                 && key.is_valid(i)
                 && old_cols.iter().all(|c| c.is_valid(i))
                 && old_rows.row(i) != new_rows.row(i)
@@ -144,6 +136,7 @@ pub fn old_key_deletes(
     }
     let idx = UInt32Array::from(moves);
     let picked: Vec<ArrayRef> = rows
+        .batch()
         .columns()
         .iter()
         .map(|c| take(c.as_ref(), &idx, None).map_err(err))
@@ -153,22 +146,23 @@ pub fn old_key_deletes(
         .iter()
         .map(|c| take(c.as_ref(), &idx, None).map_err(err))
         .collect::<Result<_, _>>()?;
-    let schema = rows.schema();
+    let schema = rows.batch().schema();
     let mut columns = picked;
     for (j, f) in schema.fields().iter().enumerate() {
         match f.name().as_str() {
-            "op" => {
-                columns[j] = Arc::new(StringArray::from_iter_values(std::iter::repeat_n("d", n)))
+            bronze::OP => {
+                columns[j] = Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    ChangeOp::Delete.code(),
+                    n,
+                )))
             }
-            "key" => {
+            bronze::KEY => {
                 columns[j] = Arc::new(
                     StructArray::try_new(key.fields().clone(), old_key.clone(), None)
                         .map_err(err)?,
                 )
             }
-            "after" => {
-                columns[j] = deltalake::arrow::array::new_null_array(f.data_type(), n);
-            }
+            bronze::AFTER => columns[j] = new_null_array(f.data_type(), n),
             _ => {}
         }
     }
@@ -178,8 +172,11 @@ pub fn old_key_deletes(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltalake::arrow::array::Int32Array;
-    use deltalake::arrow::datatypes::{Field, Fields, Schema};
+    use deltalake::arrow::array::{AsArray, Int32Array, Int64Array};
+    use deltalake::arrow::datatypes::{Field, Fields};
+
+    use crate::silver::rows::test_rows;
+    use crate::silver::Position;
 
     /// A Bronze row: op, key id, after id, before id (None: no such image).
     type Row<'a> = (&'a str, Option<i32>, Option<i32>, Option<i32>);
@@ -189,7 +186,7 @@ mod tests {
             let nulls: Vec<bool> = ids.iter().map(Option::is_some).collect();
             Arc::new(StructArray::new(
                 Fields::from(vec![Field::new("id", DataType::Int64, true)]),
-                vec![Arc::new(deltalake::arrow::array::Int64Array::from(
+                vec![Arc::new(Int64Array::from(
                     ids.iter().map(|x| x.map(i64::from)).collect::<Vec<_>>(),
                 ))],
                 Some(nulls.into()),
@@ -211,18 +208,13 @@ mod tests {
         ));
         let after = image(r.iter().map(|x| x.2).collect());
         let before = image(r.iter().map(|x| x.3).collect());
-        let ops: ArrayRef = Arc::new(StringArray::from_iter_values(r.iter().map(|x| x.0)));
-        let schema = Schema::new(vec![
-            Field::new("op", DataType::Utf8, true),
-            Field::new("before", before.data_type().clone(), true),
-            Field::new("after", after.data_type().clone(), true),
-            Field::new("key", key.data_type().clone(), true),
-        ]);
-        RecordBatch::try_new(Arc::new(schema), vec![ops, before, after, key]).unwrap()
+        let ops: Vec<&str> = r.iter().map(|x| x.0).collect();
+        let positions: Vec<Position> = (0..r.len() as i64).map(|i| Position(i, 0)).collect();
+        test_rows(&ops, [before, after, key], &positions, vec![])
     }
 
     fn key_ids(b: &RecordBatch) -> Vec<Option<i32>> {
-        let k = b.column_by_name("key").unwrap().as_struct();
+        let k = b.column_by_name(bronze::KEY).unwrap().as_struct();
         let ids = k
             .column(0)
             .as_primitive::<deltalake::arrow::datatypes::Int32Type>();
@@ -240,7 +232,7 @@ mod tests {
             ("t", None, None, None),       // a TRUNCATE needs no key
             ("d", None, None, None),       // nothing to take it from
         ]);
-        let (filled, missing) = fill_missing_keys(&b).unwrap();
+        let (filled, missing) = fill_missing_keys(&BronzeRows::new(&b).unwrap()).unwrap();
         assert_eq!(
             key_ids(&filled),
             vec![Some(1), Some(2), Some(3), None, None]
@@ -255,11 +247,15 @@ mod tests {
             ("u", Some(6), Some(6), None),    // plain update
             ("u", Some(7), Some(7), Some(7)), // identity FULL, same key
         ]);
+        let b = BronzeRows::new(&b).unwrap();
         let d = old_key_deletes(&b, &[0, 1, 2]).unwrap().unwrap();
         assert_eq!(d.num_rows(), 1);
         assert_eq!(key_ids(&d), vec![Some(4)]);
         assert_eq!(
-            d.column_by_name("op").unwrap().as_string::<i32>().value(0),
+            d.column_by_name(bronze::OP)
+                .unwrap()
+                .as_string::<i32>()
+                .value(0),
             "d"
         );
         assert!(old_key_deletes(&b, &[1, 2]).unwrap().is_none());

@@ -26,6 +26,7 @@ use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
+use wal2delta_model::bronze;
 
 /// One column's policy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -236,7 +237,7 @@ impl Masking {
         let mut columns: Vec<ArrayRef> = Vec::with_capacity(b.num_columns());
         for (f, c) in schema.fields().iter().zip(b.columns()) {
             match (f.name().as_str(), c.as_struct_opt()) {
-                ("after" | "before" | "key", Some(s)) => {
+                (bronze::AFTER | bronze::BEFORE | bronze::KEY, Some(s)) => {
                     let masked = self.mask_struct(s)?;
                     fields.push(Field::new(
                         f.name(),

@@ -2,16 +2,14 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use deltalake::arrow::array::{AsArray, BooleanArray, RecordBatch};
-use deltalake::arrow::datatypes::{Int32Type, Int64Type};
+use deltalake::arrow::array::BooleanArray;
 use deltalake::kernel::Transaction;
 use deltalake::DeltaTable;
+use wal2delta_model::ChangeOp;
 
+use super::rows::{BronzeError, BronzeRows};
 use super::Position;
 use crate::{delta, LakeError};
-
-/// The `op` of the event that ends a table's re-snapshot after its slot was re-created.
-pub const SNAPSHOT_END: &str = "s";
 
 /// Where a Silver table stands, stored as `txn` actions in its commits.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -111,46 +109,25 @@ pub struct Plan {
     pub first_waiting: Option<i64>,
 }
 
-/// Decides, for `rows` (Bronze rows read after `before`'s cursors: `op`, `commit_lsn`,
-/// `ordinal`, `kafka_partition`, `kafka_offset`), how far the watermark moves and which
-/// rows are applied.
+/// Decides, for `rows` (Bronze rows read after `before`'s cursors; it reads their op,
+/// position and Kafka coordinates), how far the watermark moves and which rows are applied.
 pub fn plan(
-    rows: &RecordBatch,
+    rows: &BronzeRows,
     before: &Progress,
     counts: &TransactionCounts,
-) -> Result<Plan, String> {
-    let col = |name: &str| {
-        rows.column_by_name(name)
-            .ok_or_else(|| format!("Bronze column `{name}` is missing"))
-    };
-    let op = col("op")?
-        .as_string_opt::<i32>()
-        .ok_or("`op` is not text")?;
-    let lsn = col("commit_lsn")?
-        .as_primitive_opt::<Int64Type>()
-        .ok_or("`commit_lsn` is not int64")?;
-    let ordinal = col("ordinal")?
-        .as_primitive_opt::<Int64Type>()
-        .ok_or("`ordinal` is not int64")?;
-    let partition = col("kafka_partition")?
-        .as_primitive_opt::<Int32Type>()
-        .ok_or("`kafka_partition` is not int32")?;
-    let offset = col("kafka_offset")?
-        .as_primitive_opt::<Int64Type>()
-        .ok_or("`kafka_offset` is not int64")?;
+) -> Result<Plan, BronzeError> {
+    let coordinates = rows.coordinates()?;
     let n = rows.num_rows();
     // Snapshot rows and snapshot ends (`s`) belong to no source transaction.
-    let streamed = |i: usize| !matches!(op.value(i), "r" | SNAPSHOT_END);
+    let streamed = |i: usize| !matches!(rows.op(i), Some(ChangeOp::Read | ChangeOp::SnapshotEnd));
 
     // Distinct events Bronze holds per transaction above the watermark.
     let mut held: HashMap<i64, BTreeSet<(i32, i64)>> = HashMap::new();
     // (Resolved Bronze quarantine records count too: `TransactionCounts::held`.)
-    for i in 0..n {
-        let l = lsn.value(i);
+    for (i, &(partition, _)) in coordinates.iter().enumerate() {
+        let Position(l, ordinal) = rows.position(i);
         if streamed(i) && l > before.watermark && l <= counts.top {
-            held.entry(l)
-                .or_default()
-                .insert((partition.value(i), ordinal.value(i)));
+            held.entry(l).or_default().insert((partition, ordinal));
         }
     }
     let mut watermark = counts.top.max(before.watermark);
@@ -173,15 +150,14 @@ pub fn plan(
         }
     }
     let applicable: BooleanArray = (0..n)
-        .map(|i| Some(!streamed(i) || lsn.value(i) <= watermark))
+        .map(|i| Some(!streamed(i) || rows.commit_lsn(i) <= watermark))
         .collect();
 
     // Each partition's cursor stops before its first row that waits.
     let mut cursors = before.cursors.clone();
     let mut first_waiting: BTreeMap<i32, i64> = BTreeMap::new();
     let mut last_read: BTreeMap<i32, i64> = BTreeMap::new();
-    for i in 0..n {
-        let (p, o) = (partition.value(i), offset.value(i));
+    for (i, &(p, o)) in coordinates.iter().enumerate() {
         let e = last_read.entry(p).or_insert(o);
         *e = (*e).max(o);
         if !applicable.value(i) {
@@ -198,8 +174,8 @@ pub fn plan(
         *c = (*c).max(next);
     }
     let truncated = (0..n)
-        .filter(|&i| applicable.value(i) && op.value(i) == "t")
-        .map(|i| Position(lsn.value(i), ordinal.value(i)))
+        .filter(|&i| applicable.value(i) && rows.op(i) == Some(ChangeOp::Truncate))
+        .map(|i| rows.position(i))
         .chain(before.truncated)
         .max();
     Ok(Plan {
@@ -217,18 +193,28 @@ pub fn plan(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use deltalake::arrow::array::{Int32Array, Int64Array, StringArray};
+    use deltalake::arrow::array::{Int32Array, Int64Array, RecordBatch, StringArray};
     use deltalake::arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
+    use wal2delta_model::bronze;
+
+    /// [`super::plan`] of a batch.
+    fn plan(
+        r: &RecordBatch,
+        before: &Progress,
+        c: &TransactionCounts,
+    ) -> Result<Plan, BronzeError> {
+        super::plan(&BronzeRows::new(r)?, before, c)
+    }
 
     /// Rows: (op, commit_lsn, ordinal, partition, offset).
     fn rows(r: &[(&str, i64, i64, i32, i64)]) -> RecordBatch {
         let schema = Schema::new(vec![
-            Field::new("op", DataType::Utf8, true),
-            Field::new("commit_lsn", DataType::Int64, true),
-            Field::new("ordinal", DataType::Int64, true),
-            Field::new("kafka_partition", DataType::Int32, true),
-            Field::new("kafka_offset", DataType::Int64, true),
+            Field::new(bronze::OP, DataType::Utf8, true),
+            Field::new(bronze::COMMIT_LSN, DataType::Int64, true),
+            Field::new(bronze::ORDINAL, DataType::Int64, true),
+            Field::new(bronze::KAFKA_PARTITION, DataType::Int32, true),
+            Field::new(bronze::KAFKA_OFFSET, DataType::Int64, true),
         ]);
         RecordBatch::try_new(
             Arc::new(schema),

@@ -6,7 +6,7 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::DeltaTable;
 
 use super::columns::{COMMIT_LSN, MASKING_KEY};
-use super::table::{key_names, Redrive, SilverTable};
+use super::table::{Redrive, SilverTable};
 use super::tombstones::{keys_equal, newer};
 use super::{fold, Progress};
 use crate::delta;
@@ -36,7 +36,7 @@ impl SilverTable {
             None => Progress::default(),
         };
         // Re-driven on purpose: nothing is dropped as a copy.
-        let screened = self.screen(&rows, i64::MIN)?;
+        let screened = self.screen(&self.view(&rows)?, i64::MIN)?;
         if let Some(r) = screened.quarantined.first() {
             // Still failing; but when the source row has changed since (the data was
             // fixed at the source), the record is superseded.
@@ -44,18 +44,20 @@ impl SilverTable {
                 .masking
                 .mask_bronze(&rows)
                 .map_err(|e| self.policy_error(e.to_string()))?;
+            let masked = self.view(&masked)?;
             let folded = fold(&masked, progress.truncated).map_err(|e| self.rows_error(e.0))?;
             let Some(folded) = folded.rows else {
                 return Ok(Redrive::Superseded);
             };
-            let keys = key_names(&masked);
+            let keys = masked.key_names();
             return Ok(if self.superseded(silver.as_ref(), &keys, folded).await? {
                 Redrive::Superseded
             } else {
                 Redrive::StillFails(r.detail.clone())
             });
         }
-        let folded = fold(&screened.rows, progress.truncated).map_err(|e| self.rows_error(e.0))?;
+        let screened_rows = self.view(&screened.rows)?;
+        let folded = fold(&screened_rows, progress.truncated).map_err(|e| self.rows_error(e.0))?;
         let Some(source) = folded.rows else {
             return Ok(Redrive::Superseded);
         };
@@ -67,7 +69,7 @@ impl SilverTable {
             ),
             (MASKING_KEY.to_owned(), self.masking.describe()),
         ]);
-        let keys = key_names(&screened.rows);
+        let keys = screened_rows.key_names();
         let written = self
             .write_folded(
                 silver,

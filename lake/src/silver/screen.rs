@@ -2,15 +2,16 @@
 //! dropped, quality checks run on the raw values, failing rows become quarantine records,
 //! and every row image is masked. Nothing after this step sees a raw sensitive value.
 
-use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch, StructArray};
+use deltalake::arrow::array::{Array, BooleanArray, RecordBatch, StructArray};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
-use deltalake::arrow::datatypes::{Int32Type, Int64Type};
 use deltalake::arrow::util::display::{ArrayFormatter, FormatOptions};
+use wal2delta_model::ChangeOp;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::checks::{evaluate, Check, CheckError, Failure};
 use super::keys::{fill_missing_keys, old_key_deletes};
 use super::mask::{MaskError, Masking};
+use super::rows::{BronzeError, BronzeRows};
 
 /// Why screening stopped: a check or a mask that cannot run (an operator must fix the
 /// config), or Bronze rows that are not what Silver expects.
@@ -22,6 +23,12 @@ pub enum ScreenError {
     Mask(#[from] MaskError),
     #[error("{0}")]
     Rows(String),
+}
+
+impl From<BronzeError> for ScreenError {
+    fn from(e: BronzeError) -> Self {
+        ScreenError::Rows(e.to_string())
+    }
 }
 
 /// The rows that go on to the fold, masked, and what was set aside.
@@ -46,7 +53,7 @@ pub const MISSING_KEY: &str = "missing_key";
 /// here is what makes a late old change harmless even after its tombstone has expired.
 pub fn screen(
     table: &str,
-    rows: &RecordBatch,
+    rows: &BronzeRows,
     watermark: i64,
     checks: &[Check],
     masking: &Masking,
@@ -54,33 +61,20 @@ pub fn screen(
 ) -> Result<Screened, ScreenError> {
     // Rows stored before the table had a key take it from their image; the rest are
     // quarantined below (never dropped, never a failure of the whole table).
-    let (rows, no_key) = fill_missing_keys(rows).map_err(ScreenError::Rows)?;
-    let rows = &rows;
-    let bad =
-        |what: &str| ScreenError::Rows(format!("Bronze column `{what}` is missing or mistyped"));
-    let op = rows
-        .column_by_name("op")
-        .and_then(|a| a.as_string_opt::<i32>())
-        .ok_or_else(|| bad("op"))?;
-    let lsn = rows
-        .column_by_name("commit_lsn")
-        .and_then(|a| a.as_primitive_opt::<Int64Type>())
-        .ok_or_else(|| bad("commit_lsn"))?;
+    let (filled, no_key) = fill_missing_keys(rows).map_err(ScreenError::Rows)?;
+    let rows = BronzeRows::new(&filled)?;
     let n = rows.num_rows();
     let fresh: Vec<bool> = (0..n)
-        .map(|i| op.value(i) == "r" || lsn.value(i) > watermark)
+        .map(|i| rows.op(i) == Some(ChangeOp::Read) || rows.commit_lsn(i) > watermark)
         .collect();
     let stale = fresh.iter().filter(|f| !**f).count();
 
-    let mut failures: Vec<Option<Failure>> = match rows
-        .column_by_name("after")
-        .and_then(|a| a.as_struct_opt())
-    {
-        Some(after) if !checks.is_empty() => {
+    let mut failures: Vec<Option<Failure>> = match rows.after() {
+        Ok(after) if !checks.is_empty() => {
             let checked: Vec<bool> = (0..n)
-                .map(|i| fresh[i] && matches!(op.value(i), "c" | "r" | "u") && after.is_valid(i))
+                .map(|i| fresh[i] && is_upsert(rows.op(i)) && after.is_valid(i))
                 .collect();
-            evaluate(checks, after, &checked, |i| unchanged_columns(rows, i))?
+            evaluate(checks, after, &checked, |i| rows.unchanged(i))?
         }
         _ => vec![None; n],
     };
@@ -91,7 +85,8 @@ pub fn screen(
             reason: "the change has no primary key value: it was stored before the table had a primary key and its row image lacks the key columns".into(),
         });
     }
-    let masked = masking.mask_bronze(rows)?;
+    let masked = masking.mask_bronze(&filled)?;
+    let masked = BronzeRows::new(&masked)?;
     let mut quarantined = Vec::new();
     for (i, f) in failures.iter().enumerate() {
         if let Some(f) = f {
@@ -106,7 +101,8 @@ pub fn screen(
     let keep: BooleanArray = (0..n)
         .map(|i| Some(fresh[i] && failures[i].is_none()))
         .collect();
-    let rows = filter_record_batch(&masked, &keep).map_err(|e| ScreenError::Rows(e.to_string()))?;
+    let rows =
+        filter_record_batch(masked.batch(), &keep).map_err(|e| ScreenError::Rows(e.to_string()))?;
     // A key move that failed a check still deletes its old key (the source no longer has
     // that row); only the new row is held back.
     let rows = match old_key_deletes(&masked, &check_failed).map_err(ScreenError::Rows)? {
@@ -121,22 +117,12 @@ pub fn screen(
     })
 }
 
-/// Row `i`'s unchanged-TOAST column names.
-pub(crate) fn unchanged_columns(rows: &RecordBatch, i: usize) -> Vec<String> {
-    let Some(list) = rows
-        .column_by_name("unchanged_toast_columns")
-        .and_then(|a| a.as_list_opt::<i32>())
-    else {
-        return Vec::new();
-    };
-    if list.is_null(i) {
-        return Vec::new();
-    }
-    let v = list.value(i);
-    match v.as_string_opt::<i32>() {
-        Some(s) => s.iter().flatten().map(str::to_owned).collect(),
-        None => Vec::new(),
-    }
+/// Whether `op` writes the row in `after`: a create, an update or a snapshot read.
+pub(crate) fn is_upsert(op: Option<ChangeOp>) -> bool {
+    matches!(
+        op,
+        Some(ChangeOp::Insert | ChangeOp::Update | ChangeOp::Read)
+    )
 }
 
 /// A struct row as a JSON object of text values (Arrow's rendering; NULL as null).
@@ -163,36 +149,24 @@ pub(crate) fn row_json(s: &StructArray, i: usize) -> Result<serde_json::Value, S
 /// JSON text, the Bronze coordinates, the check and why.
 fn record(
     table: &str,
-    masked: &RecordBatch,
+    masked: &BronzeRows,
     i: usize,
     failure: &Failure,
     reason_code: &str,
     now_us: i64,
 ) -> Result<QuarantineRecord, ScreenError> {
-    let s = |name: &str| masked.column_by_name(name).and_then(|a| a.as_struct_opt());
-    let json = |name: &str| -> Result<Option<Vec<u8>>, ScreenError> {
-        match s(name) {
+    let json = |image: Option<&StructArray>| -> Result<Option<Vec<u8>>, ScreenError> {
+        match image {
             Some(a) => Ok(Some(row_json(a, i)?.to_string().into_bytes())),
             None => Ok(None),
         }
     };
     let topic = masked
-        .column_by_name("kafka_topic")
-        .and_then(|a| a.as_string_opt::<i32>())
-        .and_then(|a| a.is_valid(i).then(|| a.value(i).to_owned()))
+        .topic(i)
+        .map(str::to_owned)
         .unwrap_or_else(|| format!("bronze/{table}"));
-    let partition = masked
-        .column_by_name("kafka_partition")
-        .and_then(|a| a.as_primitive_opt::<Int32Type>())
-        .map(|a| a.value(i));
-    let offset = masked
-        .column_by_name("kafka_offset")
-        .and_then(|a| a.as_primitive_opt::<Int64Type>())
-        .map(|a| a.value(i));
-    let lsn = masked
-        .column_by_name("commit_lsn")
-        .and_then(|a| a.as_primitive_opt::<Int64Type>())
-        .map(|a| a.value(i));
+    let (partition, offset) = (masked.partition(i), masked.offset(i));
+    let lsn = Some(masked.commit_lsn(i));
     Ok(QuarantineRecord {
         id: QuarantineRecord::event_id(
             Stage::Silver,
@@ -209,12 +183,9 @@ fn record(
         offset,
         source_lsn: lsn,
         commit_lsn: lsn,
-        ordinal: masked
-            .column_by_name("ordinal")
-            .and_then(|a| a.as_primitive_opt::<Int64Type>())
-            .map(|a| a.value(i)),
-        key: json("key")?,
-        raw: json("after")?,
+        ordinal: Some(masked.ordinal(i)),
+        key: json(masked.key())?,
+        raw: json(masked.after().ok())?,
         quarantined_at_us: now_us,
         check: Some(failure.check.clone()),
     })

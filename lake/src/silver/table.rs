@@ -4,20 +4,21 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use deltalake::arrow::array::{Array, AsArray, RecordBatch};
+use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::DeltaTable;
 use url::Url;
+use wal2delta_model::{bronze, ChangeOp};
 
 use super::checks::Check;
 use super::columns::{
-    Position, BRONZE_COLUMNS, COMMIT_LSN, COMMIT_TS, MASKING_KEY, OP, ORDINAL, UNCHANGED,
-    UNRESOLVED,
+    Position, COMMIT_LSN, COMMIT_TS, MASKING_KEY, OP, ORDINAL, UNCHANGED, UNRESOLVED,
 };
 use super::mask::Masking;
-use super::progress::SNAPSHOT_END;
+use super::rows::BronzeRows;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::Tombstones;
 use super::window::Window;
@@ -138,17 +139,18 @@ impl SilverTable {
             return Ok(ApplyReport::default());
         };
         let rows = self.read_bronze(&bronze, &before).await?;
+        let read = self.view(&rows)?;
         let mut report = ApplyReport {
             read: rows.num_rows(),
             watermark: before.watermark,
             ..ApplyReport::default()
         };
-        let planned = plan(&rows, &before, counts).map_err(|reason| self.rows_error(reason))?;
+        let planned = plan(&read, &before, counts).map_err(|e| self.rows_error(e.to_string()))?;
         report.waiting = planned.waiting;
         report.watermark = planned.progress.watermark;
         report.again = self
             .window
-            .adjust(&self.name, &bronze, &before, &rows, &planned, counts)
+            .adjust(&self.name, &bronze, &before, &read, &planned, counts)
             .await?;
         if planned.progress == before {
             return Ok(report);
@@ -158,8 +160,8 @@ impl SilverTable {
             .map_err(|e| self.rows_error(e.to_string()))?;
         // The end of a re-snapshot: once every partition's end is applied (so every row
         // the re-snapshot read is), the rows below its position are gone at the source.
-        let (applicable, ends) =
-            take_snapshot_ends(&applicable).map_err(|reason| self.rows_error(reason))?;
+        let (applicable, ends) = take_snapshot_ends(&self.view(&applicable)?)
+            .map_err(|e| self.rows_error(e.to_string()))?;
         let resnapshot = self
             .resnapshot_complete(&bronze, &ends, &planned.progress, before.truncated)
             .await?;
@@ -167,7 +169,7 @@ impl SilverTable {
             tracing::info!(table = %self.name, from_lsn = p.0, "re-snapshot complete: deleting the rows it did not read again (deleted at the source while the slot was lost)");
             planned.progress.truncated = planned.progress.truncated.max(Some(p));
         }
-        let screened = self.screen(&applicable, before.watermark)?;
+        let screened = self.screen(&self.view(&applicable)?, before.watermark)?;
         report.stale = screened.stale;
         // Quarantine first: a crash before the Silver commit repeats this round, and the
         // quarantine table skips the records it already holds (by id: a snapshot row may
@@ -176,7 +178,7 @@ impl SilverTable {
             .quarantine
             .append_new(wal2delta_quarantine::Stage::Silver, screened.quarantined)
             .await?;
-        let applicable = screened.rows;
+        let applicable = self.view(&screened.rows)?;
         let folded = fold(&applicable, before.truncated.max(resnapshot))
             .map_err(|e| self.rows_error(e.0))?;
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
@@ -210,7 +212,7 @@ impl SilverTable {
                     // a copy): create it empty so the progress is recorded, or the same
                     // window would be read again forever.
                     let t = self
-                        .ensure_columns(None, &initial_fields(&rows, &self.name)?)
+                        .ensure_columns(None, &initial_fields(&read, &self.name)?)
                         .await?;
                     Some(
                         delta::commit_progress_only(
@@ -227,7 +229,7 @@ impl SilverTable {
             report.version = version;
             return Ok(report);
         };
-        let keys = key_names(&applicable);
+        let keys = applicable.key_names();
         let written = self
             .write_folded(
                 silver,
@@ -262,7 +264,8 @@ impl SilverTable {
                 continue;
             }
             let sql = format!(
-                "SELECT kafka_partition, MIN(kafka_offset) FROM t WHERE op = '{SNAPSHOT_END}' AND commit_lsn = {lsn} GROUP BY kafka_partition"
+                "SELECT kafka_partition, MIN(kafka_offset) FROM t WHERE op = '{end}' AND commit_lsn = {lsn} GROUP BY kafka_partition",
+                end = ChangeOp::SnapshotEnd.code(),
             );
             let mut held = Vec::new();
             for b in delta::query(&self.name, bronze, &sql).await? {
@@ -348,9 +351,9 @@ impl SilverTable {
     }
 
     /// `screen` with this table's checks and masking; refuses a lossy mask on a key.
-    pub(super) fn screen(&self, rows: &RecordBatch, watermark: i64) -> Result<Screened, LakeError> {
+    pub(super) fn screen(&self, rows: &BronzeRows, watermark: i64) -> Result<Screened, LakeError> {
         self.masking
-            .check_keys(&key_names(rows))
+            .check_keys(&rows.key_names())
             .map_err(|e| self.policy_error(e.to_string()))?;
         screen(
             &self.name,
@@ -371,6 +374,11 @@ impl SilverTable {
             table: self.name.clone(),
             reason,
         }
+    }
+
+    /// The typed view of Bronze rows `b`; an error naming the column it lacks.
+    pub(super) fn view<'a>(&self, b: &'a RecordBatch) -> Result<BronzeRows<'a>, LakeError> {
+        BronzeRows::new(b).map_err(|e| self.rows_error(e.to_string()))
     }
 
     pub(super) fn rows_error(&self, reason: String) -> LakeError {
@@ -397,7 +405,7 @@ impl SilverTable {
         condition: &str,
     ) -> Result<RecordBatch, LakeError> {
         let schema = delta::arrow_schema(&self.name, bronze)?;
-        let missing: Vec<&str> = BRONZE_COLUMNS
+        let missing: Vec<&str> = bronze::SILVER_READS
             .iter()
             .copied()
             .filter(|c| schema.field_with_name(c).is_err())
@@ -410,7 +418,7 @@ impl SilverTable {
         }
         let sql = format!(
             "SELECT {} FROM t WHERE {condition} ORDER BY kafka_partition, kafka_offset",
-            BRONZE_COLUMNS
+            bronze::SILVER_READS
                 .iter()
                 .map(|c| ident(c))
                 .collect::<Vec<_>>()
@@ -427,36 +435,24 @@ impl SilverTable {
 
 /// Splits the snapshot ends (`op` = `s`) off `rows`: the other rows, and each end's
 /// (commit LSN, number of partitions it was sent to, carried as its `ordinal`).
-fn take_snapshot_ends(rows: &RecordBatch) -> Result<(RecordBatch, Vec<(i64, i64)>), String> {
-    use deltalake::arrow::datatypes::Int64Type;
-    let (Some(op), Some(lsn), Some(ordinal)) = (
-        rows.column_by_name("op")
-            .and_then(|a| a.as_string_opt::<i32>()),
-        rows.column_by_name("commit_lsn")
-            .and_then(|a| a.as_primitive_opt::<Int64Type>()),
-        rows.column_by_name("ordinal")
-            .and_then(|a| a.as_primitive_opt::<Int64Type>()),
-    ) else {
-        return Err("Bronze columns `op`, `commit_lsn` or `ordinal` are missing".into());
-    };
-    let is_end = |i: usize| op.is_valid(i) && op.value(i) == SNAPSHOT_END;
+fn take_snapshot_ends(rows: &BronzeRows) -> Result<(RecordBatch, Vec<(i64, i64)>), ArrowError> {
+    let is_end = |i: usize| rows.op(i) == Some(ChangeOp::SnapshotEnd);
     let ends: BTreeSet<(i64, i64)> = (0..rows.num_rows())
         .filter(|&i| is_end(i))
-        .map(|i| (lsn.value(i), ordinal.value(i)))
+        .map(|i| (rows.commit_lsn(i), rows.ordinal(i)))
         .collect();
     if ends.is_empty() {
-        return Ok((rows.clone(), Vec::new()));
+        return Ok((rows.batch().clone(), Vec::new()));
     }
-    let keep: deltalake::arrow::array::BooleanArray =
-        (0..rows.num_rows()).map(|i| Some(!is_end(i))).collect();
-    let rows = filter_record_batch(rows, &keep).map_err(|e| e.to_string())?;
+    let keep: BooleanArray = (0..rows.num_rows()).map(|i| Some(!is_end(i))).collect();
+    let rows = filter_record_batch(rows.batch(), &keep)?;
     Ok((rows, ends.into_iter().collect()))
 }
 
 use wal2delta_model::clock::unix_us as now_us;
 
 fn bronze_fields(schema: &Schema) -> Vec<Field> {
-    BRONZE_COLUMNS
+    bronze::SILVER_READS
         .iter()
         .filter_map(|c| schema.field_with_name(c).ok().cloned())
         .collect()
@@ -464,14 +460,11 @@ fn bronze_fields(schema: &Schema) -> Vec<Field> {
 
 /// The columns of a Silver table created before any row reached it: Bronze's `after`
 /// columns and Silver's own, as the fold and MERGE write them.
-fn initial_fields(rows: &RecordBatch, table: &str) -> Result<Vec<Field>, LakeError> {
-    let after = rows
-        .column_by_name("after")
-        .and_then(|a| a.as_struct_opt())
-        .ok_or_else(|| LakeError::Rows {
-            table: table.to_owned(),
-            reason: "Bronze column `after` is missing or not a struct".into(),
-        })?;
+fn initial_fields(rows: &BronzeRows, table: &str) -> Result<Vec<Field>, LakeError> {
+    let after = rows.after().map_err(|e| LakeError::Rows {
+        table: table.to_owned(),
+        reason: e.to_string(),
+    })?;
     let mut fields: Vec<Field> = after
         .fields()
         .iter()
@@ -495,14 +488,6 @@ fn initial_fields(rows: &RecordBatch, table: &str) -> Result<Vec<Field>, LakeErr
     Ok(fields)
 }
 
-/// The primary-key columns: the fields of Bronze's `key`.
-pub(super) fn key_names(rows: &RecordBatch) -> Vec<String> {
-    rows.column_by_name("key")
-        .and_then(|k| k.as_struct_opt())
-        .map(|k| k.fields().iter().map(|f| f.name().clone()).collect())
-        .unwrap_or_default()
-}
-
 fn count_op(b: &RecordBatch, op: &str) -> usize {
     b.column_by_name(OP)
         .and_then(|a| a.as_string_opt::<i32>())
@@ -518,8 +503,7 @@ fn split(b: &RecordBatch, op: &str) -> Result<(RecordBatch, RecordBatch), LakeEr
             table: "silver".into(),
             reason: "folded rows have no _op".into(),
         })?;
-    let is: deltalake::arrow::array::BooleanArray =
-        (0..ops.len()).map(|i| Some(ops.value(i) == op)).collect();
+    let is: BooleanArray = (0..ops.len()).map(|i| Some(ops.value(i) == op)).collect();
     let not = deltalake::arrow::compute::not(&is).map_err(|e| LakeError::Rows {
         table: "silver".into(),
         reason: e.to_string(),

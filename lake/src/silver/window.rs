@@ -23,10 +23,11 @@
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
-use deltalake::arrow::array::{Array, AsArray, RecordBatch};
+use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::{Int32Type, Int64Type};
 use deltalake::DeltaTable;
 
+use super::rows::BronzeRows;
 use super::{Plan, Progress, TransactionCounts};
 use crate::{delta, LakeError};
 
@@ -149,7 +150,7 @@ impl Window {
         name: &str,
         bronze: &DeltaTable,
         before: &Progress,
-        rows: &RecordBatch,
+        rows: &BronzeRows<'_>,
         plan: &Plan,
         counts: &TransactionCounts,
     ) -> Result<bool, LakeError> {
@@ -243,20 +244,12 @@ impl Window {
 }
 
 /// Per partition read: (rows, highest offset).
-fn read_per_partition(rows: &RecordBatch) -> BTreeMap<i32, (usize, i64)> {
+fn read_per_partition(rows: &BronzeRows) -> BTreeMap<i32, (usize, i64)> {
     let mut out: BTreeMap<i32, (usize, i64)> = BTreeMap::new();
-    let (Some(part), Some(off)) = (
-        rows.column_by_name("kafka_partition")
-            .and_then(|a| a.as_primitive_opt::<Int32Type>()),
-        rows.column_by_name("kafka_offset")
-            .and_then(|a| a.as_primitive_opt::<Int64Type>()),
-    ) else {
-        return out;
-    };
-    for i in 0..rows.num_rows() {
-        let e = out.entry(part.value(i)).or_insert((0, i64::MIN));
+    for (part, off) in rows.coordinates().unwrap_or_default() {
+        let e = out.entry(part).or_insert((0, i64::MIN));
         e.0 += 1;
-        e.1 = e.1.max(off.value(i));
+        e.1 = e.1.max(off);
     }
     out
 }

@@ -31,6 +31,11 @@ use arrow::array::{
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
 
+use wal2delta_model::bronze::{
+    AFTER, BEFORE, COMMIT_LSN, COMMIT_TS, EVENT_TS, KEY, LSN, OP, ORDINAL, OUT_OF_RANGE_VALUES,
+    SCHEMA_ID, SNAPSHOT, TOKEN_KEY_ID, TX_ID, UNCHANGED_TOAST_COLUMNS,
+};
+
 use super::arrow::{present, record_field, ArrowMappingError, ArrowTypes, LIST_ITEM};
 
 /// The Arrow columns of a batch of envelopes.
@@ -55,6 +60,70 @@ fn field<'v>(fs: &'v [(String, Value)], name: &str) -> Option<&'v Value> {
     record_field(fs, 0, name).and_then(present)
 }
 
+/// The fields of one decoded record.
+type Record = [(String, Value)];
+
+fn long_of(v: Option<&Value>) -> Option<i64> {
+    match v {
+        Some(Value::Long(l)) => Some(*l),
+        Some(Value::Int(i)) => Some(i64::from(*i)),
+        _ => None,
+    }
+}
+
+/// Field `name` of every record, as text (null where it is not text).
+fn text_column(records: &[&Record], name: &str) -> StringArray {
+    records
+        .iter()
+        .map(|fs| match field(fs, name) {
+            Some(Value::String(s)) => Some(s.as_str()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// `ts_ms` (milliseconds) of every record, as a UTC timestamp in microseconds.
+fn ts_column<'v>(records: impl Iterator<Item = Option<&'v Record>>) -> TimestampMicrosecondArray {
+    records
+        .map(|fs| long_of(fs.and_then(|fs| field(fs, "ts_ms"))).and_then(|ms| ms.checked_mul(1000)))
+        .collect::<TimestampMicrosecondArray>()
+        .with_timezone("UTC")
+}
+
+/// `unchanged_toast_columns`: the list of column names of every record.
+fn toast_column(records: &[&Record]) -> Result<(Field, ArrayRef), ArrowMappingError> {
+    let build = |reason: String| ArrowMappingError::Build {
+        path: UNCHANGED_TOAST_COLUMNS.into(),
+        reason,
+    };
+    let mut offsets = vec![0i32];
+    let mut names: Vec<&str> = Vec::new();
+    for fs in records {
+        if let Some(Value::Array(items)) = field(fs, UNCHANGED_TOAST_COLUMNS) {
+            for item in items {
+                if let Some(Value::String(s)) = present(item) {
+                    names.push(s);
+                }
+            }
+        }
+        offsets.push(
+            i32::try_from(names.len()).map_err(|_| build("too many items in one batch".into()))?,
+        );
+    }
+    let item = Arc::new(Field::new(LIST_ITEM, DataType::Utf8, true));
+    let toast = ListArray::try_new(
+        item.clone(),
+        OffsetBuffer::new(offsets.into()),
+        Arc::new(StringArray::from(names)),
+        None::<NullBuffer>,
+    )
+    .map_err(|e| build(e.to_string()))?;
+    Ok((
+        Field::new(UNCHANGED_TOAST_COLUMNS, DataType::List(item), true),
+        Arc::new(toast),
+    ))
+}
+
 /// Converts `events` (envelope records decoded with `schema`, registered as `schema_id`).
 pub fn envelope_columns(
     schema: &Schema,
@@ -72,8 +141,8 @@ pub fn envelope_columns(
             .map(|&i| &envelope.fields[i].schema)
             .ok_or_else(|| not_envelope(&format!("no `{name}` field")))
     };
-    let before_ty = types.data_type(image_schema("before")?, "before")?;
-    let after_ty = types.data_type(image_schema("after")?, "after")?;
+    let before_ty = types.data_type(image_schema(BEFORE)?, BEFORE)?;
+    let after_ty = types.data_type(image_schema(AFTER)?, AFTER)?;
 
     let mut records = Vec::with_capacity(events.len());
     for v in events {
@@ -84,7 +153,7 @@ pub fn envelope_columns(
     }
     let image =
         |name: &str| -> Vec<Option<&Value>> { records.iter().map(|fs| field(fs, name)).collect() };
-    let source: Vec<Option<&[(String, Value)]>> = records
+    let source: Vec<Option<&Record>> = records
         .iter()
         .map(|fs| match field(fs, "source") {
             Some(Value::Record(s)) => Some(s.as_slice()),
@@ -94,11 +163,6 @@ pub fn envelope_columns(
     if source.iter().any(Option::is_none) {
         return Err(not_envelope("an event has no `source` record"));
     }
-    let long_of = |v: Option<&Value>| match v {
-        Some(Value::Long(l)) => Some(*l),
-        Some(Value::Int(i)) => Some(i64::from(*i)),
-        _ => None,
-    };
     let source_long = |name: &str| -> Int64Array {
         source
             .iter()
@@ -106,27 +170,17 @@ pub fn envelope_columns(
             .collect()
     };
 
-    let op: StringArray = records
-        .iter()
-        .map(|fs| match field(fs, "op") {
-            Some(Value::String(s)) => Some(s.as_str()),
-            _ => None,
-        })
-        .collect();
+    let op = text_column(&records, OP);
     if op.null_count() > 0 {
         return Err(not_envelope("an event has no `op`"));
     }
-    let before = super::arrow::build_array(&before_ty, &image("before"), "before")?;
-    let after = super::arrow::build_array(&after_ty, &image("after"), "after")?;
+    let before = super::arrow::build_array(&before_ty, &image(BEFORE), BEFORE)?;
+    let after = super::arrow::build_array(&after_ty, &image(AFTER), AFTER)?;
     let ordinal: Int64Array = records
         .iter()
-        .map(|fs| long_of(field(fs, "ordinal")))
+        .map(|fs| long_of(field(fs, ORDINAL)))
         .collect();
-    let commit_ts: TimestampMicrosecondArray = source
-        .iter()
-        .map(|s| long_of(s.and_then(|s| field(s, "ts_ms"))).and_then(|ms| ms.checked_mul(1000)))
-        .collect::<TimestampMicrosecondArray>()
-        .with_timezone("UTC");
+    let commit_ts = ts_column(source.iter().copied());
     let snapshot: BooleanArray = source
         .iter()
         .map(|s| match s.and_then(|s| field(s, "snapshot")) {
@@ -135,92 +189,46 @@ pub fn envelope_columns(
             _ => Some(false),
         })
         .collect();
-    let token_key_id: StringArray = records
-        .iter()
-        .map(|fs| match field(fs, "token_key_id") {
-            Some(Value::String(s)) => Some(s.as_str()),
-            _ => None,
-        })
-        .collect();
-    let event_ts: TimestampMicrosecondArray = records
-        .iter()
-        .map(|fs| long_of(field(fs, "ts_ms")).and_then(|ms| ms.checked_mul(1000)))
-        .collect::<TimestampMicrosecondArray>()
-        .with_timezone("UTC");
+    let token_key_id = text_column(&records, TOKEN_KEY_ID);
+    let event_ts = ts_column(records.iter().map(|fs| Some(*fs)));
     let schema_ids = Int32Array::from(vec![schema_id as i32; records.len()]);
 
-    // unchanged_toast_columns: a list of column names per event.
-    let mut offsets = vec![0i32];
-    let mut names: Vec<&str> = Vec::new();
-    for fs in &records {
-        if let Some(Value::Array(items)) = field(fs, "unchanged_toast_columns") {
-            for item in items {
-                if let Some(Value::String(s)) = present(item) {
-                    names.push(s);
-                }
-            }
-        }
-        offsets.push(
-            i32::try_from(names.len()).map_err(|_| ArrowMappingError::Build {
-                path: "unchanged_toast_columns".into(),
-                reason: "too many items in one batch".into(),
-            })?,
-        );
-    }
-    let item = Arc::new(Field::new(LIST_ITEM, DataType::Utf8, true));
-    let toast = ListArray::try_new(
-        item.clone(),
-        OffsetBuffer::new(offsets.into()),
-        Arc::new(StringArray::from(names)),
-        None::<NullBuffer>,
-    )
-    .map_err(|e| ArrowMappingError::Build {
-        path: "unchanged_toast_columns".into(),
-        reason: e.to_string(),
-    })?;
-
     let columns: Vec<(Field, ArrayRef)> = vec![
-        (Field::new("op", DataType::Utf8, true), Arc::new(op)),
-        (Field::new("before", before_ty, true), before),
-        (Field::new("after", after_ty, true), after),
+        (Field::new(OP, DataType::Utf8, true), Arc::new(op)),
+        (Field::new(BEFORE, before_ty, true), before),
+        (Field::new(AFTER, after_ty, true), after),
         (
-            Field::new("lsn", DataType::Int64, true),
+            Field::new(LSN, DataType::Int64, true),
             Arc::new(source_long("lsn")),
         ),
         (
-            Field::new("commit_lsn", DataType::Int64, true),
+            Field::new(COMMIT_LSN, DataType::Int64, true),
             Arc::new(source_long("commit_lsn")),
         ),
         (
-            Field::new("ordinal", DataType::Int64, true),
+            Field::new(ORDINAL, DataType::Int64, true),
             Arc::new(ordinal),
         ),
         (
-            Field::new("tx_id", DataType::Int64, true),
+            Field::new(TX_ID, DataType::Int64, true),
             Arc::new(source_long("txId")),
         ),
         (
-            Field::new("commit_ts", utc_micros(), true),
+            Field::new(COMMIT_TS, utc_micros(), true),
             Arc::new(commit_ts),
         ),
         (
-            Field::new("snapshot", DataType::Boolean, true),
+            Field::new(SNAPSHOT, DataType::Boolean, true),
             Arc::new(snapshot),
         ),
+        toast_column(&records)?,
         (
-            Field::new("unchanged_toast_columns", DataType::List(item), true),
-            Arc::new(toast),
-        ),
-        (
-            Field::new("token_key_id", DataType::Utf8, true),
+            Field::new(TOKEN_KEY_ID, DataType::Utf8, true),
             Arc::new(token_key_id),
         ),
+        (Field::new(EVENT_TS, utc_micros(), true), Arc::new(event_ts)),
         (
-            Field::new("event_ts", utc_micros(), true),
-            Arc::new(event_ts),
-        ),
-        (
-            Field::new("schema_id", DataType::Int32, true),
+            Field::new(SCHEMA_ID, DataType::Int32, true),
             Arc::new(schema_ids),
         ),
     ];
@@ -244,12 +252,12 @@ pub fn key_column(
         }
     }
     let types = ArrowTypes::new(schema)?;
-    let ty = types.data_type(schema, "key")?;
+    let ty = types.data_type(schema, KEY)?;
     if matches!(&ty, DataType::Struct(fields) if fields.is_empty()) {
         return Ok(None);
     }
-    let array = super::arrow::build_array(&ty, keys, "key")?;
-    Ok(Some((Field::new("key", ty, true), array)))
+    let array = super::arrow::build_array(&ty, keys, KEY)?;
+    Ok(Some((Field::new(KEY, ty, true), array)))
 }
 
 /// The `out_of_range_values` column: per event, the values the lake holds in place of the
@@ -262,7 +270,7 @@ pub fn out_of_range_column(
     keys: &[Option<&Value>],
 ) -> Result<(Field, ArrayRef), ArrowMappingError> {
     let build = |reason: String| ArrowMappingError::Build {
-        path: "out_of_range_values".into(),
+        path: OUT_OF_RANGE_VALUES.into(),
         reason,
     };
     let mut offsets = vec![0i32];
@@ -272,14 +280,14 @@ pub fn out_of_range_column(
     for (i, v) in events.iter().enumerate() {
         let mut found = Vec::new();
         if let Value::Record(fs) = v {
-            for image in ["before", "after"] {
+            for image in [BEFORE, AFTER] {
                 if let Some(img) = field(fs, image) {
                     super::dates::out_of_range(image, img, &mut found);
                 }
             }
         }
         if let Some(Some(k)) = keys.get(i) {
-            super::dates::out_of_range("key", k, &mut found);
+            super::dates::out_of_range(KEY, k, &mut found);
         }
         valid.push(!found.is_empty());
         for f in found {
@@ -310,7 +318,7 @@ pub fn out_of_range_column(
     )
     .map_err(|e| build(e.to_string()))?;
     Ok((
-        Field::new("out_of_range_values", DataType::List(item), true),
+        Field::new(OUT_OF_RANGE_VALUES, DataType::List(item), true),
         Arc::new(list),
     ))
 }
@@ -400,15 +408,15 @@ mod tests {
             let i = cols.fields.iter().position(|f| f.name() == name).unwrap();
             cols.arrays[i].clone()
         };
-        let ops = col("op");
+        let ops = col(OP);
         let ops = ops.as_any().downcast_ref::<StringArray>().unwrap();
         assert_eq!((ops.value(0), ops.value(1)), ("c", "u"));
-        let lsn = col("lsn");
+        let lsn = col(LSN);
         assert_eq!(
             lsn.as_any().downcast_ref::<Int64Array>().unwrap().value(1),
             101
         );
-        let commit_ts = col("commit_ts");
+        let commit_ts = col(COMMIT_TS);
         assert_eq!(
             commit_ts
                 .as_any()
@@ -417,7 +425,7 @@ mod tests {
                 .value(0),
             1_700_000_000_123_000
         );
-        let toast = col("unchanged_toast_columns");
+        let toast = col(UNCHANGED_TOAST_COLUMNS);
         let toast = toast.as_any().downcast_ref::<ListArray>().unwrap();
         assert_eq!(toast.value(0).len(), 0);
         assert_eq!(
@@ -429,7 +437,7 @@ mod tests {
                 .value(0),
             "note"
         );
-        let after = col("after");
+        let after = col(AFTER);
         let after = after.as_any().downcast_ref::<StructArray>().unwrap();
         assert_eq!(
             after
@@ -444,9 +452,9 @@ mod tests {
             after.column(1).is_null(1),
             "unchanged TOAST is null in the image, listed above"
         );
-        assert!(col("before").is_null(0));
+        assert!(col(BEFORE).is_null(0));
         assert_eq!(
-            col("schema_id")
+            col(SCHEMA_ID)
                 .as_any()
                 .downcast_ref::<Int32Array>()
                 .unwrap()

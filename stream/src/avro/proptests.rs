@@ -442,7 +442,7 @@ proptest! {
         }
         let refs: Vec<&Value> = decoded.iter().collect();
         let cols = envelope_columns(&schemas.value, 1, &refs).unwrap();
-        let at = cols.fields.iter().position(|f| f.name() == "after").unwrap();
+        let at = cols.fields.iter().position(|f| f.name() == wal2delta_model::bronze::AFTER).unwrap();
         let after = cols.arrays[at].as_any().downcast_ref::<StructArray>().unwrap();
         let col = after.column_by_name("col").unwrap().clone();
         let nones: Vec<Option<&Value>> = vec![None; refs.len()];

@@ -83,7 +83,11 @@ fn ordinal(v: &Value) -> Option<i64> {
     let Value::Record(fields) = v else {
         return None;
     };
-    match fields.iter().find(|(n, _)| n == "ordinal").map(|(_, v)| v) {
+    match fields
+        .iter()
+        .find(|(n, _)| n == wal2delta_model::bronze::ORDINAL)
+        .map(|(_, v)| v)
+    {
         Some(Value::Long(l)) => Some(*l),
         _ => None,
     }

@@ -233,7 +233,7 @@ impl SourceTable {
         let after = columns
             .fields
             .iter()
-            .position(|f| f.name() == "after")
+            .position(|f| f.name() == wal2delta_model::bronze::AFTER)
             .map(|i| columns.arrays[i].clone())
             .ok_or_else(|| anyhow!("the envelope of {} has no `after`", self.name))?;
         let after = after

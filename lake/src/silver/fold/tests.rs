@@ -1,6 +1,19 @@
-use super::*;
-use deltalake::arrow::array::{Int32Array, StringBuilder};
-use deltalake::arrow::datatypes::Fields;
+use std::sync::Arc;
+
+use deltalake::arrow::array::{
+    Array, ArrayRef, AsArray, Int32Array, RecordBatch, StringArray, StringBuilder, StructArray,
+};
+use deltalake::arrow::datatypes::{DataType, Field, Fields};
+use wal2delta_model::bronze;
+
+use super::{FoldError, Folded};
+use crate::silver::rows::{test_rows, BronzeRows};
+use crate::silver::{Position, MOVED_FROM, OP, UNCHANGED};
+
+/// [`super::fold`] of a batch.
+fn fold(b: &RecordBatch, truncated: Option<Position>) -> Result<Folded, FoldError> {
+    super::fold(&BronzeRows::new(b)?, truncated)
+}
 
 /// One Bronze change: op, key id, value (None = null), unchanged columns, old key.
 struct C {
@@ -68,32 +81,20 @@ fn batch(changes: &[C]) -> RecordBatch {
         }
         toast.append(true);
     }
-    let fields = vec![
-        Field::new("op", DataType::Utf8, true),
-        Field::new("before", before.data_type().clone(), true),
-        Field::new("after", after.data_type().clone(), true),
-        Field::new("key", key.data_type().clone(), true),
-        Field::new("commit_lsn", DataType::Int64, true),
-        Field::new("ordinal", DataType::Int64, true),
-        Field::new(
-            "unchanged_toast_columns",
-            DataType::List(Arc::new(Field::new("item", DataType::Utf8, true))),
-            true,
-        ),
-    ];
-    RecordBatch::try_new(
-        Arc::new(Schema::new(fields)),
-        vec![
-            Arc::new(StringArray::from_iter_values(changes.iter().map(|c| c.op))),
-            before,
-            after,
-            key,
-            Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.lsn))),
-            Arc::new(Int64Array::from_iter_values(changes.iter().map(|c| c.ord))),
-            Arc::new(toast.finish()),
-        ],
+    let toast: ArrayRef = Arc::new(toast.finish());
+    let ops: Vec<&str> = changes.iter().map(|c| c.op).collect();
+    let positions: Vec<Position> = changes.iter().map(|c| Position(c.lsn, c.ord)).collect();
+    let toast_field = Field::new(
+        bronze::UNCHANGED_TOAST_COLUMNS,
+        toast.data_type().clone(),
+        true,
+    );
+    test_rows(
+        &ops,
+        [before, after, key],
+        &positions,
+        vec![(toast_field, toast)],
     )
-    .unwrap()
 }
 
 /// (id, v, op, unchanged) per folded row, sorted by id.
