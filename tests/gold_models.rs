@@ -140,7 +140,7 @@ async fn gold_follows_silver_records_its_inputs_and_replay_equals_it() -> Result
     let recorded = &info["wal2delta.gold"];
     let silver_version = delta_version(&d.silver("transactions")).unwrap_or(-1);
     ensure!(
-        recorded["inputs"][format!("{name}.transactions")] == Value::from(silver_version),
+        recorded["inputs"][format!("{name}.transactions")] == silver_version,
         "recorded {recorded}, Silver is at {silver_version}"
     );
     ensure!(
@@ -320,7 +320,7 @@ async fn the_quickstart_models_run_on_the_payments_schema() -> Result<()> {
         .await?
         .get(0);
     ensure!(
-        f[0][0] == Value::from(20)
+        f[0][0] == 20
             && f[0][1].as_f64().is_some_and(|v| v >= 0.0)
             && f[0][2].as_f64().is_some_and(|v| v <= 1.0)
             && (f[0][3].as_i64().unwrap_or(0) - in_a_day).abs() <= 20,
