@@ -220,17 +220,11 @@ impl Supervisor {
         });
     }
 
-    /// A table that failed before succeeded again.
+    /// A table that failed before succeeded again (callers know it was failing).
     pub fn table_ok(&self, table: &str) {
-        let failing = self
-            .stages
-            .get(self.stage)
-            .is_some_and(|st| st.failing_tables.contains_key(table));
-        if failing {
-            self.stages.update(self.stage, |st| {
-                st.failing_tables.remove(table);
-            });
-        }
+        self.stages.update(self.stage, |st| {
+            st.failing_tables.remove(table);
+        });
     }
 }
 
