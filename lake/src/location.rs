@@ -129,6 +129,16 @@ impl Lake {
         self.table(&["quarantine", "records"])
     }
 
+    /// `rules/transitions`: every row entering or leaving a rule (append-only).
+    pub fn rules_transitions(&self) -> Url {
+        self.table(&["rules", "transitions"])
+    }
+
+    /// `rules/hits`: the rules every row matches now.
+    pub fn rules_hits(&self) -> Url {
+        self.table(&["rules", "hits"])
+    }
+
     /// `quarantine/resolutions`: one row per resolved record (replayed or resolved).
     pub fn quarantine_resolutions(&self) -> Url {
         self.table(&["quarantine", "resolutions"])

@@ -29,8 +29,8 @@ pub enum Command {
     Setup,
     /// Run the daemon: every stage this version has, or those named with --stage.
     Run {
-        /// Comma-separated stages: capture, bronze, silver (gold and rules are not built
-        /// yet). Default: every built stage.
+        /// Comma-separated stages: capture, bronze, silver, gold, rules. Default: every
+        /// stage, gold when [gold] models_dir is set, rules when [rules] file is.
         #[arg(long, value_delimiter = ',')]
         stage: Vec<Stage>,
         /// Start even when the slot is ahead of the last position recorded in Kafka

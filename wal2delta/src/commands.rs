@@ -63,16 +63,21 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Rules {
             action: RulesAction::Validate { file },
         } => rules::validate(&config, file).await,
-        Command::Rules { .. } => not_built(
-            "rules list/apply",
-            "the rules stage is not built yet (`rules validate` is)",
-        ),
+        Command::Rules {
+            action: RulesAction::List,
+        } => rules::list(&config).await,
+        Command::Rules {
+            action: RulesAction::Apply { file },
+        } => match file {
+            Some(f) => rules::apply(&config, f).await,
+            None => {
+                eprintln!(
+                    "wal2delta: name the rules file to install: `wal2delta rules apply FILE`"
+                );
+                Ok(ExitCode::from(2))
+            }
+        },
     }
-}
-
-fn not_built(command: &str, why: &str) -> anyhow::Result<ExitCode> {
-    eprintln!("wal2delta: `{command}` is not available in this version: {why}.");
-    Ok(ExitCode::from(2))
 }
 
 async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
@@ -132,16 +137,35 @@ async fn run_daemon(
     stages: &[Stage],
     allow_slot_ahead: bool,
 ) -> anyhow::Result<ExitCode> {
-    const BUILT: [Stage; 4] = [Stage::Capture, Stage::Bronze, Stage::Silver, Stage::Gold];
-    // By default every built stage; gold when models are configured.
-    let stages: Vec<Stage> = if stages.is_empty() {
+    const BUILT: [Stage; 5] = [
+        Stage::Capture,
+        Stage::Bronze,
+        Stage::Silver,
+        Stage::Gold,
+        Stage::Rules,
+    ];
+    // By default every built stage; gold when models are configured, rules when a rules
+    // file is.
+    let mut stages: Vec<Stage> = if stages.is_empty() {
         BUILT
             .into_iter()
             .filter(|s| *s != Stage::Gold || config.gold.models_dir.is_some())
+            .filter(|s| *s != Stage::Rules || config.rules.file.is_some())
             .collect()
     } else {
         stages.to_vec()
     };
+    // Rules are evaluated in Silver's rounds: with a rules file, Silver never runs without
+    // them (changes Silver applied untagged would be missing from the transitions).
+    if stages.contains(&Stage::Rules) && !stages.contains(&Stage::Silver) {
+        bail!("the rules stage runs inside Silver's rounds: run it with silver (--stage silver,rules)");
+    }
+    if stages.contains(&Stage::Silver)
+        && config.rules.file.is_some()
+        && !stages.contains(&Stage::Rules)
+    {
+        stages.push(Stage::Rules);
+    }
     let unbuilt: Vec<String> = stages
         .iter()
         .filter(|s| !BUILT.contains(s))
@@ -149,7 +173,7 @@ async fn run_daemon(
         .collect();
     if !unbuilt.is_empty() {
         bail!(
-            "stage(s) {} are not built in this version; run with --stage capture,bronze,silver,gold",
+            "stage(s) {} are not built in this version; run with --stage capture,bronze,silver,gold,rules",
             unbuilt.join(", ")
         );
     }
@@ -164,6 +188,11 @@ async fn run_daemon(
     // the model.
     let models = if stages.contains(&Stage::Gold) {
         Some(gold::load_models(config).await?)
+    } else {
+        None
+    };
+    let rule_source = if stages.contains(&Stage::Rules) {
+        rules::at_startup(config).await?
     } else {
         None
     };
@@ -211,7 +240,16 @@ async fn run_daemon(
     };
     let silver = async {
         match runs(Stage::Silver) {
-            Some(sup) => ended(silver::run(config, policies.clone(), sup, rx.clone()).await),
+            Some(sup) => ended(
+                silver::run(
+                    config,
+                    policies.clone(),
+                    rule_source.clone(),
+                    sup,
+                    rx.clone(),
+                )
+                .await,
+            ),
             None => Ok(()),
         }
     };
@@ -221,8 +259,14 @@ async fn run_daemon(
             _ => Ok(()),
         }
     };
-    let (c, b, s, g) = tokio::join!(capture, bronze, silver, gold);
-    let failed: Vec<String> = [c, b, s, g]
+    let rules_stage = async {
+        match (runs(Stage::Rules), rule_source.clone()) {
+            (Some(sup), Some(source)) => ended(rules::run(config, source, sup, rx.clone()).await),
+            _ => Ok(()),
+        }
+    };
+    let (c, b, s, g, r) = tokio::join!(capture, bronze, silver, gold, rules_stage);
+    let failed: Vec<String> = [c, b, s, g, r]
         .into_iter()
         .filter_map(Result::err)
         .map(|e| format!("{e:#}"))

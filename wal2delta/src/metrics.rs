@@ -120,3 +120,22 @@ pub const GOLD_ROWS: &str = "wal2delta_gold_rows";
 pub const GOLD_REFRESH_SECONDS: &str = "wal2delta_gold_refresh_seconds";
 /// Gold model refreshes that failed (label `model`); the model retries after a backoff.
 pub const GOLD_FAILURES: &str = "wal2delta_gold_failures_total";
+/// Rule evaluations: row versions × rules evaluated on them (label `table`; every active
+/// rule of a table sees every changed row).
+pub const RULES_EVALUATIONS: &str = "wal2delta_rules_evaluations_total";
+/// Rows entering or leaving a rule (labels `rule`, `origin`: stream or backfill).
+pub const RULES_TRANSITIONS: &str = "wal2delta_rules_transitions_total";
+/// Rows a rule could not be evaluated on, quarantined (label `rule`).
+pub const RULES_ERRORS: &str = "wal2delta_rules_errors_total";
+/// Time to evaluate a round's rules and compute its transitions (label `table`).
+pub const RULES_EVAL_SECONDS: &str = "wal2delta_rules_evaluation_seconds";
+/// Source commit → transition committed, seconds, for the newest transition of a round
+/// (label `table`).
+pub const RULES_LAG_SECONDS: &str = "wal2delta_rules_lag_seconds";
+/// Backfills run (a rule set installed on a table; label `table`).
+pub const RULES_BACKFILLS: &str = "wal2delta_rules_backfills_total";
+/// Active rules that cannot be compiled against their table and are skipped (label
+/// `table`).
+pub const RULES_INVALID: &str = "wal2delta_rules_invalid";
+/// Rule files that failed validation and were not installed (the running set goes on).
+pub const RULES_RELOAD_FAILURES: &str = "wal2delta_rules_reload_failures_total";

@@ -1,10 +1,18 @@
 //! Rules: business conditions as SQL boolean expressions over a table's Silver columns
 //! (docs/rules.md). [`compile`] checks each rule against the table's Silver schema once and
-//! turns it into a vectorised expression evaluated over Arrow batches.
+//! turns it into a vectorised expression evaluated over Arrow batches; [`TableRules`]
+//! evaluates them in every Silver round and emits the transitions ([`walk`]) to
+//! `rules/transitions` and `rules/hits` ([`store`]).
 
 pub mod compile;
+pub mod store;
+mod table;
+pub mod walk;
 
 pub use compile::{compile, evaluate, CompiledRule, RuleError};
+pub use store::hit_counts;
+pub(crate) use table::untagged_silver_txn;
+pub use table::{key_json, RuleSource, RulesReport, Start, TableRules, RULE_FAILED};
 
 use wal2delta_model::TableName;
 

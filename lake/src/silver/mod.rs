@@ -41,9 +41,11 @@ pub use columns::{
     Position, COMMIT_LSN, COMMIT_TS, MASKING_KEY, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED,
 };
 pub use counts::transaction_counts;
-pub use fold::{fold, FoldError, Folded};
+pub use fold::{fold, versions, FoldError, Folded, Versions};
 pub use progress::{plan, Plan, Progress, TransactionCounts};
 pub use rebuild::RebuildReport;
 pub use rows::{BronzeError, BronzeRows};
 pub use screen::{ScreenError, CHECK_FAILED, MISSING_KEY};
 pub use table::{ApplyReport, Redrive, SilverTable};
+pub use tombstones::Tombstones;
+pub(crate) use tombstones::{keys_equal, newer};

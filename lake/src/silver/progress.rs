@@ -22,14 +22,23 @@ pub struct Progress {
     pub truncated: Option<Position>,
 }
 
-fn app(table: &str, what: &str) -> String {
-    format!("wal2delta-silver/{table}/{what}")
-}
+/// The `txn` app id prefix of Silver's own progress.
+const SILVER: &str = "wal2delta-silver";
 
 impl Progress {
     /// Reads the progress recorded in `silver` (the table's loaded state).
     pub async fn load(table: &str, silver: &DeltaTable) -> Result<Self, LakeError> {
-        let get = |what: &str| delta::txn_version(table, silver, app(table, what));
+        Self::load_as(SILVER, table, silver).await
+    }
+
+    /// Reads the progress recorded under app ids `{prefix}/{table}/...` in `delta`.
+    pub(crate) async fn load_as(
+        prefix: &str,
+        table: &str,
+        delta: &DeltaTable,
+    ) -> Result<Self, LakeError> {
+        let app = |what: &str| format!("{prefix}/{table}/{what}");
+        let get = |what: &str| delta::txn_version(table, delta, app(what));
         let watermark = get("watermark").await?.unwrap_or(0);
         let partitions = get("partitions").await?.unwrap_or(0);
         let mut cursors = BTreeMap::new();
@@ -51,6 +60,12 @@ impl Progress {
 
     /// The `txn` actions that record this progress.
     pub fn transactions(&self, table: &str) -> Vec<Transaction> {
+        self.transactions_as(SILVER, table)
+    }
+
+    /// The `txn` actions that record this progress under app ids `{prefix}/{table}/...`.
+    pub(crate) fn transactions_as(&self, prefix: &str, table: &str) -> Vec<Transaction> {
+        let app = |table: &str, what: &str| format!("{prefix}/{table}/{what}");
         let mut out = vec![
             Transaction::new(app(table, "watermark"), self.watermark),
             Transaction::new(

@@ -107,6 +107,9 @@ impl SilverTable {
             masking: self.masking.clone(),
             checks: self.checks.clone(),
             quarantine: crate::quarantine::QuarantineTable::new(lake.quarantine_records()),
+            // No transitions while rebuilding: the rebuilt table's commits carry no rules
+            // seq, so the first round after the swap backfills every rule against it.
+            rules: None,
         };
         let (top, mut counts) = transaction_counts(lake, 0).await?;
         let counts = counts.remove(&self.name).unwrap_or(TransactionCounts {

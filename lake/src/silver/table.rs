@@ -25,6 +25,7 @@ use super::window::Window;
 use super::{fold, plan, Progress, TransactionCounts};
 use crate::delta::{self, ident};
 use crate::quarantine::QuarantineTable;
+use crate::rules::{RuleSource, TableRules};
 use crate::{Lake, LakeError};
 
 /// What one round did.
@@ -47,6 +48,8 @@ pub struct ApplyReport {
     /// The read window widened (a large transaction, a gap in the offsets): another round
     /// at once gets further even when this one committed nothing.
     pub again: bool,
+    /// What the table's rules did (a backfill, the round's transitions).
+    pub rules: Vec<crate::rules::RulesReport>,
 }
 
 /// What writing one round's folded changes did.
@@ -82,6 +85,8 @@ pub struct SilverTable {
     pub(super) masking: Masking,
     pub(super) checks: Vec<Check>,
     pub(super) quarantine: QuarantineTable,
+    /// The table's rules, evaluated in every round (`None`: no rules stage).
+    pub(super) rules: Option<TableRules>,
 }
 
 impl SilverTable {
@@ -96,7 +101,14 @@ impl SilverTable {
             masking: Masking::default(),
             checks: Vec::new(),
             quarantine: QuarantineTable::new(lake.quarantine_records()),
+            rules: None,
         }
+    }
+
+    /// Evaluates the rules of `source` for this table in every round (docs/rules.md).
+    pub fn with_rules(mut self, lake: &Lake, source: RuleSource) -> Self {
+        self.rules = Some(TableRules::new(lake, &self.name, source));
+        self
     }
 
     /// Masks columns by `masking` and sets rows failing `checks` aside in quarantine.
@@ -108,6 +120,17 @@ impl SilverTable {
 
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The `txn` actions of a Silver commit at `progress`: the progress, and the rules
+    /// seq the commit follows.
+    fn transactions(&self, progress: &Progress) -> Vec<deltalake::kernel::Transaction> {
+        let mut out = progress.transactions(&self.name);
+        out.extend(match &self.rules {
+            Some(r) => r.silver_txn(),
+            None => Some(crate::rules::untagged_silver_txn(&self.name)),
+        });
+        out
     }
 
     /// The progress the Silver table records (default when it does not exist yet).
@@ -145,6 +168,19 @@ impl SilverTable {
             watermark: before.watermark,
             ..ApplyReport::default()
         };
+        let covered = match &mut self.rules {
+            Some(r) => match r.start(silver.as_ref(), &before, &read.key_names()).await {
+                Ok(start) => {
+                    report.rules.extend(start.report);
+                    start.covered
+                }
+                Err(e) => {
+                    r.reset();
+                    return Err(e);
+                }
+            },
+            None => None,
+        };
         let planned = plan(&read, &before, counts).map_err(|e| self.rows_error(e.to_string()))?;
         report.waiting = planned.waiting;
         report.watermark = planned.progress.watermark;
@@ -153,6 +189,17 @@ impl SilverTable {
             .adjust(&self.name, &bronze, &before, &read, &planned, counts)
             .await?;
         if planned.progress == before {
+            if let (Some(t), false) = (&silver, report.rules.is_empty()) {
+                // A backfill committed a new rules seq: record it in Silver, or the next
+                // rule change would wait for the table's next change.
+                let props = CommitProperties::default()
+                    .with_application_transactions(self.transactions(&before));
+                report.version = Some(
+                    delta::commit_progress_only(t, props, "wal2delta-silver", before.watermark)
+                        .await
+                        .map_err(LakeError::delta(&self.name))?,
+                );
+            }
             return Ok(report);
         }
         let mut planned = planned;
@@ -181,10 +228,38 @@ impl SilverTable {
         let applicable = self.view(&screened.rows)?;
         let folded = fold(&applicable, before.truncated.max(resnapshot))
             .map_err(|e| self.rows_error(e.0))?;
+        if let Some(r) = &mut self.rules {
+            if resnapshot.is_some() {
+                r.backfill_next();
+            }
+            let tagged = r
+                .stream(
+                    &applicable,
+                    before.truncated,
+                    covered.as_ref(),
+                    silver.as_ref(),
+                    &self.tombstones,
+                    &planned.progress,
+                )
+                .await;
+            match tagged {
+                Ok(mut t) => {
+                    let failed = std::mem::take(&mut t.quarantined);
+                    self.quarantine
+                        .append_new(wal2delta_quarantine::Stage::Silver, failed)
+                        .await?;
+                    report.rules.push(t);
+                }
+                Err(e) => {
+                    r.reset();
+                    return Err(e);
+                }
+            }
+        }
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
 
         let props = CommitProperties::default()
-            .with_application_transactions(planned.progress.transactions(&self.name))
+            .with_application_transactions(self.transactions(&planned.progress))
             .with_metadata([
                 ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
                 (

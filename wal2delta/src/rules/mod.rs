@@ -1,8 +1,11 @@
-//! Rules (docs/rules.md): the rules file, and `wal2delta rules validate`.
+//! Rules (docs/rules.md): the rules file, the rules stage and `wal2delta rules
+//! list|validate|apply`.
 //!
-//! Built so far: reading a rules file and checking every rule against its table's Silver
-//! schema (`wal2delta_lake::rules::compile`). The rules stage (evaluation on every change,
-//! transitions, hits) is not built yet.
+//! Rules are evaluated inside Silver's rounds (`wal2delta_lake::rules::TableRules`): they
+//! see exactly what Silver applies. The rules stage here owns the rule set: it loads the
+//! file at startup (a bad rule stops the start, naming it), then watches it and installs
+//! every valid new version without a restart; a file with a bad rule is refused and the
+//! running set goes on.
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -14,7 +17,14 @@ use wal2delta_lake::rules::{compile, silver_schema, Rule, RuleError};
 use wal2delta_lake::Lake;
 use wal2delta_model::TableName;
 
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::watch;
+use wal2delta_lake::rules::{hit_counts, RuleSource};
+
 use crate::config::{path, Config};
+use crate::metrics as m;
+use crate::supervisor::Supervisor;
 
 /// A rules file: `[[rule]]` tables.
 #[derive(Debug, Deserialize)]
@@ -94,10 +104,19 @@ pub fn load(file: &Path) -> anyhow::Result<(Vec<Rule>, Vec<RuleError>)> {
 }
 
 /// Every rule checked against its table's Silver schema; the errors, one per bad rule.
-pub async fn check(lake: &Lake, rules: &[Rule]) -> anyhow::Result<Vec<RuleError>> {
+/// A table without a Silver table yet is an error unless `pending_ok` (the daemon then
+/// compiles the rule when the table appears, and skips it, counted, if it is bad).
+pub async fn check(
+    lake: &Lake,
+    rules: &[Rule],
+    pending_ok: bool,
+) -> anyhow::Result<Vec<RuleError>> {
     let mut errors = Vec::new();
     for rule in rules {
         match silver_schema(lake, &rule.table).await? {
+            None if pending_ok => {
+                tracing::info!(rule = %rule.id, table = %rule.table, "the rule's table has no Silver table yet: the rule is checked when it appears");
+            }
             None => errors.push(RuleError {
                 id: rule.id.clone(),
                 reason: format!("{} has no Silver table (is it captured, with a primary key, and has the silver stage run?)", rule.table),
@@ -130,7 +149,7 @@ pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<
     };
     let total = rules.len() + errors.len();
     let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
-    errors.extend(check(&lake, &rules).await?);
+    errors.extend(check(&lake, &rules, false).await?);
     for e in &errors {
         eprintln!("{e}");
     }
@@ -145,4 +164,169 @@ pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<
         );
         Ok(ExitCode::from(1))
     }
+}
+
+/// The rule set at startup, from `[rules] file`: `None` when none is configured. A rule
+/// that is not valid stops the start, naming it.
+pub async fn at_startup(config: &Config) -> anyhow::Result<Option<RuleSource>> {
+    let Some(file) = &config.rules.file else {
+        return Ok(None);
+    };
+    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let rules = load_valid(&lake, file).await?;
+    tracing::info!(rules = rules.len(), file = %file.display(), "rules loaded");
+    Ok(Some(RuleSource::new(&rules)))
+}
+
+/// The rules of `file`, or an error naming every bad rule.
+async fn load_valid(lake: &Lake, file: &Path) -> anyhow::Result<Vec<Rule>> {
+    let (rules, mut errors) = load(file)?;
+    errors.extend(check(lake, &rules, true).await?);
+    if errors.is_empty() {
+        return Ok(rules);
+    }
+    let list: Vec<String> = errors.iter().map(ToString::to_string).collect();
+    anyhow::bail!(
+        "{}: {} rule(s) are not valid: {} (fix them; `wal2delta rules validate` checks a file)",
+        file.display(),
+        errors.len(),
+        list.join("; ")
+    )
+}
+
+/// What identifies a version of the rules file.
+fn stamp(file: &Path) -> Option<(SystemTime, u64)> {
+    let meta = std::fs::metadata(file).ok()?;
+    Some((meta.modified().ok()?, meta.len()))
+}
+
+/// How often the stage looks at the rules file.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// The rules stage: installs every valid new version of the rules file into `source`
+/// (Silver's rounds backfill it, then follow the stream).
+pub async fn run(
+    config: &Config,
+    source: RuleSource,
+    supervisor: Supervisor,
+    mut shutdown: watch::Receiver<bool>,
+) -> anyhow::Result<()> {
+    let Some(file) = config.rules.file.clone() else {
+        anyhow::bail!("the rules stage needs [rules] file (docs/rules.md)");
+    };
+    let lake = match Lake::new(&config.lake.uri) {
+        Ok(lake) => lake,
+        Err(e) => return supervisor.stop_now(&e),
+    };
+    let mut seen = stamp(&file);
+    supervisor.started();
+    tracing::info!(file = %file.display(), "rules stage started: watching the rules file");
+    loop {
+        tokio::select! {
+            _ = shutdown.changed() => break,
+            _ = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        let now = stamp(&file);
+        if now == seen {
+            supervisor.healthy();
+            continue;
+        }
+        seen = now;
+        match load_valid(&lake, &file).await {
+            Ok(rules) => {
+                source.replace(&rules);
+                tracing::info!(rules = rules.len(), file = %file.display(), "new rules installed: each table backfills them at its next Silver round");
+            }
+            Err(e) => {
+                metrics::counter!(m::RULES_RELOAD_FAILURES).increment(1);
+                tracing::error!(error = %format!("{e:#}"), "the new rules file is not installed; the running rules go on");
+            }
+        }
+        supervisor.healthy();
+    }
+    supervisor.stopped();
+    tracing::info!("rules stage stopped");
+    Ok(())
+}
+
+/// `wal2delta rules list`: every rule of the file with its version, state and hit count,
+/// and the rules that still have hits but are no longer in the file.
+pub async fn list(config: &Config) -> anyhow::Result<ExitCode> {
+    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let counts = hit_counts(&lake).await?;
+    let rules = match &config.rules.file {
+        Some(f) => load(f)?.0,
+        None => Vec::new(),
+    };
+    println!(
+        "{:<24} {:<32} {:>8} {:<10} {:>10}",
+        "RULE", "TABLE", "VERSION", "STATE", "HITS"
+    );
+    let mut listed = BTreeSet::new();
+    for r in &rules {
+        let (schema, table) = r.table.ident_parts();
+        let key = (format!("{schema}.{table}"), r.id.clone());
+        let hits = counts.get(&key).copied().unwrap_or(0);
+        let state = if r.active { "active" } else { "inactive" };
+        println!(
+            "{:<24} {:<32} {:>8} {:<10} {:>10}",
+            r.id,
+            r.table.to_string(),
+            r.version,
+            state,
+            hits
+        );
+        listed.insert(key);
+    }
+    for ((table, id), hits) in &counts {
+        if !listed.contains(&(table.clone(), id.clone())) {
+            println!(
+                "{:<24} {:<32} {:>8} {:<10} {:>10}",
+                id, table, "-", "removed", hits
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `wal2delta rules apply FILE`: validates `FILE` and installs it as `[rules] file` (the
+/// running daemon picks it up within a second). Exit 1 naming each bad rule, nothing
+/// installed.
+pub async fn apply(config: &Config, file: PathBuf) -> anyhow::Result<ExitCode> {
+    let Some(target) = &config.rules.file else {
+        eprintln!("wal2delta: `rules apply` installs into [rules] file; set it in the config");
+        return Ok(ExitCode::from(2));
+    };
+    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let (rules, mut errors) = match load(&file) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("wal2delta: {e:#}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    errors.extend(check(&lake, &rules, true).await?);
+    if !errors.is_empty() {
+        for e in &errors {
+            eprintln!("{e}");
+        }
+        eprintln!(
+            "{}: not installed, {} rule(s) are not valid",
+            file.display(),
+            errors.len()
+        );
+        return Ok(ExitCode::from(1));
+    }
+    // Written beside the target and renamed over it: the daemon never reads half a file.
+    let tmp = target.with_extension("toml.installing");
+    std::fs::copy(&file, &tmp).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, target)
+        .with_context(|| format!("cannot install {}", target.display()))?;
+    println!(
+        "{}: {} rules installed as {}",
+        file.display(),
+        rules.len(),
+        target.display()
+    );
+    Ok(ExitCode::SUCCESS)
 }

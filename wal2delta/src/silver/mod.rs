@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 pub mod replay;
 
 use tokio::sync::watch;
+use wal2delta_lake::rules::{RuleSource, RulesReport};
 use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts};
 use wal2delta_lake::{Lake, LakeError};
 
@@ -24,9 +25,12 @@ use wal2delta_model::ErrorClass;
 
 /// `policies`: the masking and checks resolved against the source at startup
 /// ([`crate::policies`]).
+/// `rules`: the running rule set when rules are configured (evaluated in every round of
+/// the tables they name, docs/rules.md).
 pub async fn run(
     config: &Config,
     policies: Policies,
+    rules: Option<RuleSource>,
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
@@ -37,6 +41,7 @@ pub async fn run(
     let mut stage = Stage {
         config,
         policies: &policies,
+        rules,
         lake: &lake,
         supervisor: &supervisor,
         tables: HashMap::new(),
@@ -92,6 +97,7 @@ async fn report_open_quarantine(lake: &Lake) {
 struct Stage<'a> {
     config: &'a Config,
     policies: &'a Policies,
+    rules: Option<RuleSource>,
     lake: &'a Lake,
     supervisor: &'a Supervisor,
     tables: HashMap<String, Tracked>,
@@ -234,7 +240,10 @@ impl Stage<'_> {
             }
         }
         let t = match open_table(self.config, self.policies, self.lake, schema, table).await {
-            Ok(t) => t,
+            Ok(t) => match &self.rules {
+                Some(rules) => t.with_rules(self.lake, rules.clone()),
+                None => t,
+            },
             Err(e) => {
                 metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => "operator")
                     .increment(1);
@@ -329,7 +338,42 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     }
     metrics::histogram!(m::SILVER_ROUND_SECONDS, "table" => name.clone())
         .record(started.elapsed().as_secs_f64());
+    for rules in &r.rules {
+        report_rules(&name, rules);
+    }
     if let Some(v) = r.version {
         tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark, "silver commit");
+    }
+}
+
+/// The metrics of one table's rules in one round.
+fn report_rules(table: &str, r: &RulesReport) {
+    let origin = if r.backfill { "backfill" } else { "stream" };
+    if r.backfill {
+        metrics::counter!(m::RULES_BACKFILLS, "table" => table.to_owned()).increment(1);
+    }
+    metrics::gauge!(m::RULES_INVALID, "table" => table.to_owned()).set(r.invalid.len() as f64);
+    for e in &r.invalid {
+        tracing::warn!(table, rule = %e.id, reason = %e.reason, "a rule cannot be compiled against its table and is skipped");
+    }
+    metrics::histogram!(m::RULES_EVAL_SECONDS, "table" => table.to_owned())
+        .record(r.eval_time.as_secs_f64());
+    for (rule, n) in &r.transitions {
+        metrics::counter!(m::RULES_TRANSITIONS, "rule" => rule.clone(), "origin" => origin)
+            .increment(*n as u64);
+    }
+    for (rule, n) in &r.errors {
+        metrics::counter!(m::RULES_ERRORS, "rule" => rule.clone()).increment(*n as u64);
+        metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::rules::RULE_FAILED)
+            .increment(*n as u64);
+    }
+    if r.rows > 0 && r.rules > 0 {
+        // Every evaluated rule saw every row of the round.
+        metrics::counter!(m::RULES_EVALUATIONS, "table" => table.to_owned())
+            .increment((r.rows * r.rules) as u64);
+    }
+    if let (Some(ts), false) = (r.newest_commit_ts, r.backfill) {
+        let lag = (wal2delta_model::clock::unix_us() - ts).max(0) as f64 / 1e6;
+        metrics::gauge!(m::RULES_LAG_SECONDS, "table" => table.to_owned()).set(lag);
     }
 }

@@ -107,5 +107,36 @@ pub fn fold(rows: &BronzeRows, truncated: Option<Position>) -> Result<Folded, Fo
     })
 }
 
+/// Every key's state after each source transaction of `rows` that changed it (what rules
+/// are evaluated on), with the same columns as [`Folded::rows`] and the same TOAST fill.
+/// Unlike [`fold`], a TRUNCATE inside `rows` does not drop the changes before it (each
+/// transaction's result counts); only `truncated` (applied before) does.
+pub struct Versions {
+    /// One row per (key, transaction), in key order then position order.
+    pub rows: Option<RecordBatch>,
+    /// Per version, the row of `rows` (the input) that decided it.
+    pub sources: Vec<usize>,
+}
+
+/// The per-transaction versions of `rows` (see [`Versions`]).
+pub fn versions(rows: &BronzeRows, truncated: Option<Position>) -> Result<Versions, FoldError> {
+    let after = rows.after()?;
+    let keys = keys::Keys::extract(rows, after)?;
+    let groups = groups::Groups::of(rows, &keys, truncated)?;
+    if groups.order.is_empty() {
+        return Ok(Versions {
+            rows: None,
+            sources: Vec::new(),
+        });
+    }
+    let winners = toast::Winners::versions(rows, after.fields(), &groups);
+    let sources = winners.actions.iter().map(|a| a.row).collect();
+    let out = output::build(rows, after, &keys, &winners)?;
+    Ok(Versions {
+        rows: Some(out),
+        sources,
+    })
+}
+
 #[cfg(test)]
 mod tests;

@@ -112,32 +112,59 @@ impl Winners {
         };
         for k in &groups.order {
             let w = *groups.by_key[k].last().expect("non-empty group");
-            let mut missing = Vec::new();
-            let mut rows_for = vec![w.row; fields.len()];
-            let mut from_silver = None;
-            if w.kind == Kind::Upsert {
-                for name in rows.unchanged(w.row) {
-                    let Some(j) = fields.iter().position(|f| f.name() == &name) else {
-                        continue;
-                    };
-                    match supplier_of(rows, groups, k, &w, &name) {
-                        Ok(r) => rows_for[j] = r,
-                        Err(m) => {
-                            if m != NO_MOVE && groups.moved_from.contains_key(&m) {
-                                from_silver = Some(m);
-                            }
-                            missing.push(name);
+            out.push(rows, fields, groups, k, w);
+        }
+        out
+    }
+
+    /// Every key's state after each source transaction that changed it: per key, the
+    /// last action of each commit LSN, in position order (the rules stage's input: a key
+    /// that changes in two transactions of one round has two versions).
+    pub fn versions(rows: &BronzeRows, fields: &Fields, groups: &Groups) -> Self {
+        let mut out = Winners {
+            actions: Vec::new(),
+            supplier: vec![Vec::new(); fields.len()],
+            unresolved: Vec::new(),
+            moves_out: Vec::new(),
+        };
+        for k in &groups.order {
+            let actions = &groups.by_key[k];
+            for (i, w) in actions.iter().enumerate() {
+                let last_of_tx = actions.get(i + 1).is_none_or(|n| n.pos.0 != w.pos.0);
+                if last_of_tx {
+                    out.push(rows, fields, groups, k, *w);
+                }
+            }
+        }
+        out
+    }
+
+    /// Adds action `w` of key `k` with the rows that supply each of its columns.
+    fn push(&mut self, rows: &BronzeRows, fields: &Fields, groups: &Groups, k: &[u8], w: Action) {
+        let mut missing = Vec::new();
+        let mut rows_for = vec![w.row; fields.len()];
+        let mut from_silver = None;
+        if w.kind == Kind::Upsert {
+            for name in rows.unchanged(w.row) {
+                let Some(j) = fields.iter().position(|f| f.name() == &name) else {
+                    continue;
+                };
+                match supplier_of(rows, groups, k, &w, &name) {
+                    Ok(r) => rows_for[j] = r,
+                    Err(m) => {
+                        if m != NO_MOVE && groups.moved_from.contains_key(&m) {
+                            from_silver = Some(m);
                         }
+                        missing.push(name);
                     }
                 }
             }
-            for (j, r) in rows_for.into_iter().enumerate() {
-                out.supplier[j].push(r);
-            }
-            out.actions.push(w);
-            out.unresolved.push(missing);
-            out.moves_out.push(from_silver);
         }
-        out
+        for (j, r) in rows_for.into_iter().enumerate() {
+            self.supplier[j].push(r);
+        }
+        self.actions.push(w);
+        self.unresolved.push(missing);
+        self.moves_out.push(from_silver);
     }
 }

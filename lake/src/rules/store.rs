@@ -1,0 +1,381 @@
+//! The rules tables: `rules/transitions` (append-only) and `rules/hits` (current state).
+//!
+//! Exactly once. Per source table, every commit of either table carries the `txn` action
+//! `wal2delta-rules/{table}/seq` = n, one more than the last: transitions are appended
+//! first, then hits are changed, then the Silver commit of the round records n too
+//! (`wal2delta-silver/{table}/rules`). Loading reads the hits and rolls them forward
+//! with the transitions of every later seq (a crash between the two commits), and the
+//! rules' progress (the Silver progress the last transitions were computed up to), so a
+//! Silver round repeated after a crash emits nothing for changes already tagged.
+
+use std::sync::Arc;
+
+use deltalake::arrow::array::{
+    Array, AsArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
+};
+use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::kernel::Transaction;
+use deltalake::protocol::SaveMode;
+use url::Url;
+
+use super::walk::{Hits, Transition};
+use crate::delta::{self, literal};
+use crate::silver::Progress;
+use crate::LakeError;
+
+const APP: &str = "wal2delta-rules";
+
+/// Where a transition came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Origin {
+    /// A committed source change.
+    Stream,
+    /// A rule added, changed or removed, evaluated over the current Silver rows.
+    Backfill,
+}
+
+impl Origin {
+    fn as_str(self) -> &'static str {
+        match self {
+            Origin::Stream => "stream",
+            Origin::Backfill => "backfill",
+        }
+    }
+}
+
+/// What the rules tables record for one source table.
+#[derive(Debug, Default)]
+pub struct Loaded {
+    pub hits: Hits,
+    /// The last seq committed (0: none).
+    pub seq: i64,
+    /// The Silver progress the last transitions were computed up to.
+    pub progress: Progress,
+}
+
+/// One (key, rule) of `rules/hits` after a commit: `Some((version, lsn, commit_ts))` when
+/// it matches, `None` when it no longer does.
+pub type HitChange = (String, String, Option<(i64, i64, Option<i64>)>);
+
+pub struct RulesStore {
+    transitions: Url,
+    hits: Url,
+}
+
+fn utc() -> DataType {
+    DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
+}
+
+fn transitions_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("rule_id", DataType::Utf8, false),
+        Field::new("rule_version", DataType::Int64, false),
+        Field::new("table", DataType::Utf8, false),
+        Field::new("key", DataType::Utf8, false),
+        Field::new("transition", DataType::Utf8, false),
+        Field::new("lsn", DataType::Int64, false),
+        Field::new("commit_ts", utc(), true),
+        Field::new("origin", DataType::Utf8, false),
+        Field::new("seq", DataType::Int64, false),
+    ]))
+}
+
+fn hits_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        Field::new("table", DataType::Utf8, false),
+        Field::new("rule_id", DataType::Utf8, false),
+        Field::new("rule_version", DataType::Int64, false),
+        Field::new("key", DataType::Utf8, false),
+        Field::new("lsn", DataType::Int64, false),
+        Field::new("commit_ts", utc(), true),
+        Field::new("hit", DataType::Boolean, false),
+    ]))
+}
+
+impl RulesStore {
+    pub fn new(lake: &crate::Lake) -> Self {
+        RulesStore {
+            transitions: lake.rules_transitions(),
+            hits: lake.rules_hits(),
+        }
+    }
+
+    fn seq_app(table: &str) -> String {
+        format!("{APP}/{table}/seq")
+    }
+
+    /// The state of `table`'s rules: hits rolled forward to the last transitions.
+    pub async fn load(&self, table: &str) -> Result<Loaded, LakeError> {
+        let mut out = Loaded::default();
+        let mut hits_seq = 0;
+        if let Some(h) = delta::open("rules/hits", &self.hits).await? {
+            hits_seq = delta::txn_version("rules/hits", &h, Self::seq_app(table))
+                .await?
+                .unwrap_or(0);
+            let sql = format!(
+                "SELECT key, rule_id, rule_version FROM t WHERE \"table\" = {} AND hit",
+                literal(table)
+            );
+            for b in delta::query("rules/hits", &h, &sql).await? {
+                let (k, r, v) = (
+                    b.column(0).as_string::<i32>(),
+                    b.column(1).as_string::<i32>(),
+                    b.column(2)
+                        .as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
+                );
+                for i in 0..b.num_rows() {
+                    out.hits
+                        .entry(k.value(i).to_owned())
+                        .or_default()
+                        .insert(r.value(i).to_owned(), v.value(i));
+                }
+            }
+        }
+        out.seq = hits_seq;
+        if let Some(t) = delta::open("rules/transitions", &self.transitions).await? {
+            let seq = delta::txn_version("rules/transitions", &t, Self::seq_app(table))
+                .await?
+                .unwrap_or(0);
+            out.progress = Progress::load_as(APP, table, &t).await?;
+            if seq > hits_seq {
+                // The hits commit of the last round did not happen: roll forward.
+                let sql = format!(
+                    "SELECT key, rule_id, rule_version, transition FROM t WHERE \"table\" = {} AND seq > {hits_seq} ORDER BY seq, lsn",
+                    literal(table)
+                );
+                for b in delta::query("rules/transitions", &t, &sql).await? {
+                    let (k, r, v, tr) = (
+                        b.column(0).as_string::<i32>(),
+                        b.column(1).as_string::<i32>(),
+                        b.column(2)
+                            .as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
+                        b.column(3).as_string::<i32>(),
+                    );
+                    for i in 0..b.num_rows() {
+                        let key = k.value(i);
+                        if tr.value(i) == "entered" {
+                            out.hits
+                                .entry(key.to_owned())
+                                .or_default()
+                                .insert(r.value(i).to_owned(), v.value(i));
+                        } else if let Some(h) = out.hits.get_mut(key) {
+                            h.remove(r.value(i));
+                            if h.is_empty() {
+                                out.hits.remove(key);
+                            }
+                        }
+                    }
+                }
+                tracing::info!(table, from_seq = hits_seq, to_seq = seq, "rules/hits rolled forward from rules/transitions (the last round stopped between the two commits)");
+            }
+            out.seq = seq.max(hits_seq);
+        }
+        Ok(out)
+    }
+
+    /// Commits one round of `table`'s rules as `seq`: the transitions, then the hits.
+    pub async fn commit(
+        &self,
+        table: &str,
+        seq: i64,
+        progress: &Progress,
+        transitions: &[Transition],
+        changes: &[HitChange],
+        origin: Origin,
+    ) -> Result<(), LakeError> {
+        let mut txns = progress.transactions_as(APP, table);
+        txns.push(Transaction::new(Self::seq_app(table), seq));
+        self.append_transitions(table, seq, transitions, origin, txns)
+            .await?;
+        self.merge_hits(table, seq, changes).await
+    }
+
+    async fn append_transitions(
+        &self,
+        table: &str,
+        seq: i64,
+        transitions: &[Transition],
+        origin: Origin,
+        txns: Vec<Transaction>,
+    ) -> Result<(), LakeError> {
+        let n = transitions.len();
+        let batch = RecordBatch::try_new(
+            transitions_schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(
+                    transitions.iter().map(|t| t.rule_id.as_str()),
+                )),
+                Arc::new(Int64Array::from_iter_values(
+                    transitions.iter().map(|t| t.rule_version),
+                )),
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(table, n))),
+                Arc::new(StringArray::from_iter_values(
+                    transitions.iter().map(|t| t.key.as_str()),
+                )),
+                Arc::new(StringArray::from_iter_values(
+                    transitions.iter().map(Transition::name),
+                )),
+                Arc::new(Int64Array::from_iter_values(
+                    transitions.iter().map(|t| t.lsn),
+                )),
+                Arc::new(
+                    TimestampMicrosecondArray::from(
+                        transitions.iter().map(|t| t.commit_ts).collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(
+                    origin.as_str(),
+                    n,
+                ))),
+                Arc::new(Int64Array::from_iter_values(std::iter::repeat_n(seq, n))),
+            ],
+        )
+        .map_err(|e| rows_error(table, e))?;
+        let props = CommitProperties::default()
+            .with_application_transactions(txns)
+            .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
+        let t = match delta::open("rules/transitions", &self.transitions).await? {
+            Some(t) => t,
+            None => delta::handle("rules/transitions", &self.transitions)?,
+        };
+        t.write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(props)
+            .await
+            .map_err(LakeError::delta(&"rules/transitions"))?;
+        Ok(())
+    }
+
+    async fn merge_hits(
+        &self,
+        table: &str,
+        seq: i64,
+        changes: &[HitChange],
+    ) -> Result<(), LakeError> {
+        let n = changes.len();
+        let get = |f: fn(&(i64, i64, Option<i64>)) -> i64| {
+            Int64Array::from_iter_values(changes.iter().map(|c| c.2.as_ref().map_or(0, f)))
+        };
+        let batch = RecordBatch::try_new(
+            hits_schema(),
+            vec![
+                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(table, n))),
+                Arc::new(StringArray::from_iter_values(
+                    changes.iter().map(|c| c.1.as_str()),
+                )),
+                Arc::new(get(|h| h.0)),
+                Arc::new(StringArray::from_iter_values(
+                    changes.iter().map(|c| c.0.as_str()),
+                )),
+                Arc::new(get(|h| h.1)),
+                Arc::new(
+                    TimestampMicrosecondArray::from(
+                        changes
+                            .iter()
+                            .map(|c| c.2.as_ref().and_then(|h| h.2))
+                            .collect::<Vec<_>>(),
+                    )
+                    .with_timezone("UTC"),
+                ),
+                Arc::new(deltalake::arrow::array::BooleanArray::from_iter(
+                    changes.iter().map(|c| Some(c.2.is_some())),
+                )),
+            ],
+        )
+        .map_err(|e| rows_error(table, e))?;
+        let props = CommitProperties::default()
+            .with_application_transactions(vec![Transaction::new(Self::seq_app(table), seq)])
+            .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
+        let err = LakeError::delta(&"rules/hits");
+        let Some(target) = delta::open("rules/hits", &self.hits).await? else {
+            // The first commit: the matching rows are the table.
+            let hits = deltalake::arrow::compute::filter_record_batch(
+                &batch,
+                batch.column(6).as_boolean(),
+            )
+            .map_err(|e| rows_error(table, e))?;
+            delta::handle("rules/hits", &self.hits)?
+                .write(vec![hits])
+                .with_save_mode(SaveMode::Append)
+                .with_commit_properties(props)
+                .await
+                .map_err(err)?;
+            return Ok(());
+        };
+        let ctx = delta::session();
+        let source = ctx
+            .read_batch(batch)
+            .map_err(|e| LakeError::delta(&"rules/hits")(e.into()))?;
+        let on = format!(
+            "target.\"table\" = {} AND target.\"table\" = source.\"table\" AND target.rule_id = source.rule_id AND target.key = source.key",
+            literal(table)
+        );
+        let cols = [
+            "table",
+            "rule_id",
+            "rule_version",
+            "key",
+            "lsn",
+            "commit_ts",
+            "hit",
+        ];
+        target
+            .merge(source, on)
+            .with_source_alias("source")
+            .with_target_alias("target")
+            .with_commit_properties(props)
+            .when_matched_delete(|d| d.predicate("NOT source.hit"))
+            .and_then(|m| {
+                m.when_matched_update(|u| {
+                    cols.iter().fold(u.predicate("source.hit"), |u, c| {
+                        u.update(format!("\"{c}\""), format!("source.\"{c}\""))
+                    })
+                })
+            })
+            .and_then(|m| {
+                m.when_not_matched_insert(|i| {
+                    cols.iter().fold(i.predicate("source.hit"), |i, c| {
+                        i.set(format!("\"{c}\""), format!("source.\"{c}\""))
+                    })
+                })
+            })
+            .map_err(err)?
+            .await
+            .map_err(LakeError::delta(&"rules/hits"))?;
+        Ok(())
+    }
+}
+
+fn rows_error(table: &str, e: impl std::fmt::Display) -> LakeError {
+    LakeError::Rows {
+        table: table.to_owned(),
+        reason: format!("rules: {e}"),
+    }
+}
+
+/// Hit counts per (table, rule id) in `rules/hits` (for `rules list`).
+pub async fn hit_counts(
+    lake: &crate::Lake,
+) -> Result<std::collections::BTreeMap<(String, String), i64>, LakeError> {
+    let mut out = std::collections::BTreeMap::new();
+    let Some(h) = delta::open("rules/hits", &lake.rules_hits()).await? else {
+        return Ok(out);
+    };
+    let sql = "SELECT \"table\", rule_id, COUNT(*) FROM t WHERE hit GROUP BY 1, 2";
+    for b in delta::query("rules/hits", &h, sql).await? {
+        let (t, r, c) = (
+            b.column(0).as_string::<i32>(),
+            b.column(1).as_string::<i32>(),
+            b.column(2)
+                .as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
+        );
+        for i in 0..b.num_rows() {
+            if t.is_valid(i) {
+                out.insert((t.value(i).to_owned(), r.value(i).to_owned()), c.value(i));
+            }
+        }
+    }
+    Ok(out)
+}

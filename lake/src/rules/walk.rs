@@ -1,0 +1,295 @@
+//! Transitions: which rules a row entered or left, per committed source transaction.
+//!
+//! The input is every change of a round in position order, each with the rules its new
+//! row matches. Per transaction, a key's state before the transaction's first change is
+//! compared with its state after the last: a rule it did not match and now matches is
+//! `entered`, one it matched and no longer matches (or the row was deleted, or the table
+//! truncated) is `left`. A key that matches, stops matching and matches again inside one
+//! transaction yields nothing. Keys and rules are visited in sorted order, so the output
+//! depends only on the history, never on how it was cut into rounds.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use crate::silver::Position;
+
+/// The rules a key currently matches: rule id → the rule version that matched.
+pub type KeyHits = BTreeMap<String, i64>;
+
+/// Every key of one table that matches at least one rule (the primary key as JSON).
+pub type Hits = HashMap<String, KeyHits>;
+
+/// One change of a round.
+#[derive(Debug, Clone)]
+pub struct Event {
+    pub pos: Position,
+    /// Source commit time, microseconds since the epoch.
+    pub commit_ts: Option<i64>,
+    pub what: What,
+}
+
+#[derive(Debug, Clone)]
+pub enum What {
+    /// The key's row after the change, and the rules it matches.
+    Row { key: String, hits: KeyHits },
+    /// The key was deleted.
+    Delete { key: String },
+    /// Every row of the table was removed.
+    Truncate,
+}
+
+/// A row entering or leaving a rule.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Transition {
+    pub lsn: i64,
+    pub key: String,
+    pub rule_id: String,
+    /// `true`: entered, `false`: left.
+    pub entered: bool,
+    pub rule_version: i64,
+    pub commit_ts: Option<i64>,
+}
+
+impl Transition {
+    pub fn name(&self) -> &'static str {
+        if self.entered {
+            "entered"
+        } else {
+            "left"
+        }
+    }
+}
+
+/// Appends to `out` the transitions of `key` going from `before` to `after`.
+pub fn diff(
+    key: &str,
+    before: Option<&KeyHits>,
+    after: Option<&KeyHits>,
+    lsn: i64,
+    commit_ts: Option<i64>,
+    out: &mut Vec<Transition>,
+) {
+    let empty = KeyHits::new();
+    let (before, after) = (before.unwrap_or(&empty), after.unwrap_or(&empty));
+    for (rule, version) in before {
+        if !after.contains_key(rule) {
+            out.push(Transition {
+                lsn,
+                key: key.to_owned(),
+                rule_id: rule.clone(),
+                entered: false,
+                rule_version: *version,
+                commit_ts,
+            });
+        }
+    }
+    for (rule, version) in after {
+        if !before.contains_key(rule) {
+            out.push(Transition {
+                lsn,
+                key: key.to_owned(),
+                rule_id: rule.clone(),
+                entered: true,
+                rule_version: *version,
+                commit_ts,
+            });
+        }
+    }
+}
+
+/// What a walk changed: the transitions, and the keys whose hits changed (their new
+/// hits are in the state; absent = none).
+#[derive(Debug, Default)]
+pub struct Walked {
+    pub transitions: Vec<Transition>,
+    pub changed: BTreeSet<String>,
+}
+
+/// Applies `events` to `hits` (the state before them) and returns the transitions, per
+/// transaction. `events` may come in any order; they are sorted by position.
+pub fn walk(hits: &mut Hits, mut events: Vec<Event>) -> Walked {
+    events.sort_by_key(|e| e.pos);
+    let mut out = Walked::default();
+    let mut i = 0;
+    while i < events.len() {
+        let lsn = events[i].pos.0;
+        let end = events[i..]
+            .iter()
+            .position(|e| e.pos.0 != lsn)
+            .map_or(events.len(), |n| i + n);
+        let tx = &events[i..end];
+        let commit_ts = tx.iter().rev().find_map(|e| e.commit_ts);
+        // Each touched key's hits before the transaction.
+        let mut start: BTreeMap<String, Option<KeyHits>> = BTreeMap::new();
+        for e in tx {
+            match &e.what {
+                What::Row { key, hits: now } => {
+                    start
+                        .entry(key.clone())
+                        .or_insert_with(|| hits.get(key).cloned());
+                    if now.is_empty() {
+                        hits.remove(key);
+                    } else {
+                        hits.insert(key.clone(), now.clone());
+                    }
+                }
+                What::Delete { key } => {
+                    start
+                        .entry(key.clone())
+                        .or_insert_with(|| hits.get(key).cloned());
+                    hits.remove(key);
+                }
+                What::Truncate => {
+                    for (key, h) in hits.drain() {
+                        start.entry(key).or_insert(Some(h));
+                    }
+                }
+            }
+        }
+        for (key, before) in start {
+            let n = out.transitions.len();
+            diff(
+                &key,
+                before.as_ref(),
+                hits.get(&key),
+                lsn,
+                commit_ts,
+                &mut out.transitions,
+            );
+            if out.transitions.len() > n || before.as_ref() != hits.get(&key) {
+                out.changed.insert(key);
+            }
+        }
+        i = end;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(lsn: i64, ord: i64, key: &str, rules: &[&str]) -> Event {
+        Event {
+            pos: Position(lsn, ord),
+            commit_ts: Some(lsn * 10),
+            what: What::Row {
+                key: key.into(),
+                hits: rules.iter().map(|r| (r.to_string(), 1)).collect(),
+            },
+        }
+    }
+
+    fn names(w: &Walked) -> Vec<(i64, String, String, &'static str)> {
+        w.transitions
+            .iter()
+            .map(|t| (t.lsn, t.key.clone(), t.rule_id.clone(), t.name()))
+            .collect()
+    }
+
+    fn t(
+        lsn: i64,
+        key: &str,
+        rule: &str,
+        what: &'static str,
+    ) -> (i64, String, String, &'static str) {
+        (lsn, key.into(), rule.into(), what)
+    }
+
+    #[test]
+    fn enter_and_leave_in_one_round_give_both_transitions() {
+        let mut hits = Hits::new();
+        let w = walk(
+            &mut hits,
+            vec![row(20, 0, "k", &[]), row(10, 0, "k", &["big"])],
+        );
+        assert_eq!(
+            names(&w),
+            vec![t(10, "k", "big", "entered"), t(20, "k", "big", "left")]
+        );
+        assert!(hits.is_empty());
+    }
+
+    #[test]
+    fn inside_one_transaction_only_the_end_state_counts() {
+        let mut hits = Hits::new();
+        let w = walk(
+            &mut hits,
+            vec![
+                row(10, 0, "k", &["a"]),
+                row(10, 1, "k", &[]),
+                row(10, 2, "k", &["a", "b"]),
+            ],
+        );
+        assert_eq!(
+            names(&w),
+            vec![t(10, "k", "a", "entered"), t(10, "k", "b", "entered")]
+        );
+        let w = walk(
+            &mut hits,
+            vec![row(11, 0, "k", &[]), row(11, 1, "k", &["a", "b"])],
+        );
+        assert!(w.transitions.is_empty());
+        assert!(w.changed.is_empty());
+    }
+
+    #[test]
+    fn a_truncate_makes_every_hit_leave_and_a_delete_its_own() {
+        let mut hits = Hits::new();
+        walk(
+            &mut hits,
+            vec![row(10, 0, "a", &["r"]), row(10, 1, "b", &["r"])],
+        );
+        let w = walk(
+            &mut hits,
+            vec![
+                Event {
+                    pos: Position(20, 0),
+                    commit_ts: None,
+                    what: What::Delete { key: "a".into() },
+                },
+                Event {
+                    pos: Position(30, 0),
+                    commit_ts: None,
+                    what: What::Truncate,
+                },
+                row(30, 1, "c", &["r"]),
+            ],
+        );
+        assert_eq!(
+            names(&w),
+            vec![
+                t(20, "a", "r", "left"),
+                t(30, "b", "r", "left"),
+                t(30, "c", "r", "entered")
+            ]
+        );
+        assert_eq!(hits.keys().collect::<Vec<_>>(), vec!["c"]);
+    }
+
+    #[test]
+    fn the_same_history_cut_differently_gives_the_same_transitions() {
+        let history: Vec<Event> = (0..40)
+            .map(|i| {
+                let key = format!("k{}", i % 3);
+                let rules: &[&str] = match i % 4 {
+                    0 => &["a"],
+                    1 => &["a", "b"],
+                    2 => &[],
+                    _ => &["b"],
+                };
+                row(100 + i / 2, i % 2, &key, rules)
+            })
+            .collect();
+        let mut one = Hits::new();
+        let whole = walk(&mut one, history.clone());
+        for cut in [1, 3, 7, 16] {
+            let mut h = Hits::new();
+            let mut got = Vec::new();
+            for chunk in history.chunks(cut * 2) {
+                got.extend(walk(&mut h, chunk.to_vec()).transitions);
+            }
+            assert_eq!(got, whole.transitions, "cut every {cut} transactions");
+            assert_eq!(h, one);
+        }
+    }
+}
