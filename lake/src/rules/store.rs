@@ -139,34 +139,46 @@ impl RulesStore {
                 .unwrap_or(0);
             out.progress = Progress::load_as(APP, table, &t).await?;
             if seq > hits_seq {
-                // The hits commit of the last round did not happen: roll forward.
+                // The hits commit of the last round did not happen: roll forward, and
+                // commit the hits of that round now (the next round changes only its own).
                 let sql = format!(
-                    "SELECT key, rule_id, rule_version, transition FROM t WHERE \"table\" = {} AND seq > {hits_seq} ORDER BY seq, lsn",
+                    "SELECT key, rule_id, rule_version, transition, lsn, CAST(commit_ts AS BIGINT) FROM t WHERE \"table\" = {} AND seq > {hits_seq} ORDER BY seq, lsn",
                     literal(table)
                 );
+                let mut missed = Vec::new();
                 for b in delta::query("rules/transitions", &t, &sql).await? {
-                    let (k, r, v, tr) = (
+                    let int = |i: usize| b.column(i).as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+                    let (k, r, tr) = (
                         b.column(0).as_string::<i32>(),
                         b.column(1).as_string::<i32>(),
-                        b.column(2)
-                            .as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
                         b.column(3).as_string::<i32>(),
                     );
+                    let (v, lsn, ts) = (int(2), int(4), int(5));
                     for i in 0..b.num_rows() {
-                        let key = k.value(i);
-                        if tr.value(i) == "entered" {
-                            out.hits
-                                .entry(key.to_owned())
-                                .or_default()
-                                .insert(r.value(i).to_owned(), v.value(i));
-                        } else if let Some(h) = out.hits.get_mut(key) {
-                            h.remove(r.value(i));
-                            if h.is_empty() {
-                                out.hits.remove(key);
-                            }
+                        missed.push(Transition {
+                            lsn: lsn.value(i),
+                            key: k.value(i).to_owned(),
+                            rule_id: r.value(i).to_owned(),
+                            entered: tr.value(i) == "entered",
+                            rule_version: v.value(i),
+                            commit_ts: ts.is_valid(i).then(|| ts.value(i)),
+                        });
+                    }
+                }
+                for t in &missed {
+                    if t.entered {
+                        out.hits
+                            .entry(t.key.clone())
+                            .or_default()
+                            .insert(t.rule_id.clone(), t.rule_version);
+                    } else if let Some(h) = out.hits.get_mut(&t.key) {
+                        h.remove(&t.rule_id);
+                        if h.is_empty() {
+                            out.hits.remove(&t.key);
                         }
                     }
                 }
+                self.merge_hits(table, seq, &changes_of(&missed)).await?;
                 tracing::info!(table, from_seq = hits_seq, to_seq = seq, "rules/hits rolled forward from rules/transitions (the last round stopped between the two commits)");
             }
             out.seq = seq.max(hits_seq);
@@ -346,6 +358,22 @@ impl RulesStore {
             .map_err(LakeError::delta(&"rules/hits"))?;
         Ok(())
     }
+}
+
+/// The hits changes of `transitions` (in order): the last transition of each (key, rule)
+/// decides.
+pub(super) fn changes_of(transitions: &[Transition]) -> Vec<HitChange> {
+    let mut last: std::collections::BTreeMap<(&str, &str), &Transition> =
+        std::collections::BTreeMap::new();
+    for t in transitions {
+        last.insert((t.key.as_str(), t.rule_id.as_str()), t);
+    }
+    last.into_values()
+        .map(|t| {
+            let hit = t.entered.then_some((t.rule_version, t.lsn, t.commit_ts));
+            (t.key.clone(), t.rule_id.clone(), hit)
+        })
+        .collect()
 }
 
 fn rows_error(table: &str, e: impl std::fmt::Display) -> LakeError {

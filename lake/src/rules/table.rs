@@ -26,7 +26,7 @@ use deltalake::DeltaTable;
 use wal2delta_model::ChangeOp;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
-use super::store::{HitChange, Loaded, Origin, RulesStore};
+use super::store::{changes_of, HitChange, Loaded, Origin, RulesStore};
 use super::walk::{diff, walk, Event, KeyHits, Transition, What};
 use super::{compile, evaluate, CompiledRule, Rule, RuleError};
 use crate::delta::{self, ident, literal};
@@ -659,21 +659,6 @@ fn count(report: &mut RulesReport, transitions: &[Transition]) {
         *report.transitions.entry(t.rule_id.clone()).or_default() += 1;
         report.newest_commit_ts = report.newest_commit_ts.max(t.commit_ts);
     }
-}
-
-/// The hits changes of `transitions` (in order): the last transition of each (key, rule)
-/// decides.
-fn changes_of(transitions: &[Transition]) -> Vec<HitChange> {
-    let mut last: BTreeMap<(&str, &str), &Transition> = BTreeMap::new();
-    for t in transitions {
-        last.insert((t.key.as_str(), t.rule_id.as_str()), t);
-    }
-    last.into_values()
-        .map(|t| {
-            let hit = t.entered.then_some((t.rule_version, t.lsn, t.commit_ts));
-            (t.key.clone(), t.rule_id.clone(), hit)
-        })
-        .collect()
 }
 
 fn with_column(b: &RecordBatch, name: &str, a: ArrayRef) -> Result<RecordBatch, String> {

@@ -171,7 +171,13 @@ impl SilverTable {
         let covered = match &mut self.rules {
             Some(r) => match r.start(silver.as_ref(), &before, &read.key_names()).await {
                 Ok(start) => {
-                    report.rules.extend(start.report);
+                    if let Some(mut backfill) = start.report {
+                        let failed = std::mem::take(&mut backfill.quarantined);
+                        self.quarantine
+                            .append_new(wal2delta_quarantine::Stage::Silver, failed)
+                            .await?;
+                        report.rules.push(backfill);
+                    }
                     start.covered
                 }
                 Err(e) => {
