@@ -178,7 +178,28 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
     ensure!(
         killed.iter().all(|t| t[4] == "stream"),
         "no restart emitted a backfill (the state was right each time): {:?}",
-        killed.iter().filter(|t| t[4] != "stream").take(5).collect::<Vec<_>>()
+        killed
+            .iter()
+            .filter(|t| t[4] != "stream")
+            .take(5)
+            .collect::<Vec<_>>()
+    );
+    // No start backfilled either: the rule set recorded with the transitions matched.
+    let mut backfills = 0;
+    for entry in std::fs::read_dir(&d.dir)? {
+        let path = entry?.path();
+        if path
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().starts_with("silver-"))
+        {
+            backfills += std::fs::read_to_string(&path)?
+                .matches("rules installed: backfilled")
+                .count();
+        }
+    }
+    ensure!(
+        backfills == 0,
+        "{backfills} restarts backfilled the rules again"
     );
     // The division by zero went to quarantine under the rule's id, as no hit.
     let quarantined = duckdb(&format!(
@@ -208,8 +229,14 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
     ensure!(clean.stop()?.success());
     let replayed = transitions(&lake)?;
     if replayed != killed {
-        let a: std::collections::BTreeSet<_> = killed.iter().map(|v| serde_json::Value::from(v.clone()).to_string()).collect();
-        let b: std::collections::BTreeSet<_> = replayed.iter().map(|v| serde_json::Value::from(v.clone()).to_string()).collect();
+        let a: std::collections::BTreeSet<_> = killed
+            .iter()
+            .map(|v| serde_json::Value::from(v.clone()).to_string())
+            .collect();
+        let b: std::collections::BTreeSet<_> = replayed
+            .iter()
+            .map(|v| serde_json::Value::from(v.clone()).to_string())
+            .collect();
         bail!(
             "killed run: {} transitions, clean run: {}; only killed: {:?}; only clean: {:?}",
             killed.len(),
@@ -218,6 +245,10 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
             b.difference(&a).take(5).collect::<Vec<_>>()
         );
     }
-    ensure!(killed.len() > 500, "a workload worth the name: {}", killed.len());
+    ensure!(
+        killed.len() > 500,
+        "a workload worth the name: {}",
+        killed.len()
+    );
     Ok(())
 }

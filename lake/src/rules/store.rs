@@ -52,6 +52,29 @@ pub struct Loaded {
     pub seq: i64,
     /// The Silver progress the last transitions were computed up to.
     pub progress: Progress,
+    /// The fingerprint of the rules the hits reflect ([`fingerprint`]), when recorded.
+    pub ruleset: Option<i64>,
+}
+
+/// A stable fingerprint of a table's rule set (ids, versions and conditions; FNV-1a, so
+/// it is the same in every build): recorded with the transitions, it lets a restart with
+/// the same rules skip the backfill.
+pub fn fingerprint(rules: &[super::Rule]) -> i64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for r in rules {
+        for part in [
+            r.id.as_bytes(),
+            &r.version.to_le_bytes(),
+            r.when.as_bytes(),
+            &[0xff],
+        ] {
+            for b in part {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    (h >> 1) as i64
 }
 
 /// One (key, rule) of `rules/hits` after a commit: `Some((version, lsn, commit_ts))` when
@@ -138,6 +161,9 @@ impl RulesStore {
                 .await?
                 .unwrap_or(0);
             out.progress = Progress::load_as(APP, table, &t).await?;
+            out.ruleset =
+                delta::txn_version("rules/transitions", &t, format!("{APP}/{table}/ruleset"))
+                    .await?;
             if seq > hits_seq {
                 // The hits commit of the last round did not happen: roll forward, and
                 // commit the hits of that round now (the next round changes only its own).
@@ -147,7 +173,10 @@ impl RulesStore {
                 );
                 let mut missed = Vec::new();
                 for b in delta::query("rules/transitions", &t, &sql).await? {
-                    let int = |i: usize| b.column(i).as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+                    let int = |i: usize| {
+                        b.column(i)
+                            .as_primitive::<deltalake::arrow::datatypes::Int64Type>()
+                    };
                     let (k, r, tr) = (
                         b.column(0).as_string::<i32>(),
                         b.column(1).as_string::<i32>(),
@@ -187,10 +216,12 @@ impl RulesStore {
     }
 
     /// Commits one round of `table`'s rules as `seq`: the transitions, then the hits.
+    #[allow(clippy::too_many_arguments)]
     pub async fn commit(
         &self,
         table: &str,
         seq: i64,
+        ruleset: i64,
         progress: &Progress,
         transitions: &[Transition],
         changes: &[HitChange],
@@ -198,6 +229,7 @@ impl RulesStore {
     ) -> Result<(), LakeError> {
         let mut txns = progress.transactions_as(APP, table);
         txns.push(Transaction::new(Self::seq_app(table), seq));
+        txns.push(Transaction::new(format!("{APP}/{table}/ruleset"), ruleset));
         self.append_transitions(table, seq, transitions, origin, txns)
             .await?;
         self.merge_hits(table, seq, changes).await

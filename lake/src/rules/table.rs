@@ -26,7 +26,7 @@ use deltalake::DeltaTable;
 use wal2delta_model::ChangeOp;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
-use super::store::{changes_of, HitChange, Loaded, Origin, RulesStore};
+use super::store::{changes_of, fingerprint, HitChange, Loaded, Origin, RulesStore};
 use super::walk::{diff, walk, Event, KeyHits, Transition, What};
 use super::{compile, evaluate, CompiledRule, Rule, RuleError};
 use crate::delta::{self, ident, literal};
@@ -180,6 +180,11 @@ impl TableRules {
         if !in_sync {
             // Silver was rebuilt (its commits lost the seq): compare everything.
             self.installed = None;
+        } else if self.installed.is_none()
+            && self.state.as_ref().and_then(|s| s.ruleset) == Some(fingerprint(&desired))
+        {
+            // A restart with the rules the hits were built with: no backfill needed.
+            self.installed = Some(desired.clone());
         }
         let Some(silver) = silver else {
             self.installed = Some(desired);
@@ -335,21 +340,24 @@ impl TableRules {
         transitions.sort();
         report.eval_time = started.elapsed();
         count(&mut report, &transitions);
-        if !transitions.is_empty() || !changes.is_empty() {
-            let seq = state.seq + 1;
-            self.store
-                .commit(
-                    &self.name,
-                    seq,
-                    before,
-                    &transitions,
-                    &changes,
-                    Origin::Backfill,
-                )
-                .await?;
-            state.seq = seq;
-            state.progress = before.clone();
-        }
+        // Committed even when nothing changed: the commit records the rule set, so a
+        // restart with the same rules skips this backfill.
+        let seq = state.seq + 1;
+        let ruleset = fingerprint(&desired);
+        self.store
+            .commit(
+                &self.name,
+                seq,
+                ruleset,
+                before,
+                &transitions,
+                &changes,
+                Origin::Backfill,
+            )
+            .await?;
+        state.seq = seq;
+        state.progress = before.clone();
+        state.ruleset = Some(ruleset);
         tracing::info!(table = %self.name, rules = report.rules, rows = report.rows, transitions = transitions.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rules installed: backfilled over the current Silver rows");
         self.installed = Some(desired);
         Ok(report)
@@ -469,10 +477,14 @@ impl TableRules {
         if !walked.transitions.is_empty() {
             let changes = changes_of(&walked.transitions);
             let seq = state.seq + 1;
+            let ruleset = state
+                .ruleset
+                .unwrap_or_else(|| fingerprint(&self.source.of(&self.name)));
             self.store
                 .commit(
                     &self.name,
                     seq,
+                    ruleset,
                     after,
                     &walked.transitions,
                     &changes,
