@@ -24,6 +24,7 @@
 //! Each prints one JSON object on stdout. The lake's `bench-state.json` carries the
 //! source's position (next key, LSN, transaction id, Kafka offsets) between processes.
 
+mod rules;
 mod synth;
 
 use std::collections::{BTreeMap, HashSet};
@@ -97,6 +98,26 @@ enum Command {
         /// `[silver] max_rows_per_partition`.
         #[arg(long, default_value_t = 100_000)]
         window: i64,
+        /// Evaluate this many rules (and the backfill rule) in the rounds.
+        #[arg(long, default_value_t = 0)]
+        rules: usize,
+    },
+    /// The rules stage alone: RULES rules over ROWS merged Silver rows.
+    RulesEval {
+        #[arg(long)]
+        lake: PathBuf,
+        #[arg(long, default_value_t = 300)]
+        rules: usize,
+        #[arg(long, default_value_t = 100_000)]
+        rows: usize,
+    },
+    /// Installs RULES rules on Silver (a backfill of all), then times one new rule's
+    /// backfill.
+    RulesBackfill {
+        #[arg(long)]
+        lake: PathBuf,
+        #[arg(long, default_value_t = 300)]
+        rules: usize,
     },
     /// The floor: the last `changes` batch, read from Bronze and upserted into TARGET (a
     /// copy of the Silver table) with one plain MERGE by id.
@@ -497,17 +518,18 @@ fn silver_dir(lake: &Path) -> PathBuf {
     lake.join("silver").join(synth::SCHEMA).join(synth::TABLE)
 }
 
-async fn apply(path: &Path, window: i64) -> anyhow::Result<Value> {
+async fn apply(path: &Path, window: i64, rules: usize) -> anyhow::Result<Value> {
     let lake = lake_of(path)?;
     let dir = silver_dir(path);
     let before_version = table_version(&dir);
-    let mut table = SilverTable::new(&lake, synth::SCHEMA, synth::TABLE, window);
+    let mut table = rules::silver_with_rules(&lake, window, rules);
     // As the stage does once per table when it starts.
     let mut watermark = table.progress().await?.watermark;
     let started = Instant::now();
     let mut rounds = Vec::new();
     let (mut read, mut upserts, mut deletes) = (0usize, 0usize, 0usize);
     let mut caught_up_at = 0.0;
+    let (mut rules_transitions, mut rules_eval, mut rules_backfills) = (0usize, 0.0f64, 0usize);
     loop {
         let t = Instant::now();
         let (top, counts) = transaction_counts(&lake, watermark).await?;
@@ -532,6 +554,11 @@ async fn apply(path: &Path, window: i64) -> anyhow::Result<Value> {
         read += r.read;
         upserts += r.upserts;
         deletes += r.deletes;
+        for x in &r.rules {
+            rules_transitions += x.transitions.values().sum::<usize>();
+            rules_eval += x.eval_time.as_secs_f64();
+            rules_backfills += usize::from(x.backfill);
+        }
         caught_up_at = started.elapsed().as_secs_f64();
         rounds.push(json!({
             "seconds": seconds, "read": r.read, "upserts": r.upserts, "deletes": r.deletes,
@@ -554,6 +581,10 @@ async fn apply(path: &Path, window: i64) -> anyhow::Result<Value> {
         "deletes": deletes,
         "watermark": watermark,
         "peak_rss_kib": peak,
+        "rules": rules,
+        "rules_transitions": rules_transitions,
+        "rules_eval_seconds": rules_eval,
+        "rules_backfills": rules_backfills,
         "merge": merge_metrics(&dir, before_version)?,
         "silver_files": count_files(&dir).await,
         "round_detail": rounds,
@@ -928,7 +959,13 @@ fn main() -> anyhow::Result<()> {
                 )
                 .await
             }
-            Command::Apply { lake, window } => apply(&lake, window).await,
+            Command::Apply {
+                lake,
+                window,
+                rules,
+            } => apply(&lake, window, rules).await,
+            Command::RulesEval { lake, rules, rows } => rules::eval(&lake, rules, rows).await,
+            Command::RulesBackfill { lake, rules } => rules::backfill(&lake, rules).await,
             Command::Floor {
                 lake,
                 target,

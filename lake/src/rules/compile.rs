@@ -25,10 +25,12 @@ pub struct RuleError {
 #[derive(Debug, Clone)]
 pub struct CompiledRule {
     pub rule: Rule,
-    expr: Arc<dyn PhysicalExpr>,
+    /// The checked condition (for [`super::Evaluator`], which shares casts between rules).
+    pub(super) logical: Expr,
+    pub(super) expr: Arc<dyn PhysicalExpr>,
 }
 
-fn refuse(rule: &Rule, reason: impl Into<String>) -> RuleError {
+pub(super) fn refuse(rule: &Rule, reason: impl Into<String>) -> RuleError {
     RuleError {
         id: rule.id.clone(),
         reason: reason.into(),
@@ -59,16 +61,17 @@ pub fn compile(rule: &Rule, schema: &SchemaRef) -> Result<CompiledRule, RuleErro
         ));
     }
     check_text_number_comparisons(rule, &expr, &df_schema)?;
-    let expr = ctx
-        .create_physical_expr(expr, &df_schema)
+    let physical = ctx
+        .create_physical_expr(expr.clone(), &df_schema)
         .map_err(|e| refuse(rule, first_line(&e.to_string())))?;
     Ok(CompiledRule {
         rule: rule.clone(),
-        expr,
+        logical: expr,
+        expr: physical,
     })
 }
 
-fn first_line(s: &str) -> String {
+pub(super) fn first_line(s: &str) -> String {
     s.lines().next().unwrap_or_default().to_owned()
 }
 
@@ -135,23 +138,29 @@ pub fn evaluate(
 ) -> Vec<Result<BooleanArray, RuleError>> {
     rules
         .iter()
-        .map(|r| {
-            let value = r
-                .expr
-                .evaluate(batch)
-                .and_then(|v| v.into_array(batch.num_rows()))
-                .map_err(|e| refuse(&r.rule, first_line(&e.to_string())))?;
-            let bools = value
-                .as_any()
-                .downcast_ref::<BooleanArray>()
-                .ok_or_else(|| refuse(&r.rule, "did not evaluate to booleans"))?;
-            // NULL (unknown) is not a hit.
-            Ok(bools
-                .iter()
-                .map(|b| Some(b.unwrap_or(false)))
-                .collect::<BooleanArray>())
-        })
+        .map(|r| evaluate_expr(&r.rule, &r.expr, batch))
         .collect()
+}
+
+/// `expr` (rule `rule`'s condition) over `batch`; NULL is no hit.
+pub(super) fn evaluate_expr(
+    rule: &Rule,
+    expr: &Arc<dyn PhysicalExpr>,
+    batch: &RecordBatch,
+) -> Result<BooleanArray, RuleError> {
+    let value = expr
+        .evaluate(batch)
+        .and_then(|v| v.into_array(batch.num_rows()))
+        .map_err(|e| refuse(rule, first_line(&e.to_string())))?;
+    let bools = value
+        .as_any()
+        .downcast_ref::<BooleanArray>()
+        .ok_or_else(|| refuse(rule, "did not evaluate to booleans"))?;
+    // NULL (unknown) is not a hit.
+    Ok(match bools.nulls() {
+        Some(_) => deltalake::arrow::compute::prep_null_mask_filter(bools),
+        None => bools.clone(),
+    })
 }
 
 #[cfg(test)]

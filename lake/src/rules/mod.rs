@@ -5,11 +5,13 @@
 //! `rules/transitions` and `rules/hits` ([`store`]).
 
 pub mod compile;
+mod shared;
 pub mod store;
 mod table;
 pub mod walk;
 
 pub use compile::{compile, evaluate, CompiledRule, RuleError};
+pub use shared::Evaluator;
 pub use store::hit_counts;
 pub(crate) use table::untagged_silver_txn;
 pub use table::{key_json, RuleSource, RulesReport, Start, TableRules, RULE_FAILED};

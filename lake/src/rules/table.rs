@@ -28,7 +28,7 @@ use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::store::{changes_of, fingerprint, HitChange, Loaded, Origin, RulesStore};
 use super::walk::{diff, walk, Event, KeyHits, Transition, What};
-use super::{compile, evaluate, CompiledRule, Rule, RuleError};
+use super::{compile, evaluate, CompiledRule, Evaluator, Rule, RuleError};
 use crate::delta::{self, ident, literal};
 use crate::silver::{
     versions, BronzeRows, Position, Progress, COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL,
@@ -108,7 +108,7 @@ pub struct TableRules {
     state: Option<Loaded>,
     /// The rules the hits reflect (`None` until the first backfill after a load).
     installed: Option<Vec<Rule>>,
-    compiled: Option<(Vec<Rule>, SchemaRef, Vec<CompiledRule>, Vec<RuleError>)>,
+    compiled: Option<(Vec<Rule>, SchemaRef, Arc<Evaluator>, Vec<RuleError>)>,
 }
 
 /// The Silver `txn` app id recording the rules seq a Silver commit follows.
@@ -164,9 +164,12 @@ impl TableRules {
             self.installed = None;
         }
         let t_seq = self.state.as_ref().map_or(0, |s| s.seq);
+        // A Silver table that does not exist yet follows seq 0: when the rules committed
+        // seq 1 and the round's first Silver commit did not happen, the repeated round
+        // skips what they covered like any other.
         let s_seq = match silver {
             Some(s) => delta::txn_version(&self.name, s, silver_app(&self.name)).await?,
-            None => None,
+            None => Some(0),
         };
         if t_seq > 0 && s_seq == Some(t_seq - 1) {
             let covered = self.state.as_ref().map(|s| s.progress.clone());
@@ -206,8 +209,9 @@ impl TableRules {
         })
     }
 
-    /// The compiled active rules for `schema`, compiled again when either changed.
-    fn compiled(&mut self, schema: &SchemaRef) -> (Vec<CompiledRule>, Vec<RuleError>) {
+    /// The active rules compiled for `schema` (compiled again when either changed), and
+    /// the rules that cannot be.
+    fn compiled(&mut self, schema: &SchemaRef) -> (Arc<Evaluator>, Vec<RuleError>) {
         let desired = self.source.of(&self.name);
         let fresh = self
             .compiled
@@ -222,10 +226,11 @@ impl TableRules {
                     Err(e) => bad.push(e),
                 }
             }
-            self.compiled = Some((desired, schema.clone(), ok, bad));
+            let evaluator = Arc::new(Evaluator::new(ok, schema));
+            self.compiled = Some((desired, schema.clone(), evaluator, bad));
         }
-        let (_, _, ok, bad) = self.compiled.as_ref().expect("set above");
-        (ok.clone(), bad.clone())
+        let (_, _, ev, bad) = self.compiled.as_ref().expect("set above");
+        (ev.clone(), bad.clone())
     }
 
     /// Evaluates the rules over every Silver row and brings the hits in line.
@@ -241,10 +246,12 @@ impl TableRules {
         let (compiled, invalid) = self.compiled(&schema);
         // Which rules to evaluate: all after a load, else the new and changed ones.
         let to_eval: Vec<CompiledRule> = match &self.installed {
-            None => compiled,
+            None => compiled.rules().to_vec(),
             Some(old) => compiled
-                .into_iter()
+                .rules()
+                .iter()
                 .filter(|c| !old.contains(&c.rule))
+                .cloned()
                 .collect(),
         };
         let eval_ids: BTreeSet<String> = to_eval.iter().map(|c| c.rule.id.clone()).collect();
@@ -258,21 +265,15 @@ impl TableRules {
         };
         let mut fresh: HashMap<String, (KeyHits, Option<i64>)> = HashMap::new();
         if !to_eval.is_empty() {
-            let sql = format!("SELECT * FROM t");
-            for b in delta::query(&self.name, silver, &sql).await? {
+            let ev = Evaluator::new(to_eval, &schema);
+            for b in delta::query(&self.name, silver, "SELECT * FROM t").await? {
                 report.rows += b.num_rows();
-                let results = self.evaluate_rows(&to_eval, &b, &schema, &mut report)?;
+                let row_hits = self.evaluate_rows(&ev, &b, &schema, &mut report)?;
                 let keys_json = key_json(&b, keys).map_err(|e| self.error(e))?;
                 let ts = b
                     .column_by_name(COMMIT_TS)
                     .and_then(|a| cast(a, &DataType::Int64).ok());
-                for (i, key) in keys_json.into_iter().enumerate() {
-                    let hits: KeyHits = to_eval
-                        .iter()
-                        .zip(&results)
-                        .filter(|(_, r)| r.value(i))
-                        .map(|(c, _)| (c.rule.id.clone(), c.rule.version))
-                        .collect();
+                for ((i, key), hits) in keys_json.into_iter().enumerate().zip(row_hits) {
                     if !hits.is_empty() {
                         let t = ts.as_ref().and_then(|a| {
                             let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
@@ -404,9 +405,9 @@ impl TableRules {
             };
             let (compiled, invalid) = self.compiled(&schema);
             report.invalid = invalid;
-            report.rules = compiled.len();
+            report.rules = compiled.rules().len();
             report.rows = batch.num_rows();
-            let results = self.evaluate_rows(&compiled, &batch, &schema, &mut report)?;
+            let mut row_hits = self.evaluate_rows(&compiled, &batch, &schema, &mut report)?;
             let keys_json = key_json(&batch, &keys).map_err(|e| self.error(e))?;
             let col = |n: &str| batch.column_by_name(n).cloned();
             let (Some(src), Some(lsn), Some(ord), Some(op)) =
@@ -432,13 +433,10 @@ impl TableRules {
                 let what = if op.value(i) == "d" {
                     What::Delete { key }
                 } else {
-                    let hits = compiled
-                        .iter()
-                        .zip(&results)
-                        .filter(|(_, r)| r.value(i))
-                        .map(|(c, _)| (c.rule.id.clone(), c.rule.version))
-                        .collect();
-                    What::Row { key, hits }
+                    What::Row {
+                        key,
+                        hits: std::mem::take(&mut row_hits[i]),
+                    }
                 };
                 events.push(Event {
                     pos: Position(lsn.value(i), ord.value(i)),
@@ -576,21 +574,21 @@ impl TableRules {
         deltalake::arrow::compute::concat_batches(&schema, &out).map_err(|e| self.error(e))
     }
 
-    /// Every rule over `batch` as `schema` (the schema the rules were compiled against):
-    /// one boolean per row and rule. A rule that fails on the batch is evaluated row by
-    /// row; each failing row is quarantined for that rule and counts as no hit.
+    /// Every rule of `ev` over `batch` as `schema` (the schema the rules were compiled
+    /// against): the rules each row matches. A rule that fails on the batch is evaluated
+    /// row by row; each failing row is quarantined for that rule and counts as no hit.
     fn evaluate_rows(
         &self,
-        rules: &[CompiledRule],
+        ev: &Evaluator,
         batch: &RecordBatch,
         schema: &SchemaRef,
         report: &mut RulesReport,
-    ) -> Result<Vec<BooleanArray>, LakeError> {
+    ) -> Result<Vec<KeyHits>, LakeError> {
         let input = conform(batch, schema).map_err(|e| self.error(e))?;
-        let mut out = Vec::with_capacity(rules.len());
-        for (rule, result) in rules.iter().zip(evaluate(rules, &input)) {
-            match result {
-                Ok(b) => out.push(b),
+        let mut hits = vec![KeyHits::new(); input.num_rows()];
+        for (rule, result) in ev.rules().iter().zip(ev.evaluate(&input)) {
+            let bits = match result {
+                Ok(b) => b,
                 Err(e) => {
                     let mut bits = Vec::with_capacity(input.num_rows());
                     for i in 0..input.num_rows() {
@@ -607,11 +605,14 @@ impl TableRules {
                         }
                     }
                     tracing::warn!(table = %self.name, rule = %rule.rule.id, error = %e.reason, "a rule failed on some rows: they are quarantined for that rule and count as no hit");
-                    out.push(BooleanArray::from(bits));
+                    BooleanArray::from(bits)
                 }
+            };
+            for i in bits.values().set_indices() {
+                hits[i].insert(rule.rule.id.clone(), rule.rule.version);
             }
         }
-        Ok(out)
+        Ok(hits)
     }
 
     /// The quarantine record of a row a rule failed on.

@@ -1,0 +1,209 @@
+//! `ops/bench rules` workers: the rule set, the rules stage alone over merged rows, and
+//! backfills over a Silver table (see ops/bench-rules).
+
+use std::path::Path;
+use std::time::Instant;
+
+use serde_json::{json, Value};
+use wal2delta_lake::deltalake::arrow::array::{Array, RecordBatch};
+use wal2delta_lake::rules::walk::{walk, Event, Hits, KeyHits, What};
+use wal2delta_lake::rules::{compile, key_json, Evaluator, Rule, RuleSource};
+use wal2delta_lake::silver::{transaction_counts, Position, SilverTable, TransactionCounts};
+use wal2delta_model::TableName;
+
+use crate::synth;
+
+/// `n` rules of the shapes business rules take over the payments table: amount
+/// thresholds (numeric is exact text in Silver: compared after a cast), currency and
+/// status lists, merchant ranges, LIKE on the note, AND/OR mixes. Deterministic.
+pub fn rule_set(n: usize) -> Vec<Rule> {
+    const CURRENCIES: [&str; 5] = ["EUR", "USD", "GBP", "CHF", "PLN"];
+    const STATUSES: [&str; 5] = ["authorized", "captured", "settled", "refunded", "failed"];
+    let mut rng = synth::Rng::new(300);
+    (0..n)
+        .map(|i| {
+            let t = 1_000 + rng.below(98_000);
+            let c = CURRENCIES[rng.below(5) as usize];
+            let s = STATUSES[rng.below(5) as usize];
+            let m = rng.below(5_000);
+            // Each rule matches well under 1% of the rows, as business rules do.
+            let when = match i % 6 {
+                0 => format!("CAST(amount AS DECIMAL(18, 2)) > {}", 99_000 + t % 900),
+                1 => format!(
+                    "currency = '{c}' AND CAST(amount AS DECIMAL(18, 2)) > {}",
+                    97_000 + t % 2_000
+                ),
+                2 => format!("status IN ('{s}', 'failed') AND merchant_id BETWEEN {m} AND {}", m + 20),
+                3 => format!("merchant_id = {m} OR (account_id < {} AND currency <> '{c}')", t % 400),
+                4 => format!("note LIKE '%revision {}{}%' AND status <> '{s}'", 7 + t % 3, t % 10),
+                _ => format!(
+                    "(currency <> 'EUR' AND status = '{s}' AND CAST(amount AS DECIMAL(18, 2)) > 99500) OR CAST(amount AS DECIMAL(18, 2)) BETWEEN {t} AND {}",
+                    t + 100
+                ),
+            };
+            rule(&format!("r{i:03}"), &when)
+        })
+        .collect()
+}
+
+fn rule(id: &str, when: &str) -> Rule {
+    Rule {
+        id: id.to_owned(),
+        table: TableName::new(synth::SCHEMA, synth::TABLE),
+        when: when.to_owned(),
+        version: 1,
+        active: true,
+    }
+}
+
+/// The rule the backfill benchmark adds: about 10% of the rows match.
+pub fn new_rule() -> Rule {
+    rule("tenth", "CAST(amount AS DECIMAL(18, 2)) < 10000")
+}
+
+/// The Silver table with `rules` evaluated in its rounds.
+pub fn silver_with_rules(lake: &wal2delta_lake::Lake, window: i64, rules: usize) -> SilverTable {
+    let t = SilverTable::new(lake, synth::SCHEMA, synth::TABLE, window);
+    if rules == 0 {
+        t
+    } else {
+        let mut set = rule_set(rules);
+        set.push(new_rule());
+        t.with_rules(lake, RuleSource::new(&set))
+    }
+}
+
+/// The rules stage alone over `rows` merged Silver rows: every rule evaluated on every
+/// row, each row's hits, its key as JSON and the transitions against an empty state.
+pub async fn eval(path: &Path, rules: usize, rows: usize) -> anyhow::Result<Value> {
+    let dir = crate::silver_dir(path);
+    let table = crate::open(&crate::dir_url(&dir)?).await?;
+    let ctx = crate::session();
+    ctx.register_table("t", table.table_provider().await?)?;
+    let batches = ctx
+        .sql(&format!("SELECT * FROM t LIMIT {rows}"))
+        .await?
+        .collect()
+        .await?;
+    let schema = table.snapshot()?.snapshot().arrow_schema();
+    let started = Instant::now();
+    let compiled = rule_set(rules)
+        .iter()
+        .map(|r| compile(r, &schema).map_err(|e| anyhow::anyhow!("{e}")))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let ev = Evaluator::new(compiled, &schema);
+    let compile_s = started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    let mut hits = Hits::new();
+    let (mut n, mut transitions, mut matched) = (0usize, 0usize, 0usize);
+    let mut lsn = 0;
+    for b in &batches {
+        let b = plain(b)?;
+        let results = ev.evaluate(&b);
+        let mut row_hits = vec![KeyHits::new(); b.num_rows()];
+        for (c, r) in ev.rules().iter().zip(&results) {
+            let r = r.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+            for i in r.values().set_indices() {
+                row_hits[i].insert(c.rule.id.clone(), c.rule.version);
+            }
+        }
+        let keys = key_json(&b, &["id".to_owned()]).map_err(anyhow::Error::msg)?;
+        let mut events = Vec::with_capacity(b.num_rows());
+        for (key, h) in keys.into_iter().zip(row_hits) {
+            matched += h.len();
+            lsn += 1;
+            events.push(Event {
+                pos: Position(lsn, 0),
+                commit_ts: None,
+                what: What::Row { key, hits: h },
+            });
+        }
+        transitions += walk(&mut hits, events).transitions.len();
+        n += b.num_rows();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    let (peak, _) = crate::memory_kib();
+    Ok(json!({
+        "rows": n, "rules": rules, "seconds": seconds, "compile_seconds": compile_s,
+        "rows_per_second": n as f64 / seconds, "hits": matched, "transitions": transitions,
+        "peak_rss_kib": peak,
+    }))
+}
+
+/// DataFusion's view types as the plain ones Silver is written with.
+fn plain(b: &RecordBatch) -> anyhow::Result<RecordBatch> {
+    use wal2delta_lake::deltalake::arrow::compute::cast;
+    use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Field, Schema};
+    let mut fields = Vec::new();
+    let mut cols = Vec::new();
+    for (f, c) in b.schema().fields().iter().zip(b.columns()) {
+        let ty = match f.data_type() {
+            DataType::Utf8View => DataType::Utf8,
+            t => t.clone(),
+        };
+        cols.push(if &ty == c.data_type() {
+            c.clone()
+        } else {
+            cast(c, &ty)?
+        });
+        fields.push(Field::new(f.name(), ty, true));
+    }
+    Ok(RecordBatch::try_new(
+        std::sync::Arc::new(Schema::new(fields)),
+        cols,
+    )?)
+}
+
+/// Installs `rules` rules on the lake's Silver table (a backfill of all of them over
+/// every row, in a Silver round with nothing else to apply, as the daemon does at its
+/// first start with rules), then adds [`new_rule`] and times its backfill alone.
+pub async fn backfill(path: &Path, rules: usize) -> anyhow::Result<Value> {
+    let lake = crate::lake_of(path)?;
+    let set = rule_set(rules);
+    let source = RuleSource::new(&set);
+    let mut silver = SilverTable::new(&lake, synth::SCHEMA, synth::TABLE, 100_000)
+        .with_rules(&lake, source.clone());
+    let (all_s, all) = round(&lake, &mut silver).await?;
+    let mut with_new = set.clone();
+    with_new.push(new_rule());
+    source.replace(&with_new);
+    let (one_s, one) = round(&lake, &mut silver).await?;
+    let (peak, _) = crate::memory_kib();
+    let backfill = |r: &wal2delta_lake::silver::ApplyReport| {
+        r.rules
+            .iter()
+            .find(|x| x.backfill)
+            .map(|x| (x.rows, x.transitions.values().sum::<usize>()))
+    };
+    let (Some((rows, all_t)), Some((_, one_t))) = (backfill(&all), backfill(&one)) else {
+        anyhow::bail!("a round did not backfill: {all:?} {one:?}");
+    };
+    Ok(json!({
+        "rows": rows,
+        "rules": rules,
+        "all_rules_seconds": all_s,
+        "all_rules_transitions": all_t,
+        "new_rule_seconds": one_s,
+        "new_rule_entered": one_t,
+        "peak_rss_kib": peak,
+    }))
+}
+
+/// One Silver round, as the stage runs it; its time.
+async fn round(
+    lake: &wal2delta_lake::Lake,
+    silver: &mut SilverTable,
+) -> anyhow::Result<(f64, wal2delta_lake::silver::ApplyReport)> {
+    let watermark = silver.progress().await?.watermark;
+    let (top, counts) = transaction_counts(lake, watermark).await?;
+    let counts = counts
+        .get(synth::TABLE_NAME)
+        .cloned()
+        .unwrap_or(TransactionCounts {
+            top,
+            ..TransactionCounts::default()
+        });
+    let started = Instant::now();
+    let r = silver.apply(&counts).await?;
+    Ok((started.elapsed().as_secs_f64(), r))
+}
