@@ -4,17 +4,22 @@
 //! evaluates them in every Silver round and emits the transitions ([`walk`]) to
 //! `rules/transitions` and `rules/hits` ([`store`]).
 
+mod backfill;
 pub mod compile;
+mod evaluate;
 mod shared;
+mod source;
 pub mod store;
 mod table;
 pub mod walk;
 
 pub use compile::{compile, evaluate, CompiledRule, RuleError};
+pub use evaluate::key_json;
 pub use shared::Evaluator;
+pub use source::RuleSource;
 pub use store::hit_counts;
 pub(crate) use table::untagged_silver_txn;
-pub use table::{key_json, RuleSource, RulesReport, Start, TableRules, RULE_FAILED};
+pub use table::{RulesReport, Start, TableRules, RULE_FAILED};
 
 use wal2delta_model::TableName;
 

@@ -1,0 +1,256 @@
+//! The rows of a round as rules read them: versions settled against Silver (TOAST values
+//! filled, stale versions dropped), evaluated with every rule, failures quarantined.
+
+use std::sync::Arc;
+
+use deltalake::arrow::array::{
+    new_null_array, Array, ArrayRef, AsArray, BooleanArray, RecordBatch,
+};
+use deltalake::arrow::compute::cast;
+use deltalake::arrow::datatypes::{Field, Schema, SchemaRef};
+use deltalake::DeltaTable;
+use wal2delta_quarantine::{QuarantineRecord, Stage};
+
+use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
+use super::walk::KeyHits;
+use super::{evaluate, CompiledRule, Evaluator};
+use crate::delta::{self, ident, literal};
+use crate::silver::{COMMIT_LSN, MOVED_FROM, OP, ORDINAL, UNCHANGED};
+use crate::LakeError;
+
+impl TableRules {
+    /// Fills the values versions left unchanged (TOAST) from the Silver row before the
+    /// round, and drops the versions Silver will not apply: older than the Silver row, or
+    /// than a tombstone (a snapshot row arriving after later changes).
+    pub(super) async fn settle(
+        &self,
+        batch: RecordBatch,
+        silver: Option<&DeltaTable>,
+        tombstones: &crate::silver::Tombstones,
+        keys: &[String],
+        reads: bool,
+    ) -> Result<RecordBatch, LakeError> {
+        let unchanged = batch
+            .column_by_name(UNCHANGED)
+            .and_then(|a| a.as_list_opt::<i32>().map(|l| !l.values().is_empty()))
+            .unwrap_or(false);
+        let mut batch = batch;
+        if reads {
+            let kept = tombstones.filter(keys, batch.clone()).await?;
+            batch = deltalake::arrow::compute::concat_batches(&batch.schema(), &kept)
+                .map_err(|e| self.error(e))?;
+        }
+        let Some(silver) = silver else {
+            return Ok(batch);
+        };
+        if !(unchanged || reads) || batch.num_rows() == 0 {
+            return Ok(batch);
+        }
+        let have = delta::arrow_schema(&self.name, silver)?;
+        let schema = batch.schema();
+        let moved = |k: &str| schema.field_with_name(&format!("{MOVED_FROM}{k}")).is_ok();
+        let columns: Vec<String> = schema
+            .fields()
+            .iter()
+            .map(|f| {
+                let n = f.name();
+                let q = ident(n);
+                if n.starts_with('_') || keys.contains(n) || have.field_with_name(n).is_err() {
+                    format!("s.{q}")
+                } else {
+                    format!(
+                        "CASE WHEN array_has(s.{UNCHANGED}, {}) THEN f.{q} ELSE s.{q} END AS {q}",
+                        literal(n)
+                    )
+                }
+            })
+            .collect();
+        let own = crate::silver::keys_equal(keys, "s", "m");
+        let fill = keys
+            .iter()
+            .map(|k| {
+                let q = ident(k);
+                if moved(k) {
+                    format!(
+                        "f.{q} = COALESCE(s.{}, s.{q})",
+                        ident(&format!("{MOVED_FROM}{k}"))
+                    )
+                } else {
+                    format!("f.{q} = s.{q}")
+                }
+            })
+            .collect::<Vec<_>>()
+            .join(" AND ");
+        let sql = format!(
+            "SELECT {} FROM s LEFT JOIN m ON {own} LEFT JOIN m f ON {fill} WHERE s.{OP} = 'd' OR m.{l} IS NULL OR {newer}",
+            columns.join(", "),
+            l = COMMIT_LSN,
+            newer = crate::silver::newer("s", "m"),
+        );
+        let err = |e: deltalake::datafusion::error::DataFusionError| {
+            LakeError::delta(&self.name)(e.into())
+        };
+        let ctx = delta::session();
+        ctx.register_batch("s", batch.clone()).map_err(err)?;
+        ctx.register_table("m", silver.table_provider().await.map_err(err)?)
+            .map_err(err)?;
+        let out = delta::collect(&self.name, &ctx, &sql).await?;
+        deltalake::arrow::compute::concat_batches(&schema, &out).map_err(|e| self.error(e))
+    }
+
+    /// Every rule of `ev` over `batch` as `schema` (the schema the rules were compiled
+    /// against): the rules each row matches. A rule that fails on the batch is evaluated
+    /// row by row; each failing row is quarantined for that rule and counts as no hit.
+    pub(super) fn evaluate_rows(
+        &self,
+        ev: &Evaluator,
+        batch: &RecordBatch,
+        schema: &SchemaRef,
+        report: &mut RulesReport,
+    ) -> Result<Vec<KeyHits>, LakeError> {
+        let input = conform(batch, schema).map_err(|e| self.error(e))?;
+        let mut hits = vec![KeyHits::new(); input.num_rows()];
+        for (rule, result) in ev.rules().iter().zip(ev.evaluate(&input)) {
+            let bits = match result {
+                Ok(b) => b,
+                Err(e) => {
+                    let mut bits = Vec::with_capacity(input.num_rows());
+                    for i in 0..input.num_rows() {
+                        let one = input.slice(i, 1);
+                        match evaluate(std::slice::from_ref(rule), &one).remove(0) {
+                            Ok(b) => bits.push(b.value(0)),
+                            Err(row_error) => {
+                                bits.push(false);
+                                *report.errors.entry(rule.rule.id.clone()).or_default() += 1;
+                                report
+                                    .quarantined
+                                    .push(self.failed(rule, &one, &row_error.reason));
+                            }
+                        }
+                    }
+                    tracing::warn!(table = %self.name, rule = %rule.rule.id, error = %e.reason, "a rule failed on some rows: they are quarantined for that rule and count as no hit");
+                    BooleanArray::from(bits)
+                }
+            };
+            for i in bits.values().set_indices() {
+                hits[i].insert(rule.rule.id.clone(), rule.rule.version);
+            }
+        }
+        Ok(hits)
+    }
+
+    /// The quarantine record of a row a rule failed on.
+    fn failed(&self, rule: &CompiledRule, row: &RecordBatch, reason: &str) -> QuarantineRecord {
+        let int = |n: &str| {
+            row.column_by_name(n)
+                .and_then(|a| a.as_primitive_opt::<deltalake::arrow::datatypes::Int64Type>())
+                .filter(|a| a.is_valid(0))
+                .map(|a| a.value(0))
+        };
+        let (lsn, ord) = (int(COMMIT_LSN), int(ORDINAL));
+        QuarantineRecord {
+            id: format!(
+                "rules/{}/{}/{}/{}/{}",
+                self.name,
+                rule.rule.id,
+                rule.rule.version,
+                lsn.unwrap_or(0),
+                ord.unwrap_or(0)
+            ),
+            stage: Stage::Silver,
+            reason_code: RULE_FAILED.into(),
+            detail: format!(
+                "rule {:?} (version {}): {reason}",
+                rule.rule.id, rule.rule.version
+            ),
+            table: Some(self.name.clone()),
+            topic: None,
+            partition: None,
+            offset: None,
+            source_lsn: lsn,
+            commit_lsn: lsn,
+            ordinal: ord,
+            key: None,
+            raw: None,
+            quarantined_at_us: wal2delta_model::clock::unix_us(),
+            check: Some(rule.rule.id.clone()),
+        }
+    }
+}
+
+pub(super) fn with_column(b: &RecordBatch, name: &str, a: ArrayRef) -> Result<RecordBatch, String> {
+    let mut fields: Vec<Field> = b
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    fields.push(Field::new(name, a.data_type().clone(), true));
+    let mut cols = b.columns().to_vec();
+    cols.push(a);
+    RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).map_err(|e| e.to_string())
+}
+
+/// The columns of versions a rule may read (no fold bookkeeping).
+pub(super) fn value_schema(b: &RecordBatch) -> SchemaRef {
+    let fields: Vec<Field> = b
+        .schema()
+        .fields()
+        .iter()
+        .filter(|f| {
+            let n = f.name();
+            n != OP && n != UNCHANGED && n != SOURCE && !n.starts_with(MOVED_FROM)
+        })
+        .map(|f| f.as_ref().clone())
+        .collect();
+    Arc::new(Schema::new(fields))
+}
+
+/// `b` with exactly `schema`'s columns (by name, cast to its types; absent ones NULL).
+fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+    let cols: Vec<ArrayRef> = schema
+        .fields()
+        .iter()
+        .map(|f| match b.column_by_name(f.name()) {
+            Some(a) if a.data_type() == f.data_type() => Ok(a.clone()),
+            Some(a) => cast(a, f.data_type()).map_err(|e| format!("column {}: {e}", f.name())),
+            None => Ok(new_null_array(f.data_type(), b.num_rows())),
+        })
+        .collect::<Result<_, _>>()?;
+    let fields: Vec<Field> = schema
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone().with_nullable(true))
+        .collect();
+    RecordBatch::try_new_with_options(
+        Arc::new(Schema::new(fields)),
+        cols,
+        &deltalake::arrow::array::RecordBatchOptions::new().with_row_count(Some(b.num_rows())),
+    )
+    .map_err(|e| e.to_string())
+}
+
+/// Every row's primary key as JSON text (`{"id":42}`), key columns in key order.
+pub fn key_json(b: &RecordBatch, keys: &[String]) -> Result<Vec<String>, String> {
+    let idx: Vec<usize> = keys
+        .iter()
+        .map(|k| {
+            b.schema()
+                .index_of(k)
+                .map_err(|_| format!("no key column {k}"))
+        })
+        .collect::<Result<_, _>>()?;
+    let projected = b.project(&idx).map_err(|e| e.to_string())?;
+    let mut buf = Vec::new();
+    {
+        let mut w = deltalake::arrow::json::LineDelimitedWriter::new(&mut buf);
+        w.write(&projected).map_err(|e| e.to_string())?;
+        w.finish().map_err(|e| e.to_string())?;
+    }
+    let text = String::from_utf8(buf).map_err(|e| e.to_string())?;
+    let out: Vec<String> = text.lines().map(str::to_owned).collect();
+    if out.len() != b.num_rows() {
+        return Err(format!("{} keys for {} rows", out.len(), b.num_rows()));
+    }
+    Ok(out)
+}
