@@ -15,7 +15,7 @@ use anyhow::{bail, ensure, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
-use wal2delta_tests::lake::duckdb;
+use wal2delta_tests::lake::{duckdb, rule_hits};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.acct (id bigint PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL, doc text);
@@ -59,25 +59,6 @@ async fn expected_hits(pg: &Client, s: &str) -> Result<Vec<(String, String)>> {
         )
         .await?;
     Ok(rows.iter().map(|r| (r.get(0), r.get(1))).collect())
-}
-
-fn hits(lake: &std::path::Path) -> Result<Vec<(String, String)>> {
-    if !lake.join("rules/hits/_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let rows = duckdb(&format!(
-        "SELECT key, rule_id FROM delta_scan('{}') ORDER BY 1, 2",
-        lake.join("rules/hits").display()
-    ))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            (
-                r[0].as_str().unwrap_or_default().to_owned(),
-                r[1].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect())
 }
 
 /// Every transition `(lsn, key, rule, transition, origin)`, sorted.
@@ -154,7 +135,7 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
     let start = Instant::now();
     loop {
         silver.assert_running()?;
-        let got = hits(&lake)?;
+        let got = rule_hits(&lake)?;
         if got == want {
             break;
         }
@@ -218,7 +199,7 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
     }
     let mut clean = d.spawn_stage("silver,rules", "clean")?;
     let start = Instant::now();
-    while hits(&lake)? != want {
+    while rule_hits(&lake)? != want {
         clean.assert_running()?;
         if start.elapsed() > Duration::from_secs(300) {
             bail!("the clean run did not finish: {}", clean.log_text());

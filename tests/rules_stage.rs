@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use wal2delta_tests::daemon::{Daemon, StageProcess};
-use wal2delta_tests::lake::duckdb;
+use wal2delta_tests::lake::{duckdb, duckdb_pairs, rule_hits};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.payments (id bigint PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL, note text);";
@@ -39,23 +39,6 @@ fn transitions(lake: &Path, origin: &str) -> Result<Rows> {
                 r[1].as_str().unwrap_or_default().to_owned(),
                 r[2].as_str().unwrap_or_default().to_owned(),
                 r[3].as_str().unwrap_or_default().to_owned(),
-            )
-        })
-        .collect())
-}
-
-/// `(key, rule)` of `rules/hits`, sorted.
-fn hits(lake: &Path) -> Result<Vec<(String, String)>> {
-    let rows = duckdb(&format!(
-        "SELECT key, rule_id FROM delta_scan('{}') ORDER BY 1, 2",
-        lake.join("rules/hits").display()
-    ))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            (
-                r[0].as_str().unwrap_or_default().to_owned(),
-                r[1].as_str().unwrap_or_default().to_owned(),
             )
         })
         .collect())
@@ -164,18 +147,31 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
         streamed.windows(2).all(|p| p[0].0 <= p[1].0),
         "{streamed:?}"
     );
-    ensure!(hits(&lake)? == vec![(k(6), "big".to_owned())]);
+    ensure!(rule_hits(&lake)? == vec![(k(6), "big".to_owned())]);
 
     // Rule edits, no restart: `big` changes (6 still matches: no transition), `eur` is
     // new (6 and 7 enter by backfill), `usd_big` is removed (no hits: nothing).
+    // `rules apply` refuses a file with a bad rule (exit 1, nothing installed) and
+    // installs a good one.
+    let staged = d.dir.join("staged.toml");
+    std::fs::write(&staged, rule("eur", 1, "currency = ", &s))?;
+    let out = d.command(&["rules", "apply", &staged.display().to_string()])?;
+    ensure!(
+        out.status.code() == Some(1),
+        "a bad file is refused: {out:?}"
+    );
+    ensure!(String::from_utf8_lossy(&out.stderr).contains("rule \"eur\""));
     std::fs::write(
-        rules_file(&d),
+        &staged,
         [
             rule("big", 2, "amount > 2500", &s),
             rule("eur", 1, "currency = 'EUR'", &s),
         ]
         .concat(),
     )?;
+    let out = d.command(&["rules", "apply", &staged.display().to_string()])?;
+    ensure!(out.status.success(), "a good file is installed: {out:?}");
+    ensure!(std::fs::read_to_string(rules_file(&d))? == std::fs::read_to_string(&staged)?);
     let backfill = vec![tr(6, "eur", "entered"), tr(7, "eur", "entered")];
     wait_for(&mut run, "backfill", &backfill, || {
         Ok(without_lsn(&transitions(&lake, "backfill")?))
@@ -212,22 +208,13 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
     // The hits are what the running rules say about the final Silver rows (the rules
     // tables commit just before the Silver commit of the same round: wait for it).
     let silver = d.silver("payments");
-    let fresh = || -> Result<Vec<(String, String)>> {
-        let rows = duckdb(&format!(
+    let fresh = || {
+        duckdb_pairs(&format!(
             "SELECT '{{\"id\":' || id || '}}' AS key, 'big' FROM delta_scan('{p}') WHERE amount > 2500 UNION ALL SELECT '{{\"id\":' || id || '}}', 'eur' FROM delta_scan('{p}') WHERE currency = 'EUR' ORDER BY 1, 2",
             p = silver.display()
-        ))?;
-        Ok(rows
-            .iter()
-            .map(|r| {
-                (
-                    r[0].as_str().unwrap_or_default().to_owned(),
-                    r[1].as_str().unwrap_or_default().to_owned(),
-                )
-            })
-            .collect())
+        ))
     };
-    let want_hits = hits(&lake)?;
+    let want_hits = rule_hits(&lake)?;
     wait_for(
         &mut run,
         "fresh evaluation equals the hits",

@@ -159,3 +159,24 @@ pub fn last_commit_info(table: &Path) -> Result<Value> {
         .find_map(|a| a.get("commitInfo").cloned())
         .context("the commit has no commitInfo")
 }
+
+/// Rows of a DuckDB query returning two text columns.
+pub fn duckdb_pairs(sql: &str) -> Result<Vec<(String, String)>> {
+    let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();
+    Ok(duckdb(sql)?
+        .iter()
+        .map(|r| (text(&r[0]), text(&r[1])))
+        .collect())
+}
+
+/// `(key, rule_id)` of the lake's `rules/hits`, sorted (none before the table exists).
+pub fn rule_hits(lake: &Path) -> Result<Vec<(String, String)>> {
+    let hits = lake.join("rules/hits");
+    if !hits.join("_delta_log").is_dir() {
+        return Ok(Vec::new());
+    }
+    duckdb_pairs(&format!(
+        "SELECT key, rule_id FROM delta_scan('{}') ORDER BY 1, 2",
+        hits.display()
+    ))
+}
