@@ -155,6 +155,9 @@ async fn run_daemon(
     } else {
         stages.to_vec()
     };
+    if stages.contains(&Stage::Rules) && config.rules.file.is_none() {
+        bail!("the rules stage needs [rules] file: a TOML file of [[rule]] tables (docs/rules.md)");
+    }
     // Rules are evaluated in Silver's rounds: with a rules file, Silver never runs without
     // them (changes Silver applied untagged would be missing from the transitions).
     if stages.contains(&Stage::Rules) && !stages.contains(&Stage::Silver) {
