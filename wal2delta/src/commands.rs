@@ -137,17 +137,17 @@ async fn run_daemon(
     stages: &[Stage],
     allow_slot_ahead: bool,
 ) -> anyhow::Result<ExitCode> {
-    const BUILT: [Stage; 5] = [
+    const ALL_STAGES: [Stage; 5] = [
         Stage::Capture,
         Stage::Bronze,
         Stage::Silver,
         Stage::Gold,
         Stage::Rules,
     ];
-    // By default every built stage; gold when models are configured, rules when a rules
+    // By default every stage; gold when models are configured, rules when a rules
     // file is.
     let mut stages: Vec<Stage> = if stages.is_empty() {
-        BUILT
+        ALL_STAGES
             .into_iter()
             .filter(|s| *s != Stage::Gold || config.gold.models_dir.is_some())
             .filter(|s| *s != Stage::Rules || config.rules.file.is_some())
@@ -168,17 +168,6 @@ async fn run_daemon(
         && !stages.contains(&Stage::Rules)
     {
         stages.push(Stage::Rules);
-    }
-    let unbuilt: Vec<String> = stages
-        .iter()
-        .filter(|s| !BUILT.contains(s))
-        .map(|s| format!("{s:?}").to_lowercase())
-        .collect();
-    if !unbuilt.is_empty() {
-        bail!(
-            "stage(s) {} are not built in this version; run with --stage capture,bronze,silver,gold,rules",
-            unbuilt.join(", ")
-        );
     }
     // Before anything starts: a policy naming no real table or column is an error.
     let policies = crate::policies::at_startup(
@@ -216,8 +205,9 @@ async fn run_daemon(
             .contains(&stage)
             .then(|| Supervisor::new(stage, &stages_status))
     };
-    let running =
-        std::sync::atomic::AtomicUsize::new(BUILT.iter().filter(|s| stages.contains(s)).count());
+    let running = std::sync::atomic::AtomicUsize::new(
+        ALL_STAGES.iter().filter(|s| stages.contains(s)).count(),
+    );
     // A stage that stops while others go on says why in the log; the last one's error is
     // the daemon's exit message.
     let ended = |result: anyhow::Result<()>| {
