@@ -20,7 +20,8 @@ use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use crate::config::Config;
 
-fn lake(config: &Config) -> Result<Lake> {
+/// The lake of `config`, an error naming `[lake] uri` when it is not one.
+pub(crate) fn lake(config: &Config) -> Result<Lake> {
     Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))
 }
 

@@ -10,7 +10,6 @@ use std::collections::{BTreeSet, HashMap};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::anyhow;
 use tokio::sync::watch;
 use wal2delta_lake::gold::{GoldTable, Input, Model, Models, Refreshed};
 use wal2delta_lake::{Lake, LakeError};
@@ -129,7 +128,7 @@ async fn refresh(lake: &Lake, model: &Model, force: bool) -> Result<Refreshed, L
 /// `wal2delta replay --layer gold [--table MODEL]`: recomputes the models from Silver as it
 /// is now (a model and, with it, every model that reads it).
 pub async fn replay(config: &Config, only: Option<&str>) -> anyhow::Result<ExitCode> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = crate::quarantine::lake(config)?;
     let models = load_models(config).await?;
     if let Some(want) = only {
         if !models.iter().any(|m| m.name == want) {

@@ -148,7 +148,7 @@ pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<
         }
     };
     let total = rules.len() + errors.len();
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = crate::quarantine::lake(config)?;
     errors.extend(check(&lake, &rules, false).await?);
     for e in &errors {
         eprintln!("{e}");
@@ -172,7 +172,7 @@ pub async fn at_startup(config: &Config) -> anyhow::Result<Option<RuleSource>> {
     let Some(file) = &config.rules.file else {
         return Ok(None);
     };
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = crate::quarantine::lake(config)?;
     let rules = load_valid(&lake, file).await?;
     tracing::info!(rules = rules.len(), file = %file.display(), "rules loaded");
     Ok(Some(RuleSource::new(&rules)))
@@ -252,7 +252,7 @@ pub async fn run(
 /// `wal2delta rules list`: every rule of the file with its version, state and hit count,
 /// and the rules that still have hits but are no longer in the file.
 pub async fn list(config: &Config) -> anyhow::Result<ExitCode> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = crate::quarantine::lake(config)?;
     let counts = hit_counts(&lake).await?;
     let rules = match &config.rules.file {
         Some(f) => load(f)?.0,
@@ -297,7 +297,7 @@ pub async fn apply(config: &Config, file: PathBuf) -> anyhow::Result<ExitCode> {
         eprintln!("wal2delta: `rules apply` installs into [rules] file; set it in the config");
         return Ok(ExitCode::from(2));
     };
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = crate::quarantine::lake(config)?;
     let (rules, mut errors) = match load(&file) {
         Ok(r) => r,
         Err(e) => {
