@@ -1,4 +1,6 @@
 -- Per account and currency: settled and pending amounts, declined payments.
+-- key: account_id, currency
+-- key of public.transactions: account_id, currency
 SELECT account_id,
        currency,
        sum(CASE WHEN status = 'settled' THEN CAST(amount AS DECIMAL(18, 2)) ELSE 0 END) AS settled_amount,

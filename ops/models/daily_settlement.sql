@@ -1,5 +1,8 @@
 -- Settled payments per merchant, currency and day (UTC): what each merchant is paid.
 -- numeric columns are exact text in Silver (docs/types.md): cast them to compute.
+-- Keyed: a change recomputes only its merchant, currency and day (docs/gold.md).
+-- key: merchant_id, currency, day
+-- key of public.transactions: merchant_id, currency, CAST(created_at AS DATE)
 SELECT merchant_id,
        currency,
        CAST(created_at AS DATE) AS day,

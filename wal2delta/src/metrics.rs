@@ -112,9 +112,12 @@ pub const QUARANTINED: &str = "wal2delta_quarantined_records_total";
 pub const LAKE_FILES_COMPACTED: &str = "wal2delta_lake_files_compacted_total";
 /// Compaction/checkpoint passes that failed (label `table`).
 pub const LAKE_MAINTENANCE_FAILURES: &str = "wal2delta_lake_maintenance_failures_total";
-/// Gold model versions written (label `model`).
+/// Gold model versions written (labels `model`, `mode`: `full` when rewritten whole,
+/// `incremental` when the changed keys of a keyed model were merged).
 pub const GOLD_REFRESHES: &str = "wal2delta_gold_refreshes_total";
-/// Rows of a Gold model's last version (label `model`).
+/// Keys of keyed Gold models recomputed by incremental refreshes (label `model`).
+pub const GOLD_KEYS_RECOMPUTED: &str = "wal2delta_gold_keys_recomputed_total";
+/// Rows of a Gold model's last version written whole (label `model`).
 pub const GOLD_ROWS: &str = "wal2delta_gold_rows";
 /// Time to refresh one Gold model (label `model`).
 pub const GOLD_REFRESH_SECONDS: &str = "wal2delta_gold_refresh_seconds";

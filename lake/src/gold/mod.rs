@@ -6,8 +6,9 @@
 //! unknown table or model is refused naming the model); [`refresh`] writes one (its
 //! invariant: every version records the input versions it was computed from).
 
+mod incremental;
 pub mod model;
 pub mod refresh;
 
-pub use model::{Input, Model, Models};
+pub use model::{Input, Model, ModelKey, Models};
 pub use refresh::{GoldTable, Refreshed, GOLD_KEY};

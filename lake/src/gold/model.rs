@@ -5,7 +5,8 @@ use std::path::Path;
 
 use deltalake::datafusion::sql::parser::{DFParser, Statement as DfStatement};
 use deltalake::datafusion::sql::resolve::resolve_table_references;
-use deltalake::datafusion::sql::sqlparser::ast::Statement;
+use deltalake::datafusion::common::TableReference;
+use deltalake::datafusion::sql::sqlparser::ast::{Expr, SelectItem, SetExpr, Statement};
 use sha2::{Digest, Sha256};
 use wal2delta_model::TableName;
 
@@ -27,8 +28,32 @@ pub struct Model {
     pub sql: String,
     /// The inputs the SQL names (CTE names are not inputs).
     pub inputs: BTreeSet<Input>,
-    /// SHA-256 of the SQL text: a changed model is refreshed even when its inputs are not.
+    /// SHA-256 of the SQL text (its key header included): a changed model is refreshed
+    /// even when its inputs are not.
     pub sql_hash: String,
+    /// The key the model declares in its header, `None` when it declares none (it is then
+    /// rewritten whole at each refresh).
+    pub key: Option<ModelKey>,
+}
+
+/// A model's declared key (docs/gold.md, "Keyed models"):
+///
+/// ```sql
+/// -- key: account_id, currency
+/// -- key of public.transactions: account_id, currency
+/// ```
+///
+/// **The promise the author makes:** every output row whose key is `k` is computed only
+/// from the rows of each keyed input whose key expressions give `k` (and from any rows of
+/// the inputs not keyed). The incremental refresh relies on it: it recomputes the keys
+/// whose rows changed in a keyed input, reading only those rows of the keyed inputs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ModelKey {
+    /// The model's key columns, as DataFusion names the output columns (unquoted names in
+    /// lowercase).
+    pub columns: Vec<String>,
+    /// Per keyed input, one SQL expression over its columns for each key column.
+    pub inputs: BTreeMap<Input, Vec<String>>,
 }
 
 fn invalid(model: &str, reason: impl Into<String>) -> LakeError {
@@ -61,36 +86,177 @@ impl Model {
             resolve_table_references(&statement, true).map_err(|e| invalid(name, e.to_string()))?;
         let mut inputs = BTreeSet::new();
         for r in references {
-            let input = match (r.catalog(), r.schema()) {
-                (None, None) => {
-                    let m = r.table().to_owned();
-                    if !models.contains(&m) {
-                        return Err(invalid(name, format!("it reads {m:?}, which is no model in the models directory (a Silver table is named with its schema, e.g. public.{m})")));
-                    }
-                    Input::Model(m)
-                }
-                (None, Some(schema)) => {
-                    let t = TableName::new(schema, r.table());
-                    if !tables.contains(&t) {
-                        return Err(invalid(name, format!("it reads {t}, which is not a captured table (names are as in PostgreSQL; quote capitals and spaces: \"Order Items\")")));
-                    }
-                    Input::Silver(t)
-                }
-                _ => {
-                    return Err(invalid(
-                        name,
-                        format!("{r}: a model names a Silver table as schema.table and a model by its name, without a catalog"),
-                    ))
-                }
-            };
-            inputs.insert(input);
+            inputs.insert(input_of(name, &r, tables, models)?);
         }
+        let key = parse_key(name, sql, &inputs, tables, models)?;
         Ok(Model {
             name: name.to_owned(),
             sql: sql.to_owned(),
             inputs,
             sql_hash: format!("{:x}", Sha256::digest(sql.as_bytes())),
+            key,
         })
+    }
+}
+
+/// What a table reference of a model's SQL names: a schema-qualified name is a Silver
+/// table and must be one of `tables`; a bare name is another model and must be one of
+/// `models`.
+fn input_of(
+    name: &str,
+    r: &TableReference,
+    tables: &BTreeSet<TableName>,
+    models: &BTreeSet<String>,
+) -> Result<Input, LakeError> {
+    match (r.catalog(), r.schema()) {
+        (None, None) => {
+            let m = r.table().to_owned();
+            if !models.contains(&m) {
+                return Err(invalid(name, format!("it reads {m:?}, which is no model in the models directory (a Silver table is named with its schema, e.g. public.{m})")));
+            }
+            Ok(Input::Model(m))
+        }
+        (None, Some(schema)) => {
+            let t = TableName::new(schema, r.table());
+            if !tables.contains(&t) {
+                return Err(invalid(name, format!("it reads {t}, which is not a captured table (names are as in PostgreSQL; quote capitals and spaces: \"Order Items\")")));
+            }
+            Ok(Input::Silver(t))
+        }
+        _ => Err(invalid(
+            name,
+            format!("{r}: a model names a Silver table as schema.table and a model by its name, without a catalog"),
+        )),
+    }
+}
+
+/// The SQL expressions of `list` (`a, lower(b), CAST(c AS DATE)`), each as SQL text.
+fn expressions(list: &str) -> Result<Vec<Expr>, String> {
+    let sql = format!("SELECT {list}");
+    let mut statements = DFParser::parse_sql(&sql).map_err(|e| e.to_string())?;
+    let Some(DfStatement::Statement(s)) = statements.pop_front() else {
+        return Err("not a list of expressions".into());
+    };
+    let Statement::Query(q) = *s else {
+        return Err("not a list of expressions".into());
+    };
+    let SetExpr::Select(select) = *q.body else {
+        return Err("not a list of expressions".into());
+    };
+    if !statements.is_empty() || !select.from.is_empty() {
+        return Err("not a list of expressions".into());
+    }
+    select
+        .projection
+        .into_iter()
+        .map(|item| match item {
+            SelectItem::UnnamedExpr(e) => Ok(e),
+            other => Err(format!("{other}: an expression without alias is expected")),
+        })
+        .collect()
+}
+
+/// The key header of a model's SQL (`-- key: ...` and `-- key of INPUT: ...` comment
+/// lines), checked against the model's inputs.
+fn parse_key(
+    name: &str,
+    sql: &str,
+    inputs: &BTreeSet<Input>,
+    tables: &BTreeSet<TableName>,
+    models: &BTreeSet<String>,
+) -> Result<Option<ModelKey>, LakeError> {
+    let mut columns: Option<Vec<String>> = None;
+    let mut keyed: Vec<(String, String)> = Vec::new();
+    for line in sql.lines() {
+        let Some(comment) = line.trim().strip_prefix("--") else {
+            continue;
+        };
+        let comment = comment.trim();
+        if let Some(list) = comment.strip_prefix("key:") {
+            if columns.is_some() {
+                return Err(invalid(name, "it declares `-- key:` twice"));
+            }
+            let mut cols = Vec::new();
+            for e in expressions(list).map_err(|e| invalid(name, format!("-- key: {e}")))? {
+                let Expr::Identifier(id) = e else {
+                    return Err(invalid(name, format!("-- key: {e} is not a column name: the key names the model's output columns")));
+                };
+                let col = if id.quote_style.is_some() {
+                    id.value
+                } else {
+                    id.value.to_lowercase()
+                };
+                if cols.contains(&col) {
+                    return Err(invalid(name, format!("-- key: {col} is named twice")));
+                }
+                cols.push(col);
+            }
+            columns = Some(cols);
+        } else if let Some(rest) = comment.strip_prefix("key of ") {
+            let Some((input, list)) = split_unquoted(rest, ':') else {
+                return Err(invalid(name, format!("-- key of {rest}: expected `-- key of INPUT: expression, ...`")));
+            };
+            keyed.push((input.trim().to_owned(), list.to_owned()));
+        }
+    }
+    let Some(columns) = columns else {
+        if let Some((input, _)) = keyed.first() {
+            return Err(invalid(name, format!("-- key of {input}: the model declares no `-- key:` columns")));
+        }
+        return Ok(None);
+    };
+    let mut by_input = BTreeMap::new();
+    for (input, list) in keyed {
+        let reference = reference_of(&input)
+            .map_err(|e| invalid(name, format!("-- key of {input}: {e}")))?;
+        let resolved = input_of(name, &reference, tables, models)?;
+        if !inputs.contains(&resolved) {
+            return Err(invalid(name, format!("-- key of {input}: the model's SQL does not read it")));
+        }
+        let exprs = expressions(&list)
+            .map_err(|e| invalid(name, format!("-- key of {input}: {e}")))?;
+        if exprs.len() != columns.len() {
+            return Err(invalid(name, format!("-- key of {input}: {} expressions for {} key columns ({})", exprs.len(), columns.len(), columns.join(", "))));
+        }
+        if by_input
+            .insert(resolved, exprs.iter().map(|e| e.to_string()).collect())
+            .is_some()
+        {
+            return Err(invalid(name, format!("-- key of {input}: declared twice")));
+        }
+    }
+    if by_input.is_empty() {
+        return Err(invalid(name, "-- key: a keyed model needs `-- key of INPUT: expression, ...` for at least one input (how that input's rows map to the key); without it every change recomputes the whole model"));
+    }
+    Ok(Some(ModelKey {
+        columns,
+        inputs: by_input,
+    }))
+}
+
+/// `text` split at the first `sep` outside double quotes.
+fn split_unquoted(text: &str, sep: char) -> Option<(&str, &str)> {
+    let mut quoted = false;
+    for (i, c) in text.char_indices() {
+        match c {
+            '"' => quoted = !quoted,
+            c if c == sep && !quoted => return Some((&text[..i], &text[i + c.len_utf8()..])),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// The table reference `name` (`public.transactions`, `public."Order Items"`, `balances`).
+fn reference_of(name: &str) -> Result<TableReference, String> {
+    let sql = format!("SELECT * FROM {name}");
+    let mut statements = DFParser::parse_sql(&sql).map_err(|e| e.to_string())?;
+    let statement = statements.pop_front().ok_or("not a table name")?;
+    let (mut references, _) =
+        resolve_table_references(&statement, true).map_err(|e| e.to_string())?;
+    match (references.pop(), references.is_empty(), statements.is_empty()) {
+        (Some(r), true, true) => Ok(r),
+        _ => Err("not a table name".into()),
     }
 }
 
@@ -282,6 +448,43 @@ mod tests {
         .collect();
         let e = order(cyclic).unwrap_err().to_string();
         assert!(e.contains("a, b") && e.contains("cycle"), "{e}");
+    }
+
+    #[test]
+    fn a_key_header_names_output_columns_and_each_keyed_inputs_expressions() {
+        let sql = "-- Settlement per merchant and day.\n-- key: merchant_id, \"Day\"\n-- key of public.transactions: merchant_id, date_trunc('day', created_at)\nSELECT merchant_id, date_trunc('day', created_at) AS \"Day\" FROM public.transactions t JOIN public.\"Order Items\" i ON true GROUP BY 1, 2";
+        let m = Model::parse("daily", sql, &tables(), &names(&["daily"])).unwrap();
+        let key = m.key.unwrap();
+        assert_eq!(key.columns, ["merchant_id", "Day"]);
+        let t = Input::Silver(TableName::new("public", "transactions"));
+        assert_eq!(
+            key.inputs[&t],
+            ["merchant_id", "date_trunc('day', created_at)"]
+        );
+        // The other input is not keyed: a change there recomputes the whole model.
+        assert_eq!(key.inputs.len(), 1);
+        let plain = Model::parse("p", "SELECT 1 AS x FROM public.transactions", &tables(), &names(&["p"])).unwrap();
+        assert!(plain.key.is_none());
+    }
+
+    #[test]
+    fn bad_key_headers_are_refused_naming_the_model_and_the_line() {
+        let body = "SELECT account_id FROM public.transactions";
+        for (header, needle) in [
+            ("-- key: lower(a)", "not a column name"),
+            ("-- key: a, a\n-- key of public.transactions: a, a", "named twice"),
+            ("-- key: a\n-- key of public.transactions: a, b", "2 expressions for 1 key columns"),
+            ("-- key: a\n-- key of public.\"Order Items\": a", "does not read it"),
+            ("-- key: a\n-- key of public.nope: a", "public.nope"),
+            ("-- key: a", "at least one input"),
+            ("-- key of public.transactions: a", "no `-- key:`"),
+            ("-- key: a\n-- key of public.transactions a", "expected"),
+            ("-- key: a\n-- key of public.transactions: a +", "key of public.transactions"),
+        ] {
+            let sql = format!("{header}\n{body}");
+            let e = Model::parse("m", &sql, &tables(), &names(&["m"])).unwrap_err().to_string();
+            assert!(e.contains("gold model m") && e.contains(needle), "{header}: {e}");
+        }
     }
 
     #[test]

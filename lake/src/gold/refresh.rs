@@ -1,15 +1,16 @@
 //! Refreshing one model: its inputs read at one version each, the SELECT run, the result
-//! written as the whole new version of `gold/{model}`.
+//! written as the whole new version of `gold/{model}` (or, for a keyed model, merged for
+//! the keys whose inputs changed: [`super::incremental`]).
 //!
 //! **Invariant.** A Gold commit records, in its commit info, the SQL's hash and the
 //! version of every input it was computed from (`wal2delta.gold`). A refresh whose inputs
 //! and SQL are those of the last commit is skipped; any other writes the full result as
-//! one overwrite commit. So a reader knows exactly what a version reflects, a crash before
+//! one overwrite commit, or one MERGE of the changed keys. So a reader knows exactly what a version reflects, a crash before
 //! the commit leaves the previous version whole, and a refresh that is repeated (after a
 //! crash, or by `replay --layer gold`) writes the same rows again: nothing is applied
 //! twice.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use deltalake::arrow::array::RecordBatch;
@@ -23,6 +24,7 @@ use deltalake::DeltaTable;
 use futures::StreamExt;
 use serde_json::{json, Value};
 
+use super::incremental;
 use super::model::{Input, Model};
 use crate::{delta, Lake, LakeError};
 
@@ -37,8 +39,15 @@ const MODEL_SCHEMA: &str = "gold";
 /// What a refresh did.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Refreshed {
-    /// Written as this version, with this many rows.
+    /// Written whole as this version, with this many rows.
     Written { version: i64, rows: usize },
+    /// A keyed model refreshed incrementally as this version: `keys` recomputed, `rows`
+    /// of the result for them merged.
+    Merged {
+        version: i64,
+        keys: usize,
+        rows: usize,
+    },
     /// Inputs and SQL unchanged since the last version.
     Unchanged,
     /// An input does not exist yet (Silver has not created the table): nothing written.
@@ -60,16 +69,12 @@ impl<'a> GoldTable<'a> {
         format!("gold/{}", self.model.name)
     }
 
-    /// Refreshes the model when its inputs or SQL changed since its last version (always
-    /// when `force`).
-    pub async fn refresh(&self, force: bool) -> Result<Refreshed, LakeError> {
-        let name = self.name();
-        let url = self.lake.gold(&self.model.name);
-        let ctx = session();
-        let mut versions = BTreeMap::new();
-        let mut data = BTreeMap::new();
+    /// Opens the model's inputs at their latest versions; `Err(label)` names one that
+    /// does not exist yet.
+    async fn open_inputs(&self) -> Result<Result<Vec<Opened>, String>, LakeError> {
+        let mut opened = Vec::new();
         for input in &self.model.inputs {
-            let (label, input_url, reference) = match input {
+            let (label, url, reference) = match input {
                 Input::Silver(t) => {
                     let (s, tb) = t.ident_parts();
                     (
@@ -84,28 +89,77 @@ impl<'a> GoldTable<'a> {
                     TableReference::full(CATALOG, MODEL_SCHEMA, m.as_str()),
                 ),
             };
-            let Some(table) = delta::open(&label, &input_url).await? else {
-                return Ok(Refreshed::Waiting { input: label });
+            let Some(table) = delta::open(&label, &url).await? else {
+                return Ok(Err(label));
             };
-            versions.insert(label.clone(), table.version().map_or(-1, |v| v as i64));
-            data.insert(label.clone(), data_fingerprint(&table));
-            register(&ctx, reference, table, &label).await?;
+            opened.push(Opened {
+                input: input.clone(),
+                label,
+                url,
+                reference,
+                table,
+            });
+        }
+        Ok(Ok(opened))
+    }
+
+    /// Refreshes the model when its inputs or SQL changed since its last version (always,
+    /// and whole, when `force`). A keyed model is refreshed incrementally when it can be
+    /// ([`super::incremental`]).
+    pub async fn refresh(&self, force: bool) -> Result<Refreshed, LakeError> {
+        let name = self.name();
+        let url = self.lake.gold(&self.model.name);
+        let opened = match self.open_inputs().await? {
+            Ok(o) => o,
+            Err(input) => return Ok(Refreshed::Waiting { input }),
+        };
+        let mut versions = BTreeMap::new();
+        let mut data = BTreeMap::new();
+        for o in &opened {
+            versions.insert(o.label.clone(), o.table.version().map_or(-1, |v| v as i64));
+            data.insert(o.label.clone(), data_fingerprint(&o.table));
         }
         let recorded =
             json!({ "sql_sha256": self.model.sql_hash, "inputs": versions, "data": data });
         let current = delta::open(&name, &url).await?;
-        if !force {
-            if let Some(t) = &current {
-                // Unchanged when the SQL and the inputs' data files are: a Silver commit
-                // that only moved its progress (an idle watermark) changes no result.
-                let last = last_recorded(&name, t).await?;
-                let same = |key: &str| last.as_ref().map(|l| &l[key]) == Some(&recorded[key]);
-                if same("sql_sha256") && same("data") {
-                    return Ok(Refreshed::Unchanged);
+        if let (false, Some(t)) = (force, &current) {
+            // Unchanged when the SQL and the inputs' data files are: a Silver commit that
+            // only moved its progress (an idle watermark) changes no result.
+            let last = last_recorded(&name, t).await?;
+            let same = |key: &str| last.as_ref().map(|l| &l[key]) == Some(&recorded[key]);
+            if same("sql_sha256") && same("data") {
+                return Ok(Refreshed::Unchanged);
+            }
+            if let (Some(key), Some(last), true) = (&self.model.key, &last, same("sql_sha256")) {
+                match incremental::affected_keys(self.model, key, &opened, last).await {
+                    Ok(Ok(affected)) => {
+                        return incremental::merge(
+                            self.model,
+                            key,
+                            opened,
+                            affected,
+                            t.clone(),
+                            recorded,
+                        )
+                        .await
+                    }
+                    Ok(Err(why)) => {
+                        tracing::info!(model = %self.model.name, reason = %why, "gold model rewritten whole")
+                    }
+                    Err(e) => {
+                        tracing::warn!(model = %self.model.name, error = %e, "gold model: the changed keys could not be found; rewritten whole")
+                    }
                 }
             }
         }
+        let ctx = session();
+        for o in opened {
+            register(&ctx, o.reference, o.table, &o.label).await?;
+        }
         let batches = self.run(&ctx).await?;
+        if let Some(key) = &self.model.key {
+            incremental::ensure_unique_rows(self.model, key, &batches).await?;
+        }
         let rows = batches.iter().map(RecordBatch::num_rows).sum();
         let table = match current {
             Some(t) => t,
@@ -167,17 +221,30 @@ impl<'a> GoldTable<'a> {
     }
 }
 
-/// The `wal2delta.gold` info of the table's last commit.
-/// A fingerprint of the data files of `table`'s loaded version (FNV-1a over their sorted
-/// paths, as hex): equal exactly when the rows are.
-fn data_fingerprint(table: &DeltaTable) -> String {
-    let mut files: Vec<String> = table
+/// One input of a refresh, opened at its latest version.
+pub(super) struct Opened {
+    pub input: Input,
+    /// `public.transactions` or `gold/{model}`: its name in the recorded versions.
+    pub label: String,
+    pub url: url::Url,
+    /// Where the model's SQL finds it.
+    pub reference: TableReference,
+    pub table: DeltaTable,
+}
+
+/// The data files of `table`'s loaded version.
+pub(super) fn files(table: &DeltaTable) -> BTreeSet<String> {
+    table
         .get_file_uris()
         .map(|f| f.collect())
-        .unwrap_or_default();
-    files.sort();
+        .unwrap_or_default()
+}
+
+/// A fingerprint of the data files of `table`'s loaded version (FNV-1a over their sorted
+/// paths, as hex): equal exactly when the rows are.
+pub(super) fn data_fingerprint(table: &DeltaTable) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for f in &files {
+    for f in &files(table) {
         for b in f.bytes().chain([0]) {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0100_0000_01b3);
@@ -186,6 +253,7 @@ fn data_fingerprint(table: &DeltaTable) -> String {
     format!("{h:016x}")
 }
 
+/// The `wal2delta.gold` info of the table's last commit.
 async fn last_recorded(name: &str, table: &DeltaTable) -> Result<Option<Value>, LakeError> {
     let mut history = table.history(Some(1));
     if let Some(c) = history.next().await {
@@ -196,7 +264,7 @@ async fn last_recorded(name: &str, table: &DeltaTable) -> Result<Option<Value>, 
 }
 
 /// A session whose default catalog and schema are the models' own, reading text as `Utf8`.
-fn session() -> SessionContext {
+pub(super) fn session() -> SessionContext {
     let config = SessionConfig::new()
         .with_default_catalog_and_schema(CATALOG, MODEL_SCHEMA)
         .with_create_default_catalog_and_schema(true)
@@ -208,22 +276,30 @@ fn session() -> SessionContext {
 }
 
 /// Registers `table` (at its loaded version) under `reference`, creating its schema.
-async fn register(
+pub(super) async fn register(
     ctx: &SessionContext,
     reference: TableReference,
     table: DeltaTable,
     label: &str,
 ) -> Result<(), LakeError> {
     let err = |e: deltalake::datafusion::error::DataFusionError| LakeError::delta(&label)(e.into());
+    let provider = table.table_provider().await.map_err(err)?;
+    register_provider(ctx, reference, provider).map_err(err)
+}
+
+/// Registers `provider` under `reference`, creating its schema.
+pub(super) fn register_provider(
+    ctx: &SessionContext,
+    reference: TableReference,
+    provider: Arc<dyn deltalake::datafusion::catalog::TableProvider>,
+) -> Result<(), deltalake::datafusion::error::DataFusionError> {
     if let (Some(catalog), Some(schema)) = (reference.catalog(), reference.schema()) {
         if let Some(c) = ctx.catalog(catalog) {
             if c.schema(schema).is_none() {
-                c.register_schema(schema, Arc::new(MemorySchemaProvider::new()))
-                    .map_err(err)?;
+                c.register_schema(schema, Arc::new(MemorySchemaProvider::new()))?;
             }
         }
     }
-    let provider = table.table_provider().await.map_err(err)?;
-    ctx.register_table(reference, provider).map_err(err)?;
+    ctx.register_table(reference, provider)?;
     Ok(())
 }

@@ -114,14 +114,30 @@ fn reads_any(model: &Model, models: &BTreeSet<String>) -> bool {
 async fn refresh(lake: &Lake, model: &Model, force: bool) -> Result<Refreshed, LakeError> {
     let started = Instant::now();
     let r = GoldTable::new(lake, model).refresh(force).await?;
-    if let Refreshed::Written { version, rows } = &r {
-        let name = model.name.clone();
-        metrics::counter!(m::GOLD_REFRESHES, "model" => name.clone()).increment(1);
-        metrics::gauge!(m::GOLD_ROWS, "model" => name.clone()).set(*rows as f64);
-        metrics::histogram!(m::GOLD_REFRESH_SECONDS, "model" => name.clone())
-            .record(started.elapsed().as_secs_f64());
-        tracing::info!(model = %name, version, rows, ms = started.elapsed().as_millis() as u64, "gold model refreshed");
+    let name = model.name.clone();
+    let ms = started.elapsed().as_millis() as u64;
+    match &r {
+        Refreshed::Written { version, rows } => {
+            metrics::counter!(m::GOLD_REFRESHES, "model" => name.clone(), "mode" => "full")
+                .increment(1);
+            metrics::gauge!(m::GOLD_ROWS, "model" => name.clone()).set(*rows as f64);
+            tracing::info!(model = %name, version, rows, ms, "gold model refreshed whole");
+        }
+        Refreshed::Merged {
+            version,
+            keys,
+            rows,
+        } => {
+            metrics::counter!(m::GOLD_REFRESHES, "model" => name.clone(), "mode" => "incremental")
+                .increment(1);
+            metrics::counter!(m::GOLD_KEYS_RECOMPUTED, "model" => name.clone())
+                .increment(*keys as u64);
+            tracing::info!(model = %name, version, keys, rows, ms, "gold model refreshed incrementally");
+        }
+        Refreshed::Unchanged | Refreshed::Waiting { .. } => return Ok(r),
     }
+    metrics::histogram!(m::GOLD_REFRESH_SECONDS, "model" => name)
+        .record(started.elapsed().as_secs_f64());
     Ok(r)
 }
 
@@ -155,7 +171,7 @@ pub async fn replay(config: &Config, only: Option<&str>) -> anyhow::Result<ExitC
                     model.name
                 )
             }
-            Refreshed::Unchanged => {}
+            Refreshed::Unchanged | Refreshed::Merged { .. } => {}
         }
     }
     Ok(if waiting {
