@@ -340,6 +340,8 @@ impl TableRules {
                 for (e, after) in filter_events.iter_mut().zip(json) {
                     e.after = after;
                 }
+                // In commit order (versions come grouped by key).
+                filter_events.sort_by_key(|e| (e.lsn, e.ordinal));
             }
             report.filter_out = filter_events.len();
         }
