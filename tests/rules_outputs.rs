@@ -396,3 +396,143 @@ async fn transitions_and_filter_topics_hold_exactly_what_the_rules_say() -> Resu
     ensure!(run.stop()?.success());
     Ok(())
 }
+
+/// Every message of a topic, dropped to its identity (docs/rules.md): the identities in
+/// topic order, repeats included.
+fn identities(brokers: &str, topic: &str, fields: &[&str]) -> Result<Vec<String>> {
+    Ok(topic_values(brokers, topic)?
+        .into_iter()
+        .map(|(_, v)| {
+            let id: Vec<&Value> = fields.iter().map(|f| &v[*f]).collect();
+            serde_json::to_string(&id).unwrap_or_default()
+        })
+        .collect())
+}
+
+/// At-least-once under SIGKILL: the Silver + rules process is killed at random moments of
+/// a randomised workload and restarted. Afterwards the transitions topic, its repeats
+/// dropped by (rule_id, table, key, lsn, transition), equals `rules/transitions`; and every
+/// stream `entered` transition has its filter event (same key and LSN, naming the rule).
+#[tokio::test(flavor = "multi_thread")]
+async fn outputs_lose_nothing_when_the_rules_process_is_killed() -> Result<()> {
+    use rand::rngs::StdRng;
+    use rand::{Rng, SeedableRng};
+
+    let stack = Stack::from_env();
+    let w = Scenario::new(&stack, "rulesoutkill", TABLES)
+        .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
+        .env(
+            "WAL2DELTA__RULES__TRANSITIONS_TOPIC",
+            "{s}-rules-transitions",
+        )
+        .env("WAL2DELTA__RULES__FILTER_TOPIC", "{s}-rules-filter")
+        .env("WAL2DELTA__SILVER__INTERVAL_MS", "200")
+        .without_setup()
+        .build()
+        .await?;
+    let (s, pg, d) = (w.name, w.pg, w.d);
+    let (transitions_topic, filter_topic) = (
+        format!("{s}-rules-transitions"),
+        format!("{s}-rules-filter"),
+    );
+    std::fs::write(d.dir.join("rules.toml"), rules_toml(&s, &RULES))?;
+    d.setup()?;
+    let lake = d.lake();
+    let mut feed = d.spawn_stage("capture,bronze", "feed")?;
+    let mut silver = d.spawn_stage("silver,rules", "silver-0")?;
+    let load = {
+        let pg = stack.connect().await?;
+        let s = s.clone();
+        tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(5);
+            for _ in 0..400 {
+                let id = rng.random_range(1..=40);
+                let amount = rng.random_range(0..2000);
+                let sql = match rng.random_range(0..6) {
+                    0 => format!("DELETE FROM {s}.payments WHERE id = {id}"),
+                    1 => format!("UPDATE {s}.payments SET currency = CASE currency WHEN 'USD' THEN 'EUR' ELSE 'USD' END WHERE id = {id}"),
+                    _ => format!("INSERT INTO {s}.payments VALUES ({id}, {amount}, 'EUR', NULL) ON CONFLICT (id) DO UPDATE SET amount = excluded.amount"),
+                };
+                pg.batch_execute(&sql).await?;
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+            anyhow::Ok(())
+        })
+    };
+    let mut rng = StdRng::seed_from_u64(9);
+    let mut kills = 0;
+    while !load.is_finished() || kills < 3 {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(700..2500))).await;
+        feed.assert_running()?;
+        silver.kill9();
+        kills += 1;
+        silver = d.spawn_stage("silver,rules", &format!("silver-{kills}"))?;
+    }
+    load.await??;
+    // Caught up: the hits are the rules PostgreSQL evaluates on the source rows.
+    let want_hits: Vec<(String, String)> = pg
+        .query(
+            &format!(
+                "SELECT key, r FROM (SELECT '{{\"id\":' || id || '}}' AS key, r FROM (SELECT id, 'big' AS r FROM {s}.payments WHERE amount > 1000 UNION ALL SELECT id, 'usd' FROM {s}.payments WHERE currency = 'USD') x) y ORDER BY key COLLATE \"C\", r COLLATE \"C\""
+            ),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    wait_for(&mut silver, "hits equal the source", &want_hits, || {
+        wal2delta_tests::lake::rule_hits(&lake)
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    ensure!(silver.stop()?.success());
+    ensure!(feed.stop()?.success());
+
+    let fields = ["rule_id", "table", "key", "lsn", "transition"];
+    let delta: std::collections::BTreeSet<String> = delta_transitions(&lake)?
+        .iter()
+        .map(|v| {
+            let id: Vec<&Value> = fields.iter().map(|f| &v[*f]).collect();
+            serde_json::to_string(&id).unwrap_or_default()
+        })
+        .collect();
+    let published = identities(&stack.brokers, &transitions_topic, &fields)?;
+    let deduped: std::collections::BTreeSet<String> = published.iter().cloned().collect();
+    ensure!(
+        delta.len() > 100,
+        "a workload worth the name: {}",
+        delta.len()
+    );
+    if deduped != delta {
+        bail!(
+            "after {kills} kills: {} distinct published, {} in rules/transitions; only published: {:?}; only in Delta: {:?}",
+            deduped.len(),
+            delta.len(),
+            deduped.difference(&delta).take(5).collect::<Vec<_>>(),
+            delta.difference(&deduped).take(5).collect::<Vec<_>>()
+        );
+    }
+    // Every stream `entered` has its filter event, naming the rule.
+    let events = topic_values(&stack.brokers, &filter_topic)?;
+    for v in delta_transitions(&lake)?
+        .iter()
+        .filter(|v| v["transition"] == "entered" && v["origin"] == "stream")
+    {
+        ensure!(
+            events.iter().any(|(_, e)| e["key"] == v["key"]
+                && e["lsn"] == v["lsn"]
+                && e["rules"]
+                    .as_array()
+                    .is_some_and(|r| r.contains(&v["rule_id"]))),
+            "no filter event for {v}"
+        );
+    }
+    eprintln!(
+        "{kills} kills: {} transitions published ({} repeats), {} filter events",
+        published.len(),
+        published.len() - deduped.len(),
+        events.len()
+    );
+    Ok(())
+}
