@@ -26,6 +26,15 @@ pub enum LakeError {
     /// A Gold model cannot be read, planned or run: fix its SQL file.
     #[error("gold model {model}: {reason} (fix {model}.sql in [gold] models_dir)")]
     Model { model: String, reason: String },
+    /// A rules output (a Kafka topic, docs/rules.md) did not take a round: the round is
+    /// not committed and is tried again (`transient`), or it needs an operator.
+    #[error("rules output {output} of {table}: {reason}")]
+    Output {
+        output: String,
+        table: String,
+        reason: String,
+        transient: bool,
+    },
 }
 
 impl LakeError {
@@ -36,6 +45,13 @@ impl LakeError {
             }
             LakeError::Delta { .. } => ErrorClass::Transient,
             LakeError::SchemaConflict { .. } | LakeError::Rows { .. } => ErrorClass::Record,
+            LakeError::Output { transient, .. } => {
+                if *transient {
+                    ErrorClass::Transient
+                } else {
+                    ErrorClass::Operator
+                }
+            }
         }
     }
 

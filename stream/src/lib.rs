@@ -3,6 +3,7 @@
 //! the lake, decoding, and the dead-letter record.
 
 pub mod ack;
+pub mod acked;
 pub mod avro;
 pub mod consumer;
 pub mod decode;

@@ -207,23 +207,7 @@ impl EventProducer {
         if self.known_topics.contains(topic) {
             return Ok(());
         }
-        let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-        if compacted {
-            new = new.set("cleanup.policy", "compact");
-        }
-        let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
-        let results = self.admin.create_topics([&new], &opts).await?;
-        for r in results {
-            match r {
-                Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
-                Err((t, code)) => {
-                    return Err(StreamError::Topic {
-                        topic: t,
-                        reason: code.to_string(),
-                    })
-                }
-            }
-        }
+        create_topic(&self.admin, topic, partitions, compacted).await?;
         self.known_topics.insert(topic.to_owned());
         Ok(())
     }
@@ -352,6 +336,33 @@ impl EventProducer {
     pub fn flush(&self, timeout: Duration) {
         let _ = self.producer.flush(timeout);
     }
+}
+
+/// Creates `topic` with `partitions` partitions (compacted or not) unless it exists.
+pub(crate) async fn create_topic(
+    admin: &AdminClient<DefaultClientContext>,
+    topic: &str,
+    partitions: i32,
+    compacted: bool,
+) -> Result<(), StreamError> {
+    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    if compacted {
+        new = new.set("cleanup.policy", "compact");
+    }
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results = admin.create_topics([&new], &opts).await?;
+    for r in results {
+        match r {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((t, code)) => {
+                return Err(StreamError::Topic {
+                    topic: t,
+                    reason: code.to_string(),
+                })
+            }
+        }
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -183,7 +183,7 @@ impl Config {
         self.bronze.validate()?;
         self.silver.validate()?;
         self.gold.validate()?;
-        self.rules.validate()?;
+        self.rules.validate(&self.kafka)?;
         Ok(())
     }
 }

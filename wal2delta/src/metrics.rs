@@ -142,3 +142,15 @@ pub const RULES_BACKFILLS: &str = "wal2delta_rules_backfills_total";
 pub const RULES_INVALID: &str = "wal2delta_rules_invalid";
 /// Rule files that failed validation and were not installed (the running set goes on).
 pub const RULES_RELOAD_FAILURES: &str = "wal2delta_rules_reload_failures_total";
+/// Early filter: change events of the stream the rules saw (row versions, deletes
+/// included), per table, in rounds Silver committed (label `table`).
+pub const RULES_FILTER_EVENTS_IN: &str = "wal2delta_rules_filter_events_in_total";
+/// Early filter: change events that matched at least one rule and were published to
+/// `[rules] filter_topic` (label `table`).
+pub const RULES_FILTER_EVENTS_OUT: &str = "wal2delta_rules_filter_events_out_total";
+/// Early filter: events in ÷ events out since the daemon started (label `table`; absent
+/// until an event passes).
+pub const RULES_FILTER_REDUCTION: &str = "wal2delta_rules_filter_reduction";
+/// Messages Kafka acknowledged on a rules output topic (label `topic`), repeats included
+/// (a round that failed after publishing publishes again).
+pub const RULES_PUBLISHED: &str = "wal2delta_rules_published_total";

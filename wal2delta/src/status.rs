@@ -31,6 +31,17 @@ struct Report {
     quarantine: Result<BTreeMap<String, u64>, String>,
     /// The daemon's `/readyz` document, or why it could not be read.
     daemon: Result<Value, String>,
+    /// The early filter's counters per table, from the daemon's `/metrics`.
+    filter: Result<BTreeMap<String, FilterCounts>, String>,
+}
+
+/// The early filter of one table since the daemon started: events in, events out, and
+/// the reduction factor (in ÷ out; `None` until an event passed).
+#[derive(Debug, Default, Clone, PartialEq)]
+struct FilterCounts {
+    events_in: f64,
+    events_out: f64,
+    reduction: Option<f64>,
 }
 
 impl Report {
@@ -96,7 +107,62 @@ async fn gather(config: &Config) -> anyhow::Result<Report> {
         held: held_by_bronze_quarantine(config).await,
         quarantine: quarantine_counts(config).await,
         daemon: daemon_stages(&config.metrics.listen).await,
+        filter: match &config.rules.filter_topic {
+            Some(_) => daemon_metrics(&config.metrics.listen)
+                .await
+                .map(|text| filter_counts(&text)),
+            None => Ok(BTreeMap::new()),
+        },
     })
+}
+
+/// The running daemon's `/metrics` text (the early filter's counters live only there:
+/// they count what this process published, since it started).
+async fn daemon_metrics(listen: &str) -> Result<String, String> {
+    let addr = listen.replacen("0.0.0.0:", "127.0.0.1:", 1);
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(3))
+        .build()
+        .map_err(|e| e.to_string())?;
+    let answer = client
+        .get(format!("http://{addr}/metrics"))
+        .send()
+        .await
+        .map_err(|_| format!("no daemon answers on {listen} ([metrics] listen)"))?;
+    answer.text().await.map_err(|e| e.to_string())
+}
+
+/// The early filter's counters per table in Prometheus text.
+fn filter_counts(text: &str) -> BTreeMap<String, FilterCounts> {
+    use crate::metrics as m;
+    let mut out = BTreeMap::<String, FilterCounts>::new();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let Ok(value) = value.parse::<f64>() else {
+            continue;
+        };
+        let Some((name, labels)) = series.split_once('{') else {
+            continue;
+        };
+        let Some(table) = labels
+            .split(',')
+            .find_map(|l| l.trim().strip_prefix("table=\""))
+            .and_then(|t| t.split('"').next())
+        else {
+            continue;
+        };
+        let entry = out.entry(table.to_owned()).or_default();
+        match name {
+            n if n == m::RULES_FILTER_EVENTS_IN => entry.events_in = value,
+            n if n == m::RULES_FILTER_EVENTS_OUT => entry.events_out = value,
+            n if n == m::RULES_FILTER_REDUCTION => entry.reduction = Some(value),
+            _ => {}
+        }
+    }
+    out.retain(|_, c| c.events_in > 0.0 || c.events_out > 0.0);
+    out
 }
 
 /// The running daemon's `/readyz` document. A listener on every interface is asked on
@@ -154,6 +220,18 @@ fn to_json(r: &Report) -> Value {
     });
     doc["quarantine"] = or_error(&r.quarantine, |counts| json!(counts));
     doc["daemon"] = or_error(&r.daemon, Value::clone);
+    doc["stages"]["rules"]["filter"] = or_error(&r.filter, |tables| {
+        let tables: serde_json::Map<String, Value> = tables
+            .iter()
+            .map(|(t, c)| {
+                (
+                    t.clone(),
+                    json!({ "events_in": c.events_in, "events_out": c.events_out, "reduction": c.reduction }),
+                )
+            })
+            .collect();
+        Value::Object(tables)
+    });
     doc
 }
 
@@ -185,6 +263,27 @@ fn to_text(r: &Report) -> String {
     out += &silver_text(r);
     out += &quarantine_text(&r.quarantine);
     out += &daemon_text(&r.daemon);
+    out += &filter_text(&r.filter);
+    out
+}
+
+/// The early filter per table (only with `[rules] filter_topic`).
+fn filter_text(filter: &Result<BTreeMap<String, FilterCounts>, String>) -> String {
+    let tables = match filter {
+        Err(e) => return format!("rules filter: unknown ({e})\n"),
+        Ok(t) if t.is_empty() => return String::new(),
+        Ok(t) => t,
+    };
+    let mut out = String::from("rules filter (since the daemon started):\n");
+    for (t, c) in tables {
+        let reduction = c.reduction.map_or("no event passed yet".to_owned(), |r| {
+            format!("reduction {r:.1}x")
+        });
+        out += &format!(
+            "  {t}: {} events in, {} out, {reduction}\n",
+            c.events_in, c.events_out
+        );
+    }
     out
 }
 
@@ -379,5 +478,32 @@ pub async fn snapshot_progress(
         Ok(Ok(Err(e))) => Err(e.to_string()),
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err("Kafka did not answer within 20 s".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_filter_counters_are_read_from_the_metrics_text() {
+        let text = "# TYPE wal2delta_rules_filter_events_in_total counter\n\
+            wal2delta_rules_filter_events_in_total{table=\"s.t\"} 12\n\
+            wal2delta_rules_filter_events_out_total{table=\"s.t\"} 3\n\
+            wal2delta_rules_filter_reduction{table=\"s.t\"} 4\n\
+            wal2delta_rules_evaluations_total{table=\"s.t\"} 99\n\
+            wal2delta_rules_filter_events_in_total{table=\"s.u\"} 5\n";
+        let c = filter_counts(text);
+        assert_eq!(
+            c["s.t"],
+            FilterCounts {
+                events_in: 12.0,
+                events_out: 3.0,
+                reduction: Some(4.0)
+            }
+        );
+        assert_eq!(c["s.u"].events_out, 0.0);
+        assert_eq!(c["s.u"].reduction, None);
+        assert!(filter_text(&Ok(c)).contains("s.t: 12 events in, 3 out, reduction 4.0x"));
     }
 }

@@ -130,6 +130,10 @@ impl TableRules {
         // restart with the same rules skips this backfill.
         let seq = state.seq + 1;
         let ruleset = fingerprint(&desired);
+        // Published before the commits, acknowledged, or the round fails (super::output).
+        self.publish(Origin::Backfill, seq, &transitions, &[])
+            .await?;
+        let state = self.state.as_mut().expect("loaded in start");
         self.store
             .commit(
                 &self.name,

@@ -15,7 +15,7 @@ use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
 use super::walk::KeyHits;
 use super::{evaluate, CompiledRule, Evaluator};
 use crate::delta::{self, ident, literal};
-use crate::silver::{COMMIT_LSN, MOVED_FROM, OP, ORDINAL, UNCHANGED};
+use crate::silver::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED};
 use crate::LakeError;
 
 impl TableRules {
@@ -253,4 +253,49 @@ pub fn key_json(b: &RecordBatch, keys: &[String]) -> Result<Vec<String>, String>
         return Err(format!("{} keys for {} rows", out.len(), b.num_rows()));
     }
     Ok(out)
+}
+
+/// Rows `idx` of `batch` as Silver stores them (`schema`'s columns, without Silver's
+/// `_commit_lsn`, `_ordinal`, `_commit_ts` and `_unresolved`), each a JSON object with
+/// every column (NULL as `null`); `None` for a row that cannot be written as JSON.
+pub(super) fn rows_json(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+    idx: &[u32],
+) -> Result<Vec<Option<String>>, String> {
+    let own: Vec<usize> = schema
+        .fields()
+        .iter()
+        .enumerate()
+        .filter(|(_, f)| ![COMMIT_LSN, ORDINAL, COMMIT_TS, UNRESOLVED].contains(&f.name().as_str()))
+        .map(|(i, _)| i)
+        .collect();
+    let rows = conform(batch, schema)?
+        .project(&own)
+        .map_err(|e| e.to_string())?;
+    let taken = deltalake::arrow::compute::take_record_batch(
+        &rows,
+        &deltalake::arrow::array::UInt32Array::from(idx.to_vec()),
+    )
+    .map_err(|e| e.to_string())?;
+    let write = |b: &RecordBatch| -> Option<Vec<String>> {
+        let mut buf = Vec::new();
+        let mut w = deltalake::arrow::json::WriterBuilder::new()
+            .with_explicit_nulls(true)
+            .build::<_, deltalake::arrow::json::writer::LineDelimited>(&mut buf);
+        w.write(b).ok()?;
+        w.finish().ok()?;
+        drop(w);
+        let text = String::from_utf8(buf).ok()?;
+        let lines: Vec<String> = text.lines().map(str::to_owned).collect();
+        (lines.len() == b.num_rows()).then_some(lines)
+    };
+    if let Some(all) = write(&taken) {
+        return Ok(all.into_iter().map(Some).collect());
+    }
+    // Some row cannot be written (a type the writer does not take): row by row, so
+    // only that row loses its `after`.
+    Ok((0..taken.num_rows())
+        .map(|i| write(&taken.slice(i, 1)).and_then(|mut v| v.pop()))
+        .collect())
 }

@@ -2,11 +2,13 @@
 //! (docs/rules.md). [`compile`] checks each rule against the table's Silver schema once and
 //! turns it into a vectorised expression evaluated over Arrow batches; [`TableRules`]
 //! evaluates them in every Silver round and emits the transitions ([`walk`]) to
-//! `rules/transitions` and `rules/hits` ([`store`]).
+//! `rules/transitions` and `rules/hits` ([`store`]), after publishing them to the
+//! optional outputs ([`output`]).
 
 mod backfill;
 pub mod compile;
 mod evaluate;
+pub mod output;
 mod shared;
 mod source;
 pub mod store;
@@ -15,6 +17,7 @@ pub mod walk;
 
 pub use compile::{compile, evaluate, CompiledRule, RuleError};
 pub use evaluate::key_json;
+pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
 pub use source::RuleSource;
 pub use store::hit_counts;

@@ -36,7 +36,7 @@ pub enum Origin {
 }
 
 impl Origin {
-    fn as_str(self) -> &'static str {
+    pub fn as_str(self) -> &'static str {
         match self {
             Origin::Stream => "stream",
             Origin::Backfill => "backfill",

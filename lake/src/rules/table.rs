@@ -24,7 +24,8 @@ use deltalake::DeltaTable;
 use wal2delta_model::ChangeOp;
 use wal2delta_quarantine::QuarantineRecord;
 
-use super::evaluate::{key_json, value_schema, with_column};
+use super::evaluate::{key_json, rows_json, value_schema, with_column};
+use super::output::{FilterEvent, RulesOutput, RulesRound};
 use super::store::{changes_of, fingerprint, Loaded, Origin, RulesStore};
 use super::walk::{walk, Event, Transition, What};
 use super::{compile, Evaluator, Rule, RuleError, RuleSource};
@@ -50,6 +51,11 @@ pub struct RulesReport {
     pub invalid: Vec<RuleError>,
     /// The newest source commit time among the transitions (for the rules lag).
     pub newest_commit_ts: Option<i64>,
+    /// Early filter: the change events of the stream the round saw (row versions,
+    /// deletes included, the covered ones not), and those that matched a rule and were
+    /// published. Both 0 when no output takes filter events.
+    pub filter_in: usize,
+    pub filter_out: usize,
 }
 
 /// How a round starts.
@@ -72,6 +78,8 @@ pub struct TableRules {
     /// The rules the hits reflect (`None` until the first backfill after a load).
     pub(super) installed: Option<Vec<Rule>>,
     compiled: Option<Compiled>,
+    /// Where each round is published before its commits ([`super::output`]).
+    pub(super) output: Option<Arc<dyn RulesOutput>>,
 }
 
 /// The Silver `txn` app id recording the rules seq a Silver commit follows.
@@ -94,7 +102,38 @@ impl TableRules {
             state: None,
             installed: None,
             compiled: None,
+            output: None,
         }
+    }
+
+    /// Publishes every round to `output` before committing it ([`super::output`]).
+    pub fn with_output(mut self, output: Arc<dyn RulesOutput>) -> Self {
+        self.output = Some(output);
+        self
+    }
+
+    /// Publishes a round to the output, if any; must come before the round's commits.
+    pub(super) async fn publish(
+        &self,
+        origin: Origin,
+        seq: i64,
+        transitions: &[Transition],
+        events: &[FilterEvent],
+    ) -> Result<(), LakeError> {
+        let Some(out) = &self.output else {
+            return Ok(());
+        };
+        if transitions.is_empty() && events.is_empty() {
+            return Ok(());
+        }
+        out.publish(RulesRound {
+            table: &self.name,
+            origin,
+            seq,
+            transitions,
+            events,
+        })
+        .await
     }
 
     /// The `txn` action the round's Silver commit carries.
@@ -225,6 +264,7 @@ impl TableRules {
         let keys = rows.key_names();
         let v = versions(rows, truncated).map_err(|e| self.error(e.0))?;
         let mut events = Vec::new();
+        let mut filter_events: Vec<FilterEvent> = Vec::new();
         if let Some(batch) = v.rows {
             let sources = UInt32Array::from_iter_values(v.sources.iter().map(|&s| s as u32));
             let batch =
@@ -254,6 +294,8 @@ impl TableRules {
                 ord.as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
                 op.as_string::<i32>(),
             );
+            let filtering = self.output.as_ref().is_some_and(|o| o.wants_events());
+            let mut passed: Vec<u32> = Vec::new();
             for (i, key) in keys_json.into_iter().enumerate() {
                 if !uncovered(src.value(i) as usize) {
                     continue;
@@ -262,6 +304,23 @@ impl TableRules {
                     let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
                     a.is_valid(i).then(|| a.value(i))
                 });
+                if filtering {
+                    report.filter_in += 1;
+                    // A delete matches no rule (it makes the row leave its rules, which
+                    // the transitions carry).
+                    if op.value(i) != "d" && !row_hits[i].is_empty() {
+                        passed.push(i as u32);
+                        filter_events.push(FilterEvent {
+                            key: key.clone(),
+                            op: rows.op(src.value(i) as usize).map_or("u", ChangeOp::code),
+                            lsn: lsn.value(i),
+                            ordinal: ord.value(i),
+                            commit_ts,
+                            rules: row_hits[i].keys().cloned().collect(),
+                            after: None,
+                        });
+                    }
+                }
                 let what = if op.value(i) == "d" {
                     What::Delete { key }
                 } else {
@@ -276,6 +335,15 @@ impl TableRules {
                     what,
                 });
             }
+            if !passed.is_empty() {
+                let json = rows_json(&batch, &schema, &passed).map_err(|e| self.error(e))?;
+                for (e, after) in filter_events.iter_mut().zip(json) {
+                    e.after = after;
+                }
+                // In commit order (versions come grouped by key).
+                filter_events.sort_by_key(|e| (e.lsn, e.ordinal));
+            }
+            report.filter_out = filter_events.len();
         }
         let ts = rows
             .commit_ts()
@@ -302,11 +370,18 @@ impl TableRules {
             reason: "rules state not loaded".into(),
         })?;
         let walked = walk(&mut state.hits, events);
+        let seq = state.seq + 1;
         report.eval_time = started.elapsed();
         count(&mut report, &walked.transitions);
+        // Published before the commits, acknowledged, or the round fails (super::output).
+        self.publish(Origin::Stream, seq, &walked.transitions, &filter_events)
+            .await?;
+        let state = self.state.as_mut().ok_or_else(|| LakeError::Rows {
+            table: self.name.clone(),
+            reason: "rules state not loaded".into(),
+        })?;
         if !walked.transitions.is_empty() {
             let changes = changes_of(&walked.transitions);
-            let seq = state.seq + 1;
             let ruleset = state
                 .ruleset
                 .unwrap_or_else(|| fingerprint(&self.source.of(&self.name)));

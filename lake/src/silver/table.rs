@@ -111,6 +111,16 @@ impl SilverTable {
         self
     }
 
+    /// Publishes the rules' rounds to `output` before committing them (docs/rules.md,
+    /// "Kafka outputs"); no effect without [`Self::with_rules`].
+    pub fn with_rules_output(
+        mut self,
+        output: std::sync::Arc<dyn crate::rules::RulesOutput>,
+    ) -> Self {
+        self.rules = self.rules.map(|r| r.with_output(output));
+        self
+    }
+
     /// Masks columns by `masking` and sets rows failing `checks` aside in quarantine.
     pub fn with_policy(mut self, masking: Masking, checks: Vec<Check>) -> Self {
         self.masking = masking;

@@ -1,10 +1,11 @@
-//! `[rules]`: where the rule set comes from (docs/rules.md).
+//! `[rules]`: where the rule set comes from, and the optional Kafka outputs of the rules
+//! stage (docs/rules.md).
 
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
-use super::{invalid, ConfigError};
+use super::{invalid, ConfigError, KafkaConfig};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -13,10 +14,18 @@ pub struct RulesConfig {
     pub file: Option<PathBuf>,
     /// A rules table in the source database, `schema.table` (not built yet).
     pub table: Option<String>,
+    /// A Kafka topic (on `[kafka] brokers`) receiving every transition appended to
+    /// `rules/transitions`, as JSON.
+    pub transitions_topic: Option<String>,
+    /// The early filter: a Kafka topic receiving only the change events whose new row
+    /// matches at least one active rule, with the matching rule ids, as JSON.
+    pub filter_topic: Option<String>,
 }
 
 impl RulesConfig {
-    pub(super) fn validate(&self) -> Result<(), ConfigError> {
+    /// `kafka`: the `[kafka]` section the topics are written with (it is required by the
+    /// config, so a topic always has brokers).
+    pub(super) fn validate(&self, kafka: &KafkaConfig) -> Result<(), ConfigError> {
         if let Some(f) = &self.file {
             if !f.is_file() {
                 return Err(invalid(
@@ -31,6 +40,143 @@ impl RulesConfig {
                 "rules from a source table are not built yet; use [rules] file",
             ));
         }
+        for (field, topic) in [
+            ("rules.transitions_topic", &self.transitions_topic),
+            ("rules.filter_topic", &self.filter_topic),
+        ] {
+            let Some(topic) = topic else { continue };
+            check_topic(field, topic, kafka)?;
+            if self.file.is_none() {
+                return Err(invalid(
+                    field,
+                    "needs rules: set [rules] file (the rules stage publishes it)",
+                ));
+            }
+        }
+        if self.transitions_topic.is_some() && self.transitions_topic == self.filter_topic {
+            return Err(invalid(
+                "rules.filter_topic",
+                "must differ from [rules] transitions_topic",
+            ));
+        }
         Ok(())
+    }
+}
+
+/// A valid Kafka topic name that no other wal2delta topic uses.
+fn check_topic(field: &str, topic: &str, kafka: &KafkaConfig) -> Result<(), ConfigError> {
+    if topic.is_empty()
+        || topic.len() > 249
+        || topic == "."
+        || topic == ".."
+        || !topic
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "._-".contains(c))
+    {
+        return Err(invalid(
+            field,
+            format!("{topic:?} is not a Kafka topic name (1 to 249 of a-z, A-Z, 0-9, '.', '_', '-'; not \".\" or \"..\")"),
+        ));
+    }
+    if wal2delta_stream::topic::table_of_topic(&kafka.topic_prefix, topic).is_some() {
+        return Err(invalid(
+            field,
+            format!(
+                "{topic:?} has the shape of a table topic ({}.schema.table), which bronze would read as a table's changes; pick another name",
+                kafka.topic_prefix
+            ),
+        ));
+    }
+    let internal = [
+        kafka.dlq_topic(),
+        kafka.positions_topic(),
+        kafka.snapshots_topic(),
+        kafka.transactions_topic(),
+    ];
+    if internal.iter().any(|t| t == topic) {
+        return Err(invalid(
+            field,
+            format!("{topic:?} is one of wal2delta's own [kafka] topics"),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
+
+    use crate::config::{Config, ConfigError};
+
+    fn load(rules: &str) -> Result<Config, ConfigError> {
+        let file =
+            std::env::temp_dir().join(format!("wal2delta-rules-{}.toml", std::process::id()));
+        std::fs::write(&file, "").expect("temp file");
+        let text = format!(
+            "[source]\ndsn = \"postgres://r@127.0.0.1:5432/app\"\n[kafka]\nbrokers = \"127.0.0.1:9092\"\n[schema_registry]\nurl = \"http://127.0.0.1:8081\"\n[lake]\nuri = \"file:///tmp/lake\"\n[rules]\n{}",
+            rules.replace("{file}", &file.display().to_string())
+        );
+        Config::from_sources(Path::new("t.toml"), &text, std::iter::empty())
+    }
+
+    fn refused(rules: &str, field: &str, why: &str) {
+        let err = load(rules).expect_err(rules).to_string();
+        assert!(err.contains(field), "{rules}: {err}");
+        assert!(err.contains(why), "{rules}: {err}");
+    }
+
+    #[test]
+    fn output_topics_are_checked_naming_the_field() {
+        let c = load("file = \"{file}\"\ntransitions_topic = \"rules.transitions\"\nfilter_topic = \"rules-filter\"\n")
+            .expect("valid");
+        assert_eq!(
+            c.rules.transitions_topic.as_deref(),
+            Some("rules.transitions")
+        );
+        assert_eq!(c.rules.filter_topic.as_deref(), Some("rules-filter"));
+        assert!(load("file = \"{file}\"\n").is_ok());
+        refused(
+            "file = \"{file}\"\ntransitions_topic = \"bad topic\"\n",
+            "rules.transitions_topic",
+            "not a Kafka topic name",
+        );
+        refused(
+            "file = \"{file}\"\nfilter_topic = \"\"\n",
+            "rules.filter_topic",
+            "not a Kafka topic name",
+        );
+        refused(
+            &format!(
+                "file = \"{{file}}\"\nfilter_topic = \"{}\"\n",
+                "x".repeat(250)
+            ),
+            "rules.filter_topic",
+            "not a Kafka topic name",
+        );
+        refused(
+            "file = \"{file}\"\nfilter_topic = \"..\"\n",
+            "rules.filter_topic",
+            "not a Kafka topic name",
+        );
+        refused(
+            "filter_topic = \"rules-filter\"\n",
+            "rules.filter_topic",
+            "set [rules] file",
+        );
+        refused(
+            "file = \"{file}\"\ntransitions_topic = \"cdc.rules.transitions\"\n",
+            "rules.transitions_topic",
+            "table topic",
+        );
+        refused(
+            "file = \"{file}\"\ntransitions_topic = \"cdc.dlq\"\n",
+            "rules.transitions_topic",
+            "own [kafka] topics",
+        );
+        refused(
+            "file = \"{file}\"\ntransitions_topic = \"same\"\nfilter_topic = \"same\"\n",
+            "rules.filter_topic",
+            "must differ",
+        );
     }
 }

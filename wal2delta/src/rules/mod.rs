@@ -5,7 +5,9 @@
 //! see exactly what Silver applies. The rules stage here owns the rule set: it loads the
 //! file at startup (a bad rule stops the start, naming it), then watches it and installs
 //! every valid new version without a restart; a file with a bad rule is refused and the
-//! running set goes on.
+//! running set goes on. [`output`] publishes the rounds to the optional Kafka topics.
+
+pub mod output;
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};

@@ -8,12 +8,13 @@
 //! resumes where its last commit left off.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub mod replay;
 
 use tokio::sync::watch;
-use wal2delta_lake::rules::{RuleSource, RulesReport};
+use wal2delta_lake::rules::{RuleSource, RulesOutput, RulesReport};
 use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts};
 use wal2delta_lake::{Lake, LakeError};
 
@@ -38,10 +39,27 @@ pub async fn run(
         Ok(lake) => lake,
         Err(e) => return supervisor.stop_now(&e),
     };
+    // The rules' Kafka outputs (docs/rules.md): published before each round's commits.
+    let output = match &rules {
+        Some(_) => match crate::rules::output::from_config(config) {
+            Ok(o) => o,
+            Err(e) => {
+                return supervisor.stop_now(&LakeError::Output {
+                    output: "Kafka producer".into(),
+                    table: "-".into(),
+                    reason: e.to_string(),
+                    transient: false,
+                })
+            }
+        },
+        None => None,
+    };
     let mut stage = Stage {
         config,
         policies: &policies,
         rules,
+        output,
+        filtered: HashMap::new(),
         lake: &lake,
         supervisor: &supervisor,
         tables: HashMap::new(),
@@ -98,6 +116,10 @@ struct Stage<'a> {
     config: &'a Config,
     policies: &'a Policies,
     rules: Option<RuleSource>,
+    /// Where the rules publish their rounds (`[rules] transitions_topic`, `filter_topic`).
+    output: Option<Arc<dyn RulesOutput>>,
+    /// Early filter events (in, out) per table since the stage started.
+    filtered: HashMap<String, (u64, u64)>,
     lake: &'a Lake,
     supervisor: &'a Supervisor,
     tables: HashMap<String, Tracked>,
@@ -241,7 +263,13 @@ impl Stage<'_> {
         }
         let t = match open_table(self.config, self.policies, self.lake, schema, table).await {
             Ok(t) => match &self.rules {
-                Some(rules) => t.with_rules(self.lake, rules.clone()),
+                Some(rules) => {
+                    let t = t.with_rules(self.lake, rules.clone());
+                    match &self.output {
+                        Some(o) => t.with_rules_output(o.clone()),
+                        None => t,
+                    }
+                }
                 None => t,
             },
             Err(e) => {
@@ -288,6 +316,10 @@ impl Stage<'_> {
             Ok(r) => {
                 self.watermarks.insert(name.to_owned(), r.watermark);
                 report_applied(name, &r, started);
+                let totals = self.filtered.entry(name.to_owned()).or_default();
+                for rules in &r.rules {
+                    report_filter(name, rules, totals);
+                }
                 if self.failing.remove(name).is_some() {
                     self.supervisor.table_ok(name);
                     tracing::info!(table = %name, "Silver table merging again");
@@ -343,6 +375,23 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     }
     if let Some(v) = r.version {
         tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark, "silver commit");
+    }
+}
+
+/// The early filter's metrics of one round; `totals` are the table's (in, out) so far.
+fn report_filter(table: &str, r: &RulesReport, totals: &mut (u64, u64)) {
+    if r.filter_in == 0 {
+        return;
+    }
+    totals.0 += r.filter_in as u64;
+    totals.1 += r.filter_out as u64;
+    metrics::counter!(m::RULES_FILTER_EVENTS_IN, "table" => table.to_owned())
+        .increment(r.filter_in as u64);
+    metrics::counter!(m::RULES_FILTER_EVENTS_OUT, "table" => table.to_owned())
+        .increment(r.filter_out as u64);
+    if totals.1 > 0 {
+        metrics::gauge!(m::RULES_FILTER_REDUCTION, "table" => table.to_owned())
+            .set(totals.0 as f64 / totals.1 as f64);
     }
 }
 
