@@ -5,10 +5,10 @@
 //! **Invariant.** A Gold commit records, in its commit info, the SQL's hash and the
 //! version of every input it was computed from (`wal2delta.gold`). A refresh whose inputs
 //! and SQL are those of the last commit is skipped; any other writes the full result as
-//! one overwrite commit, or one MERGE of the changed keys. So a reader knows exactly what a version reflects, a crash before
-//! the commit leaves the previous version whole, and a refresh that is repeated (after a
-//! crash, or by `replay --layer gold`) writes the same rows again: nothing is applied
-//! twice.
+//! one overwrite commit, or one MERGE of the changed keys. So a reader knows exactly what
+//! a version reflects, a crash before the commit leaves the previous version whole, and a
+//! refresh that is repeated (after a crash, or by `replay --layer gold`) writes the same
+//! rows again: nothing is applied twice.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
