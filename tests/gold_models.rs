@@ -521,7 +521,10 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
         .unwrap_or(-1);
     let silver = d.silver("transactions");
     let now = delta_version(&silver).unwrap_or(-1);
-    ensure!(recorded > 0 && recorded <= now, "recorded {recorded}, Silver at {now}");
+    ensure!(
+        recorded > 0 && recorded <= now,
+        "recorded {recorded}, Silver at {now}"
+    );
     for v in recorded + 1..=now {
         let log = std::fs::read_to_string(silver.join(format!("_delta_log/{v:020}.json")))?;
         ensure!(
@@ -531,7 +534,10 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
     }
 
     // A change of the input without a key (a merchant's category) rewrites daily whole.
-    let writes_before = operations(&daily)?.iter().filter(|o| o.as_str() == "WRITE").count();
+    let writes_before = operations(&daily)?
+        .iter()
+        .filter(|o| o.as_str() == "WRITE")
+        .count();
     pg.batch_execute(&format!(
         "UPDATE {name}.merchants SET category = 'moved' WHERE id = 5"
     ))
@@ -539,7 +545,10 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
     wait_equal("category change".into())
         .await
         .map_err(|e| e.context(run.log_text()))?;
-    let writes_after = operations(&daily)?.iter().filter(|o| o.as_str() == "WRITE").count();
+    let writes_after = operations(&daily)?
+        .iter()
+        .filter(|o| o.as_str() == "WRITE")
+        .count();
     ensure!(
         writes_after == writes_before + 1,
         "daily: {writes_before} whole writes before, {writes_after} after"

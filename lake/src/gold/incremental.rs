@@ -247,7 +247,11 @@ pub(super) async fn merge(
         .collect();
     ctx.register_table(TableReference::bare(RESULT), result.into_view())
         .map_err(failed)?;
-    let keyed: Vec<String> = key.columns.iter().map(|c| format!("o.{}", ident(c))).collect();
+    let keyed: Vec<String> = key
+        .columns
+        .iter()
+        .map(|c| format!("o.{}", ident(c)))
+        .collect();
     // The result's rows for the affected keys only: the MERGE touches nothing else.
     let rows = delta::collect(
         &name,
@@ -282,18 +286,20 @@ pub(super) async fn merge(
         .when_matched_delete(|d| d.predicate("source.__w2d_present IS NULL"))
         .and_then(|m| {
             m.when_matched_update(|u| {
-                columns.iter().fold(
-                    u.predicate("source.__w2d_present IS NOT NULL"),
-                    |u, c| u.update(ident(c), format!("source.{}", ident(c))),
-                )
+                columns
+                    .iter()
+                    .fold(u.predicate("source.__w2d_present IS NOT NULL"), |u, c| {
+                        u.update(ident(c), format!("source.{}", ident(c)))
+                    })
             })
         })
         .and_then(|m| {
             m.when_not_matched_insert(|i| {
-                columns.iter().fold(
-                    i.predicate("source.__w2d_present IS NOT NULL"),
-                    |i, c| i.set(ident(c), format!("source.{}", ident(c))),
-                )
+                columns
+                    .iter()
+                    .fold(i.predicate("source.__w2d_present IS NOT NULL"), |i, c| {
+                        i.set(ident(c), format!("source.{}", ident(c)))
+                    })
             })
         })
         .map_err(LakeError::delta(&name))?
@@ -381,12 +387,11 @@ pub(super) async fn ensure_unique_rows(
     let Some(first) = rows.first() else {
         return Ok(());
     };
-    let mem = MemTable::try_new(first.schema(), vec![rows.to_vec()]).map_err(|e| {
-        LakeError::Model {
+    let mem =
+        MemTable::try_new(first.schema(), vec![rows.to_vec()]).map_err(|e| LakeError::Model {
             model: model.name.clone(),
             reason: e.to_string(),
-        }
-    })?;
+        })?;
     ctx.register_table(TableReference::bare(RESULT), Arc::new(mem))
         .map_err(|e| LakeError::Model {
             model: model.name.clone(),
@@ -414,7 +419,11 @@ async fn source(
         .map(|j| format!("a.{}", key_col(j)))
         .collect();
     let cols: Vec<String> = columns.iter().map(|c| format!("o.{}", ident(c))).collect();
-    let qualified: Vec<String> = key.columns.iter().map(|c| format!("o.{}", ident(c))).collect();
+    let qualified: Vec<String> = key
+        .columns
+        .iter()
+        .map(|c| format!("o.{}", ident(c)))
+        .collect();
     ctx.sql(&format!(
         "SELECT {keys}, {cols}, o.__w2d_present FROM {affected} a LEFT JOIN (SELECT *, true AS __w2d_present FROM {result}) o ON {on}",
         keys = keys.join(", "),

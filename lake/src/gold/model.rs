@@ -3,9 +3,9 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use deltalake::datafusion::common::TableReference;
 use deltalake::datafusion::sql::parser::{DFParser, Statement as DfStatement};
 use deltalake::datafusion::sql::resolve::resolve_table_references;
-use deltalake::datafusion::common::TableReference;
 use deltalake::datafusion::sql::sqlparser::ast::{Expr, SelectItem, SetExpr, Statement};
 use sha2::{Digest, Sha256};
 use wal2delta_model::TableName;
@@ -194,29 +194,46 @@ fn parse_key(
             columns = Some(cols);
         } else if let Some(rest) = comment.strip_prefix("key of ") {
             let Some((input, list)) = split_unquoted(rest, ':') else {
-                return Err(invalid(name, format!("-- key of {rest}: expected `-- key of INPUT: expression, ...`")));
+                return Err(invalid(
+                    name,
+                    format!("-- key of {rest}: expected `-- key of INPUT: expression, ...`"),
+                ));
             };
             keyed.push((input.trim().to_owned(), list.to_owned()));
         }
     }
     let Some(columns) = columns else {
         if let Some((input, _)) = keyed.first() {
-            return Err(invalid(name, format!("-- key of {input}: the model declares no `-- key:` columns")));
+            return Err(invalid(
+                name,
+                format!("-- key of {input}: the model declares no `-- key:` columns"),
+            ));
         }
         return Ok(None);
     };
     let mut by_input = BTreeMap::new();
     for (input, list) in keyed {
-        let reference = reference_of(&input)
-            .map_err(|e| invalid(name, format!("-- key of {input}: {e}")))?;
+        let reference =
+            reference_of(&input).map_err(|e| invalid(name, format!("-- key of {input}: {e}")))?;
         let resolved = input_of(name, &reference, tables, models)?;
         if !inputs.contains(&resolved) {
-            return Err(invalid(name, format!("-- key of {input}: the model's SQL does not read it")));
+            return Err(invalid(
+                name,
+                format!("-- key of {input}: the model's SQL does not read it"),
+            ));
         }
-        let exprs = expressions(&list)
-            .map_err(|e| invalid(name, format!("-- key of {input}: {e}")))?;
+        let exprs =
+            expressions(&list).map_err(|e| invalid(name, format!("-- key of {input}: {e}")))?;
         if exprs.len() != columns.len() {
-            return Err(invalid(name, format!("-- key of {input}: {} expressions for {} key columns ({})", exprs.len(), columns.len(), columns.join(", "))));
+            return Err(invalid(
+                name,
+                format!(
+                    "-- key of {input}: {} expressions for {} key columns ({})",
+                    exprs.len(),
+                    columns.len(),
+                    columns.join(", ")
+                ),
+            ));
         }
         if by_input
             .insert(resolved, exprs.iter().map(|e| e.to_string()).collect())
@@ -254,7 +271,11 @@ fn reference_of(name: &str) -> Result<TableReference, String> {
     let statement = statements.pop_front().ok_or("not a table name")?;
     let (mut references, _) =
         resolve_table_references(&statement, true).map_err(|e| e.to_string())?;
-    match (references.pop(), references.is_empty(), statements.is_empty()) {
+    match (
+        references.pop(),
+        references.is_empty(),
+        statements.is_empty(),
+    ) {
         (Some(r), true, true) => Ok(r),
         _ => Err("not a table name".into()),
     }
@@ -463,7 +484,13 @@ mod tests {
         );
         // The other input is not keyed: a change there recomputes the whole model.
         assert_eq!(key.inputs.len(), 1);
-        let plain = Model::parse("p", "SELECT 1 AS x FROM public.transactions", &tables(), &names(&["p"])).unwrap();
+        let plain = Model::parse(
+            "p",
+            "SELECT 1 AS x FROM public.transactions",
+            &tables(),
+            &names(&["p"]),
+        )
+        .unwrap();
         assert!(plain.key.is_none());
     }
 
@@ -472,18 +499,35 @@ mod tests {
         let body = "SELECT account_id FROM public.transactions";
         for (header, needle) in [
             ("-- key: lower(a)", "not a column name"),
-            ("-- key: a, a\n-- key of public.transactions: a, a", "named twice"),
-            ("-- key: a\n-- key of public.transactions: a, b", "2 expressions for 1 key columns"),
-            ("-- key: a\n-- key of public.\"Order Items\": a", "does not read it"),
+            (
+                "-- key: a, a\n-- key of public.transactions: a, a",
+                "named twice",
+            ),
+            (
+                "-- key: a\n-- key of public.transactions: a, b",
+                "2 expressions for 1 key columns",
+            ),
+            (
+                "-- key: a\n-- key of public.\"Order Items\": a",
+                "does not read it",
+            ),
             ("-- key: a\n-- key of public.nope: a", "public.nope"),
             ("-- key: a", "at least one input"),
             ("-- key of public.transactions: a", "no `-- key:`"),
             ("-- key: a\n-- key of public.transactions a", "expected"),
-            ("-- key: a\n-- key of public.transactions: a +", "key of public.transactions"),
+            (
+                "-- key: a\n-- key of public.transactions: a +",
+                "key of public.transactions",
+            ),
         ] {
             let sql = format!("{header}\n{body}");
-            let e = Model::parse("m", &sql, &tables(), &names(&["m"])).unwrap_err().to_string();
-            assert!(e.contains("gold model m") && e.contains(needle), "{header}: {e}");
+            let e = Model::parse("m", &sql, &tables(), &names(&["m"]))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("gold model m") && e.contains(needle),
+                "{header}: {e}"
+            );
         }
     }
 
