@@ -53,6 +53,7 @@ fn rule(id: &str, when: &str) -> Rule {
         when: when.to_owned(),
         version: 1,
         active: true,
+        lookups: Vec::new(),
     }
 }
 

@@ -232,6 +232,28 @@ pub struct StageProcess {
 }
 
 impl StageProcess {
+    /// Polls `get` every half second until it gives `want` (2 minutes at most), checking
+    /// that the process still runs; the failure shows the last value and the log.
+    pub async fn wait_for<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        what: &str,
+        want: &T,
+        mut get: impl FnMut() -> Result<T>,
+    ) -> Result<()> {
+        let start = Instant::now();
+        loop {
+            self.assert_running()?;
+            let got = get()?;
+            if &got == want {
+                return Ok(());
+            }
+            if start.elapsed() > Duration::from_secs(120) {
+                bail!("{what}: want {want:?}\ngot {got:?}\n{}", self.log_text());
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// SIGKILL: no chance to flush or commit anything.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -8,6 +8,7 @@ pub mod chaos;
 pub mod daemon;
 pub mod kafka;
 pub mod lake;
+pub mod metrics;
 pub mod proxy;
 
 use std::time::{Duration, Instant};

@@ -154,3 +154,18 @@ pub const RULES_FILTER_REDUCTION: &str = "wal2delta_rules_filter_reduction";
 /// Messages Kafka acknowledged on a rules output topic (label `topic`), repeats included
 /// (a round that failed after publishing publishes again).
 pub const RULES_PUBLISHED: &str = "wal2delta_rules_published_total";
+/// Lookups (docs/rules.md, "Lookups"): rows looked up in a related table, per row and
+/// related table, after passing their rules' own conditions (label `table`).
+pub const RULES_LOOKUPS: &str = "wal2delta_rules_lookups_total";
+/// Rows whose rules' own conditions failed, so their related row was never looked up
+/// (label `table`).
+pub const RULES_LOOKUPS_AVOIDED: &str = "wal2delta_rules_lookups_avoided_total";
+/// Rows looked up while the related table's Silver watermark was behind their commit
+/// (after a lookup timeout, or a backfill while the related table lags; label `table`).
+pub const RULES_LOOKUPS_STALE: &str = "wal2delta_rules_lookups_stale_total";
+/// Rows whose related row had changed again after their own commit when looked up (the
+/// related table was applied further): the lookup saw a later state (label `table`).
+pub const RULES_LOOKUPS_NEWER: &str = "wal2delta_rules_lookups_newer_total";
+/// Times a table's changes were held for `[rules] lookup_timeout_ms` waiting for a table
+/// its rules look up, then evaluated against it as it was (label `table`).
+pub const RULES_LOOKUP_TIMEOUTS: &str = "wal2delta_rules_lookup_timeouts_total";

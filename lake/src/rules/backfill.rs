@@ -28,7 +28,7 @@ impl TableRules {
     ) -> Result<RulesReport, LakeError> {
         let started = Instant::now();
         let schema = delta::arrow_schema(&self.name, silver)?;
-        let (compiled, invalid) = self.compiled(&schema);
+        let (compiled, invalid) = self.compiled(&schema).await?;
         // Which rules to evaluate: all after a load, else the new and changed ones.
         let to_eval: Vec<CompiledRule> = match &self.installed {
             None => compiled.rules().to_vec(),
@@ -53,7 +53,7 @@ impl TableRules {
             let ev = Evaluator::new(to_eval, &schema);
             for b in delta::query(&self.name, silver, "SELECT * FROM t").await? {
                 report.rows += b.num_rows();
-                let row_hits = self.evaluate_rows(&ev, &b, &schema, &mut report)?;
+                let row_hits = self.evaluate_rows(&ev, &b, &schema, &mut report).await?;
                 let keys_json = key_json(&b, keys).map_err(|e| self.error(e))?;
                 let ts = b
                     .column_by_name(COMMIT_TS)

@@ -1,17 +1,30 @@
 //! Compiling a rule: parsed and type-checked once against its table's Silver schema, then
 //! evaluated vectorised, one boolean per row, over Arrow batches.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, SchemaRef};
+use deltalake::arrow::datatypes::{Field, Schema};
 use deltalake::datafusion::common::tree_node::{TreeNode, TreeNodeRecursion};
 use deltalake::datafusion::common::DFSchema;
-use deltalake::datafusion::logical_expr::{BinaryExpr, Expr, ExprSchemable};
+use deltalake::datafusion::logical_expr::utils::{conjunction, split_conjunction};
+use deltalake::datafusion::logical_expr::{lit, BinaryExpr, Expr, ExprSchemable};
 use deltalake::datafusion::physical_plan::PhysicalExpr;
 use deltalake::datafusion::prelude::SessionContext;
 
-use super::Rule;
+use super::{Lookup, Rule};
+
+/// The Silver schemas of the tables rules look up, by lake name (`schema.table` with the
+/// lake's parts, [`lake_name`]).
+pub type Related = HashMap<String, SchemaRef>;
+
+/// `table` as the lake names it (the key of [`Related`] and of the rule source).
+pub fn lake_name(table: &wal2delta_model::TableName) -> String {
+    let (schema, name) = table.ident_parts();
+    format!("{schema}.{name}")
+}
 
 /// Why a rule cannot be used; names the rule.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -26,8 +39,22 @@ pub struct RuleError {
 pub struct CompiledRule {
     pub rule: Rule,
     /// The checked condition (for [`super::Evaluator`], which shares casts between rules).
+    /// For a rule with lookups: the conditions on the row's own columns (phase one; `true`
+    /// when it has none), and the whole condition in [`LookupPlan`].
     pub(super) logical: Expr,
     pub(super) expr: Arc<dyn PhysicalExpr>,
+    pub(super) lookup: Option<Arc<LookupPlan>>,
+}
+
+/// How a rule with lookups finishes (phase two, [`super::lookup`]): its whole condition
+/// over the row's columns followed by each lookup's columns.
+#[derive(Debug)]
+pub(super) struct LookupPlan {
+    /// Each lookup with the related table's Silver schema the rule was compiled against.
+    pub lookups: Vec<(Lookup, SchemaRef)>,
+    pub full: Arc<dyn PhysicalExpr>,
+    /// The row's columns, then each lookup's (all nullable: no related row gives NULLs).
+    pub combined: SchemaRef,
 }
 
 pub(super) fn refuse(rule: &Rule, reason: impl Into<String>) -> RuleError {
@@ -40,16 +67,40 @@ pub(super) fn refuse(rule: &Rule, reason: impl Into<String>) -> RuleError {
 /// Parses and checks `rule.when` against `schema` (the table's Silver columns): a syntax
 /// error, an unknown column, a type error, a result that is not boolean, or a text column
 /// compared with a number (Silver keeps `numeric` as exact text: the comparison would be
-/// between strings) is refused with the rule's id and the reason.
+/// between strings) is refused with the rule's id and the reason. A rule with lookups
+/// needs [`compile_with`].
 pub fn compile(rule: &Rule, schema: &SchemaRef) -> Result<CompiledRule, RuleError> {
+    compile_with(rule, schema, &Related::new())
+}
+
+/// [`compile`], with the Silver schemas of the tables the rule looks up (`related`): its
+/// condition may name their columns qualified by the lookup's name. A lookup whose table
+/// has no Silver schema in `related`, an `on` column that does not exist on either side or
+/// whose types cannot be compared, and a lookup of the rule's own table are refused.
+pub fn compile_with(
+    rule: &Rule,
+    schema: &SchemaRef,
+    related: &Related,
+) -> Result<CompiledRule, RuleError> {
     if rule.when.trim().is_empty() {
         return Err(refuse(rule, "`when` is empty"));
     }
-    let df_schema =
+    let lookups = lookup_schemas(rule, schema, related)?;
+    let own_schema =
         DFSchema::try_from(schema.as_ref().clone()).map_err(|e| refuse(rule, e.to_string()))?;
+    let (df_schema, combined) = if lookups.is_empty() {
+        (own_schema.clone(), schema.clone())
+    } else {
+        combined_schema(rule, schema, &lookups)?
+    };
     let ctx = SessionContext::new();
+    let when = if lookups.is_empty() {
+        rule.when.clone()
+    } else {
+        flatten_lookups(rule)?
+    };
     let expr = ctx
-        .parse_sql_expr(&rule.when, &df_schema)
+        .parse_sql_expr(&when, &df_schema)
         .map_err(|e| refuse(rule, first_line(&e.to_string())))?;
     let ty = expr
         .get_type(&df_schema)
@@ -61,14 +112,173 @@ pub fn compile(rule: &Rule, schema: &SchemaRef) -> Result<CompiledRule, RuleErro
         ));
     }
     check_text_number_comparisons(rule, &expr, &df_schema)?;
-    let physical = ctx
-        .create_physical_expr(expr.clone(), &df_schema)
-        .map_err(|e| refuse(rule, first_line(&e.to_string())))?;
+    let physical = |e: &Expr, s: &DFSchema| {
+        ctx.create_physical_expr(e.clone(), s)
+            .map_err(|e| refuse(rule, first_line(&e.to_string())))
+    };
+    if lookups.is_empty() {
+        return Ok(CompiledRule {
+            rule: rule.clone(),
+            expr: physical(&expr, &df_schema)?,
+            logical: expr,
+            lookup: None,
+        });
+    }
+    // Phase one: the conjuncts that read only the row's own columns.
+    let own_only = |e: &Expr| {
+        e.column_refs()
+            .iter()
+            .all(|c| schema.field_with_name(&c.name).is_ok())
+    };
+    let phase_one = conjunction(
+        split_conjunction(&expr)
+            .into_iter()
+            .filter(|e| own_only(e))
+            .cloned(),
+    )
+    .unwrap_or_else(|| lit(true));
     Ok(CompiledRule {
         rule: rule.clone(),
-        logical: expr,
-        expr: physical,
+        expr: physical(&phase_one, &own_schema)?,
+        logical: phase_one,
+        lookup: Some(Arc::new(LookupPlan {
+            full: physical(&expr, &df_schema)?,
+            lookups,
+            combined,
+        })),
     })
+}
+
+/// Each lookup of `rule` with its table's Silver schema, checked.
+fn lookup_schemas(
+    rule: &Rule,
+    schema: &SchemaRef,
+    related: &Related,
+) -> Result<Vec<(Lookup, SchemaRef)>, RuleError> {
+    let mut out = Vec::new();
+    for l in &rule.lookups {
+        let at = |reason: String| refuse(rule, format!("lookup `{}`: {reason}", l.name));
+        let ident = l
+            .name
+            .starts_with(|c: char| c.is_ascii_lowercase() || c == '_')
+            && l.name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
+        if !ident {
+            return Err(at("a lookup's name is lowercase letters, digits and `_`, not starting with a digit (the condition qualifies its columns with it)".into()));
+        }
+        if out
+            .iter()
+            .any(|(o, _): &(Lookup, SchemaRef)| o.name == l.name)
+        {
+            return Err(at("the name is used by another lookup of the rule".into()));
+        }
+        if l.table == rule.table {
+            return Err(at("a rule cannot look up its own table (its rows are being applied in the same round)".into()));
+        }
+        let Some(r) = related.get(&lake_name(&l.table)) else {
+            return Err(at(format!(
+                "{} has no Silver table (is it captured, with a primary key, and has the silver stage run?)",
+                l.table
+            )));
+        };
+        if l.on.is_empty() {
+            return Err(at("`on` names no column".into()));
+        }
+        for (own, other) in &l.on {
+            let a = schema
+                .field_with_name(own)
+                .map_err(|_| at(format!("{} has no column {own:?}", rule.table)))?;
+            let b = r
+                .field_with_name(other)
+                .map_err(|_| at(format!("{} has no column {other:?}", l.table)))?;
+            if join_type(a.data_type()) != join_type(b.data_type()) {
+                return Err(at(format!(
+                    "{own:?} ({}) cannot be matched with {other:?} ({}): the types differ",
+                    a.data_type(),
+                    b.data_type()
+                )));
+            }
+        }
+        out.push((l.clone(), r.clone()));
+    }
+    Ok(out)
+}
+
+/// The type a lookup compares `on` columns as: integers as Int64, text as Utf8, the rest
+/// as they are.
+pub(super) fn join_type(t: &DataType) -> DataType {
+    match t {
+        t if t.is_integer() => DataType::Int64,
+        DataType::LargeUtf8 | DataType::Utf8View => DataType::Utf8,
+        t => t.clone(),
+    }
+}
+
+/// The schema a rule with lookups is parsed against: the row's columns, then each
+/// lookup's as `{lookup}.{column}` (one name: see [`flatten_lookups`]), nullable.
+fn combined_schema(
+    rule: &Rule,
+    schema: &SchemaRef,
+    lookups: &[(Lookup, SchemaRef)],
+) -> Result<(DFSchema, SchemaRef), RuleError> {
+    let mut fields: Vec<Arc<Field>> = schema.fields().iter().cloned().collect();
+    for (l, r) in lookups {
+        for f in r.fields() {
+            let name = format!("{}.{}", l.name, f.name());
+            if schema.field_with_name(&name).is_ok() {
+                return Err(refuse(
+                    rule,
+                    format!("lookup `{}`: {} has a column named {name:?}, which the lookup's column would shadow; rename the lookup", l.name, rule.table),
+                ));
+            }
+            fields.push(Arc::new(
+                f.as_ref().clone().with_name(name).with_nullable(true),
+            ));
+        }
+    }
+    let arrow = Arc::new(Schema::new(fields));
+    let df = DFSchema::try_from(arrow.as_ref().clone())
+        .map_err(|e| refuse(rule, first_line(&e.to_string())))?;
+    Ok((df, arrow))
+}
+
+/// `rule.when` with every `lookup.column` (a lookup's name, then a column) written as the
+/// one quoted name `"lookup.column"`, the name [`combined_schema`] gives the lookup's
+/// column: DataFusion would find a qualified `shop.id` ambiguous with the row's own `id`.
+/// Names are normalised as DataFusion does (unquoted: lowercase).
+fn flatten_lookups(rule: &Rule) -> Result<String, RuleError> {
+    use deltalake::datafusion::sql::sqlparser::ast::{visit_expressions_mut, Expr as Sql, Ident};
+    use deltalake::datafusion::sql::sqlparser::dialect::GenericDialect;
+    use deltalake::datafusion::sql::sqlparser::parser::Parser;
+    use deltalake::datafusion::sql::sqlparser::tokenizer::Token;
+    let syntax = |e: String| refuse(rule, format!("SQL error: {}", first_line(&e)));
+    let mut parser = Parser::new(&GenericDialect {})
+        .try_with_sql(&rule.when)
+        .map_err(|e| syntax(e.to_string()))?;
+    let mut expr = parser.parse_expr().map_err(|e| syntax(e.to_string()))?;
+    if parser.peek_token().token != Token::EOF {
+        return Err(syntax(format!(
+            "unexpected {} after the condition",
+            parser.peek_token().token
+        )));
+    }
+    let name = |i: &Ident| match i.quote_style {
+        Some(_) => i.value.clone(),
+        None => i.value.to_lowercase(),
+    };
+    let _ = visit_expressions_mut(&mut expr, |e| {
+        if let Sql::CompoundIdentifier(parts) = e {
+            if let [lookup, column] = parts.as_slice() {
+                if rule.lookups.iter().any(|l| l.name == name(lookup)) {
+                    let flat = format!("{}.{}", name(lookup), name(column));
+                    *e = Sql::Identifier(Ident::with_quote('"', flat));
+                }
+            }
+        }
+        std::ops::ControlFlow::<()>::Continue(())
+    });
+    Ok(expr.to_string())
 }
 
 pub(super) fn first_line(s: &str) -> String {
@@ -186,6 +396,7 @@ mod tests {
             when: when.into(),
             version: 1,
             active: true,
+            lookups: Vec::new(),
         }
     }
 
@@ -275,6 +486,70 @@ mod tests {
                 .iter()
                 .map(|b| b.unwrap())
                 .collect::<Vec<_>>(),
+            [true, false, false]
+        );
+    }
+}
+
+#[cfg(test)]
+mod lookup_tests {
+    use super::*;
+    use deltalake::arrow::array::{Int64Array, StringArray};
+    use wal2delta_model::TableName;
+
+    #[test]
+    fn a_rule_with_a_lookup_splits_its_own_conditions_from_the_related_ones() {
+        let own: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("shop_id", DataType::Int64, true),
+            Field::new("amount", DataType::Utf8, true),
+        ]));
+        let shops: SchemaRef = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, false),
+            Field::new("category", DataType::Utf8, true),
+        ]));
+        let rule = Rule {
+            id: "risky".into(),
+            table: TableName::new("public", "orders"),
+            when: "CAST(amount AS DECIMAL(12, 2)) > 100 AND Shop.category = 'gambling' AND shop.id > 0".into(),
+            version: 1,
+            active: true,
+            lookups: vec![Lookup {
+                name: "shop".into(),
+                table: TableName::new("public", "shops"),
+                on: vec![("shop_id".into(), "id".into())],
+            }],
+        };
+        let mut related = Related::new();
+        assert!(
+            compile_with(&rule, &own, &related).is_err(),
+            "no Silver schema for shops"
+        );
+        related.insert("public.shops".into(), shops);
+        let c = compile_with(&rule, &own, &related).unwrap();
+        assert_eq!(
+            c.logical.to_string(),
+            "CAST(amount AS Decimal128(12, 2)) > Int64(100)"
+        );
+        let plan = c.lookup.clone().unwrap();
+        let batch = RecordBatch::try_new(
+            plan.combined.clone(),
+            vec![
+                Arc::new(Int64Array::from(vec![10, 11, 13])),
+                Arc::new(Int64Array::from(vec![1, 2, 1])),
+                Arc::new(StringArray::from(vec!["500", "500", "5000"])),
+                Arc::new(Int64Array::from(vec![Some(1), Some(2), None])),
+                Arc::new(StringArray::from(vec![
+                    Some("gambling"),
+                    Some("books"),
+                    None,
+                ])),
+            ],
+        )
+        .unwrap();
+        let bits = evaluate_expr(&rule, &plan.full, &batch).unwrap();
+        assert_eq!(
+            (0..3).map(|i| bits.value(i)).collect::<Vec<_>>(),
             [true, false, false]
         );
     }

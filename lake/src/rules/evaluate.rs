@@ -101,7 +101,8 @@ impl TableRules {
     /// Every rule of `ev` over `batch` as `schema` (the schema the rules were compiled
     /// against): the rules each row matches. A rule that fails on the batch is evaluated
     /// row by row; each failing row is quarantined for that rule and counts as no hit.
-    pub(super) fn evaluate_rows(
+    /// Rules with lookups finish with their related rows ([`super::lookup`]).
+    pub(super) async fn evaluate_rows(
         &self,
         ev: &Evaluator,
         batch: &RecordBatch,
@@ -136,11 +137,17 @@ impl TableRules {
                 hits[i].insert(rule.rule.id.clone(), rule.rule.version);
             }
         }
+        self.look_up(ev, &input, &mut hits, report).await?;
         Ok(hits)
     }
 
     /// The quarantine record of a row a rule failed on.
-    fn failed(&self, rule: &CompiledRule, row: &RecordBatch, reason: &str) -> QuarantineRecord {
+    pub(super) fn failed(
+        &self,
+        rule: &CompiledRule,
+        row: &RecordBatch,
+        reason: &str,
+    ) -> QuarantineRecord {
         let int = |n: &str| {
             row.column_by_name(n)
                 .and_then(|a| a.as_primitive_opt::<deltalake::arrow::datatypes::Int64Type>())
@@ -207,7 +214,7 @@ pub(super) fn value_schema(b: &RecordBatch) -> SchemaRef {
 }
 
 /// `b` with exactly `schema`'s columns (by name, cast to its types; absent ones NULL).
-fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
+pub(super) fn conform(b: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, String> {
     let cols: Vec<ArrayRef> = schema
         .fields()
         .iter()

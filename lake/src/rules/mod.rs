@@ -8,6 +8,7 @@
 mod backfill;
 pub mod compile;
 mod evaluate;
+mod lookup;
 pub mod output;
 mod shared;
 mod source;
@@ -15,7 +16,7 @@ pub mod store;
 mod table;
 pub mod walk;
 
-pub use compile::{compile, evaluate, CompiledRule, RuleError};
+pub use compile::{compile, compile_with, evaluate, lake_name, CompiledRule, Related, RuleError};
 pub use evaluate::key_json;
 pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
@@ -36,6 +37,24 @@ pub struct Rule {
     pub when: String,
     pub version: i64,
     pub active: bool,
+    /// Related tables the condition reads through a lookup (`merchant.category`), in
+    /// name order; empty for a rule over the row's own columns.
+    pub lookups: Vec<Lookup>,
+}
+
+/// A related table a rule reads (docs/rules.md, "Lookups"): the rule's condition names its
+/// columns qualified by `name`, and a row of the rule's table finds its related row where
+/// each `on` pair is equal (at most one row may match: a lookup names the related
+/// table's key). Evaluated in two phases: the conditions on the row's own columns first,
+/// the lookup only for the rows that pass them.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Lookup {
+    /// The qualifier the condition uses: lowercase letters, digits and `_`.
+    pub name: String,
+    /// The related source table.
+    pub table: TableName,
+    /// (column of the rule's table, column of the related table), in column order.
+    pub on: Vec<(String, String)>,
 }
 
 /// The Arrow schema of `table`'s Silver table (what its rules see), `None` when Silver has
@@ -50,4 +69,22 @@ pub async fn silver_schema(
         Some(t) => Ok(Some(crate::delta::arrow_schema(&label, &t)?)),
         None => Ok(None),
     }
+}
+
+/// The Silver schemas of the tables `rules` look up (those that have a Silver table).
+pub async fn related_schemas(
+    lake: &crate::Lake,
+    rules: &[Rule],
+) -> Result<Related, crate::LakeError> {
+    let mut out = Related::new();
+    for l in rules.iter().flat_map(|r| &r.lookups) {
+        let name = compile::lake_name(&l.table);
+        if out.contains_key(&name) {
+            continue;
+        }
+        if let Some(s) = silver_schema(lake, &l.table).await? {
+            out.insert(name, s);
+        }
+    }
+    Ok(out)
 }

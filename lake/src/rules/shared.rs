@@ -156,6 +156,7 @@ mod tests {
             when: when.into(),
             version: 1,
             active: true,
+            lookups: Vec::new(),
         };
         let rules: Vec<CompiledRule> = [
             ("a", "CAST(amount AS DECIMAL(18, 2)) > 100"),

@@ -38,6 +38,22 @@ impl RuleSource {
         *guard = Arc::new(by_table);
     }
 
+    /// Per Silver table, the tables its active rules look up (docs/rules.md, "Lookups"):
+    /// the silver stage applies those first and holds the table's changes until they
+    /// caught up.
+    pub fn lookup_targets(&self) -> BTreeMap<String, std::collections::BTreeSet<String>> {
+        let guard = self.0.read().unwrap_or_else(|e| e.into_inner());
+        let mut out: BTreeMap<String, std::collections::BTreeSet<String>> = BTreeMap::new();
+        for (table, rules) in guard.iter() {
+            for l in rules.iter().flat_map(|r| &r.lookups) {
+                out.entry(table.clone())
+                    .or_default()
+                    .insert(super::lake_name(&l.table));
+            }
+        }
+        out
+    }
+
     /// The active rules of Silver table `table`.
     pub fn of(&self, table: &str) -> Vec<Rule> {
         let guard = self.0.read().unwrap_or_else(|e| e.into_inner());

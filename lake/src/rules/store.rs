@@ -73,6 +73,14 @@ pub fn fingerprint(rules: &[super::Rule]) -> i64 {
                 h = h.wrapping_mul(0x0100_0000_01b3);
             }
         }
+        // Lookups only when there are some: rule sets without keep their fingerprint.
+        for l in &r.lookups {
+            let text = format!("{}\u{1}{}\u{1}{:?}\u{2}", l.name, l.table, l.on);
+            for b in text.as_bytes() {
+                h ^= u64::from(*b);
+                h = h.wrapping_mul(0x0100_0000_01b3);
+            }
+        }
     }
     (h >> 1) as i64
 }

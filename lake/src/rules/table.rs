@@ -28,7 +28,7 @@ use super::evaluate::{key_json, rows_json, value_schema, with_column};
 use super::output::{FilterEvent, RulesOutput, RulesRound};
 use super::store::{changes_of, fingerprint, Loaded, Origin, RulesStore};
 use super::walk::{walk, Event, Transition, What};
-use super::{compile, Evaluator, Rule, RuleError, RuleSource};
+use super::{compile_with, Evaluator, Related, Rule, RuleError, RuleSource};
 use crate::delta;
 use crate::silver::{versions, BronzeRows, Position, Progress, COMMIT_LSN, COMMIT_TS, OP, ORDINAL};
 use crate::LakeError;
@@ -56,6 +56,14 @@ pub struct RulesReport {
     /// published. Both 0 when no output takes filter events.
     pub filter_in: usize,
     pub filter_out: usize,
+    /// Lookups (docs/rules.md, "Lookups"): rows looked up in a related table (per row and
+    /// related table), rows whose own conditions failed so no lookup was needed, and rows
+    /// looked up while the related table's watermark was behind their commit; and rows
+    /// whose related row had changed again after their commit (per rule and lookup).
+    pub lookups: usize,
+    pub lookups_avoided: usize,
+    pub lookups_stale: usize,
+    pub lookups_newer: usize,
 }
 
 /// How a round starts.
@@ -66,17 +74,29 @@ pub struct Start {
     pub report: Option<RulesReport>,
 }
 
-/// The rules a table's evaluator was built from, the schema, the evaluator and the rules
+/// The rules a table's evaluator was built from, the schemas (its own and the looked-up
+/// tables'), the evaluator and the rules
 /// that could not be compiled.
-type Compiled = (Vec<Rule>, SchemaRef, Arc<Evaluator>, Vec<RuleError>);
+type Compiled = (
+    Vec<Rule>,
+    SchemaRef,
+    Related,
+    Arc<Evaluator>,
+    Vec<RuleError>,
+);
 
 pub struct TableRules {
     pub(super) name: String,
+    /// Where the related tables of lookups are read.
+    pub(super) lake: crate::Lake,
     pub(super) source: RuleSource,
     pub(super) store: RulesStore,
     pub(super) state: Option<Loaded>,
     /// The rules the hits reflect (`None` until the first backfill after a load).
     pub(super) installed: Option<Vec<Rule>>,
+    /// The next backfill compares every rule even when the hits were built with the same
+    /// rule set (rows changed, or were tagged, without some rule).
+    force_backfill: bool,
     compiled: Option<Compiled>,
     /// Where each round is published before its commits ([`super::output`]).
     pub(super) output: Option<Arc<dyn RulesOutput>>,
@@ -97,10 +117,12 @@ impl TableRules {
     pub fn new(lake: &crate::Lake, table: &str, source: RuleSource) -> Self {
         TableRules {
             name: table.to_owned(),
+            lake: lake.clone(),
             source,
             store: RulesStore::new(lake),
             state: None,
             installed: None,
+            force_backfill: false,
             compiled: None,
             output: None,
         }
@@ -151,6 +173,7 @@ impl TableRules {
     /// removed the rows the source no longer has).
     pub fn backfill_next(&mut self) {
         self.installed = None;
+        self.force_backfill = true;
     }
 
     /// Called at the start of a round with the Silver table as it is before the round:
@@ -186,6 +209,7 @@ impl TableRules {
             // Silver was rebuilt (its commits lost the seq): compare everything.
             self.installed = None;
         } else if self.installed.is_none()
+            && !self.force_backfill
             && self.state.as_ref().and_then(|s| s.ruleset) == Some(fingerprint(&desired))
         {
             // A restart with the rules the hits were built with: no backfill needed.
@@ -205,34 +229,50 @@ impl TableRules {
             });
         }
         let report = self.backfill(silver, desired, before, keys).await?;
+        self.force_backfill = false;
         Ok(Start {
             covered: None,
             report: Some(report),
         })
     }
 
-    /// The active rules compiled for `schema` (compiled again when either changed), and
-    /// the rules that cannot be.
-    pub(super) fn compiled(&mut self, schema: &SchemaRef) -> (Arc<Evaluator>, Vec<RuleError>) {
+    /// The active rules compiled for `schema` and the Silver schemas of the tables they
+    /// look up (compiled again when any of them changed), and the rules that cannot be.
+    pub(super) async fn compiled(
+        &mut self,
+        schema: &SchemaRef,
+    ) -> Result<(Arc<Evaluator>, Vec<RuleError>), LakeError> {
         let desired = self.source.of(&self.name);
+        let related = super::related_schemas(&self.lake, &desired).await?;
         let fresh = self
             .compiled
             .as_ref()
-            .is_some_and(|(r, s, _, _)| r == &desired && s == schema);
+            .is_some_and(|(r, s, rel, _, _)| r == &desired && s == schema && rel == &related);
         if !fresh {
             let mut ok = Vec::new();
             let mut bad = Vec::new();
             for r in &desired {
-                match compile(r, schema) {
+                match compile_with(r, schema, &related) {
                     Ok(c) => ok.push(c),
                     Err(e) => bad.push(e),
                 }
             }
+            // A rule that could not be compiled before (its table or a looked-up table had
+            // no Silver table yet) and can now: the rows tagged meanwhile never saw it, so
+            // the next round compares every rule with every row.
+            let was_bad: Vec<&str> = self
+                .compiled
+                .iter()
+                .flat_map(|(_, _, _, _, bad)| bad.iter().map(|e| e.id.as_str()))
+                .collect();
+            if ok.iter().any(|c| was_bad.contains(&c.rule.id.as_str())) {
+                self.backfill_next();
+            }
             let evaluator = Arc::new(Evaluator::new(ok, schema));
-            self.compiled = Some((desired, schema.clone(), evaluator, bad));
+            self.compiled = Some((desired, schema.clone(), related, evaluator, bad));
         }
-        let (_, _, ev, bad) = self.compiled.as_ref().expect("set above");
-        (ev.clone(), bad.clone())
+        let (_, _, _, ev, bad) = self.compiled.as_ref().expect("set above");
+        Ok((ev.clone(), bad.clone()))
     }
 
     /// Tags the changes of a round: `rows` are the round's screened (masked) Bronze rows,
@@ -275,11 +315,13 @@ impl TableRules {
                 Some(s) => delta::arrow_schema(&self.name, s)?,
                 None => value_schema(&batch),
             };
-            let (compiled, invalid) = self.compiled(&schema);
+            let (compiled, invalid) = self.compiled(&schema).await?;
             report.invalid = invalid;
             report.rules = compiled.rules().len();
             report.rows = batch.num_rows();
-            let mut row_hits = self.evaluate_rows(&compiled, &batch, &schema, &mut report)?;
+            let mut row_hits = self
+                .evaluate_rows(&compiled, &batch, &schema, &mut report)
+                .await?;
             let keys_json = key_json(&batch, &keys).map_err(|e| self.error(e))?;
             let col = |n: &str| batch.column_by_name(n).cloned();
             let (Some(src), Some(lsn), Some(ord), Some(op)) =

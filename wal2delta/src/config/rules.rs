@@ -20,9 +20,24 @@ pub struct RulesConfig {
     /// The early filter: a Kafka topic receiving only the change events whose new row
     /// matches at least one active rule, with the matching rule ids, as JSON.
     pub filter_topic: Option<String>,
+    /// How long the silver stage holds a table's changes for a table its rules look up to
+    /// catch up (docs/rules.md, "Lookups"); then they are evaluated against the related
+    /// table as it is, counted in `wal2delta_rules_lookup_timeouts_total`. Default
+    /// [`DEFAULT_LOOKUP_TIMEOUT_MS`].
+    pub lookup_timeout_ms: Option<u64>,
 }
 
+/// The default `[rules] lookup_timeout_ms`: long enough for a related table's round after
+/// a transient failure, short enough that a stuck one delays the rules by seconds.
+pub const DEFAULT_LOOKUP_TIMEOUT_MS: u64 = 30_000;
+
 impl RulesConfig {
+    pub fn lookup_timeout(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            self.lookup_timeout_ms.unwrap_or(DEFAULT_LOOKUP_TIMEOUT_MS),
+        )
+    }
+
     /// `kafka`: the `[kafka]` section the topics are written with (it is required by the
     /// config, so a topic always has brokers).
     pub(super) fn validate(&self, kafka: &KafkaConfig) -> Result<(), ConfigError> {
@@ -33,6 +48,12 @@ impl RulesConfig {
                     format!("{} is not a file", f.display()),
                 ));
             }
+        }
+        if self.lookup_timeout_ms == Some(0) {
+            return Err(invalid(
+                "rules.lookup_timeout_ms",
+                "must be at least 1 (milliseconds)",
+            ));
         }
         if self.table.is_some() {
             return Err(invalid(

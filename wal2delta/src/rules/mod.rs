@@ -9,13 +9,15 @@
 
 pub mod output;
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Context};
 use serde::Deserialize;
-use wal2delta_lake::rules::{compile, silver_schema, Rule, RuleError};
+use wal2delta_lake::rules::{
+    compile_with, lake_name, related_schemas, silver_schema, Lookup, Rule, RuleError,
+};
 use wal2delta_lake::Lake;
 use wal2delta_model::TableName;
 
@@ -46,6 +48,18 @@ struct Entry {
     version: i64,
     #[serde(default = "active")]
     active: bool,
+    /// Related tables the condition reads, by the name it qualifies their columns with.
+    #[serde(default)]
+    lookup: BTreeMap<String, LookupEntry>,
+}
+
+/// `lookup.NAME = { table = "public.merchants", on = { merchant_id = "id" } }`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LookupEntry {
+    table: String,
+    /// Column of the rule's table = column of the related table.
+    on: BTreeMap<String, String>,
 }
 
 fn first_version() -> i64 {
@@ -87,6 +101,7 @@ pub fn load(file: &Path) -> anyhow::Result<(Vec<Rule>, Vec<RuleError>)> {
             errors.push(refuse("this id is used by another rule of the file".into()));
             continue;
         }
+        let n_lookups = e.lookup.len();
         let Some(parts) = path::parse(&e.table, 2) else {
             errors.push(refuse(format!(
                 "table {:?} is not schema.table (as in PostgreSQL; double-quote a part holding a `.`)",
@@ -94,27 +109,52 @@ pub fn load(file: &Path) -> anyhow::Result<(Vec<Rule>, Vec<RuleError>)> {
             )));
             continue;
         };
+        let mut lookups = Vec::new();
+        for (name, l) in e.lookup {
+            let Some(lparts) = path::parse(&l.table, 2) else {
+                errors.push(refuse(format!(
+                    "lookup `{name}`: table {:?} is not schema.table",
+                    l.table
+                )));
+                break;
+            };
+            lookups.push(Lookup {
+                name,
+                table: TableName::new(lparts[0].clone(), lparts[1].clone()),
+                on: l.on.into_iter().collect(),
+            });
+        }
+        if lookups.len() != n_lookups {
+            continue;
+        }
         rules.push(Rule {
             id: e.id,
             table: TableName::new(parts[0].clone(), parts[1].clone()),
             when: e.when,
             version: e.version,
             active: e.active,
+            lookups,
         });
     }
     Ok((rules, errors))
 }
 
-/// Every rule checked against its table's Silver schema; the errors, one per bad rule.
-/// A table without a Silver table yet is an error unless `pending_ok` (the daemon then
-/// compiles the rule when the table appears, and skips it, counted, if it is bad).
+/// Every rule checked against its table's Silver schema (and those of the tables it looks
+/// up); the errors, one per bad rule. A table without a Silver table yet is an error
+/// unless `pending_ok` (the daemon then compiles the rule when the table appears, and
+/// skips it, counted, if it is bad). Lookups that form a cycle are refused.
 pub async fn check(
     lake: &Lake,
     rules: &[Rule],
     pending_ok: bool,
 ) -> anyhow::Result<Vec<RuleError>> {
     let mut errors = Vec::new();
+    let related = related_schemas(lake, rules).await?;
     for rule in rules {
+        let missing = rule
+            .lookups
+            .iter()
+            .find(|l| !related.contains_key(&lake_name(&l.table)));
         match silver_schema(lake, &rule.table).await? {
             None if pending_ok => {
                 tracing::info!(rule = %rule.id, table = %rule.table, "the rule's table has no Silver table yet: the rule is checked when it appears");
@@ -123,14 +163,63 @@ pub async fn check(
                 id: rule.id.clone(),
                 reason: format!("{} has no Silver table (is it captured, with a primary key, and has the silver stage run?)", rule.table),
             }),
+            Some(_) if missing.is_some() && pending_ok => {
+                tracing::info!(rule = %rule.id, table = %missing.map(|l| l.table.to_string()).unwrap_or_default(), "the table the rule looks up has no Silver table yet: the rule is checked when it appears");
+            }
             Some(schema) => {
-                if let Err(e) = compile(rule, &schema) {
+                if let Err(e) = compile_with(rule, &schema, &related) {
                     errors.push(e);
                 }
             }
         }
     }
+    errors.extend(lookup_cycles(rules));
     Ok(errors)
+}
+
+/// A rule whose lookups lead back to its own table (through other rules' lookups): the
+/// silver stage applies a looked-up table first, which a cycle makes impossible.
+fn lookup_cycles(rules: &[Rule]) -> Vec<RuleError> {
+    let mut edges: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in rules.iter().filter(|r| r.active) {
+        for l in &r.lookups {
+            edges
+                .entry(lake_name(&r.table))
+                .or_default()
+                .insert(lake_name(&l.table));
+        }
+    }
+    let reaches = |from: &str, to: &str| {
+        let mut seen = BTreeSet::new();
+        let mut stack = vec![from.to_owned()];
+        while let Some(t) = stack.pop() {
+            if t == to {
+                return true;
+            }
+            if seen.insert(t.clone()) {
+                stack.extend(edges.get(&t).into_iter().flatten().cloned());
+            }
+        }
+        false
+    };
+    rules
+        .iter()
+        .filter(|r| r.active)
+        .filter_map(|r| {
+            let own = lake_name(&r.table);
+            let l = r.lookups.iter().find(|l| {
+                let other = lake_name(&l.table);
+                other != own && reaches(&other, &own)
+            })?;
+            Some(RuleError {
+                id: r.id.clone(),
+                reason: format!(
+                    "lookup `{}`: {} looks up {} in turn (a cycle of lookups): the silver stage applies a looked-up table first, which a cycle makes impossible",
+                    l.name, l.table, r.table
+                ),
+            })
+        })
+        .collect()
 }
 
 /// `wal2delta rules validate [FILE]`: exit 0 when every rule is valid, 1 naming each bad

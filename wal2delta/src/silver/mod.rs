@@ -7,7 +7,7 @@
 //! stage's [`Supervisor`]. Progress lives in the Silver tables' commits, so a killed stage
 //! resumes where its last commit left off.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -66,6 +66,7 @@ pub async fn run(
         watermarks: HashMap::new(),
         keyless: HashMap::new(),
         failing: HashMap::new(),
+        held: HashMap::new(),
     };
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
@@ -128,6 +129,8 @@ struct Stage<'a> {
     keyless: HashMap<String, Instant>,
     /// Tables whose last open or round failed: retried after their own backoff.
     failing: HashMap<String, Retry>,
+    /// Tables held for the tables their rules look up, and since when.
+    held: HashMap<String, Instant>,
 }
 
 /// When a failing table is tried again.
@@ -214,14 +217,71 @@ impl Stage<'_> {
             .min()
             .unwrap_or(0);
         let (top, counts) = transaction_counts(self.lake, lowest).await?;
-        for name in names {
+        let targets = self
+            .rules
+            .as_ref()
+            .map(RuleSource::lookup_targets)
+            .unwrap_or_default();
+        for name in lookups_first(names, &targets) {
             let counts = counts.get(&name).cloned().unwrap_or(TransactionCounts {
                 top,
                 ..TransactionCounts::default()
             });
+            let counts = self.hold_for_lookups(&name, counts, targets.get(&name));
             self.apply(&name, &counts).await;
         }
         Ok(())
+    }
+
+    /// `counts` capped at the lowest Silver watermark of the tables `name`'s rules look up
+    /// (docs/rules.md, "Lookups"): a change committed at LSN L is applied, and its rules
+    /// evaluated, only once every looked-up table holds the changes up to L, so a lookup
+    /// never sees an older state than the change's commit. Held for at most `[rules]
+    /// lookup_timeout_ms`; then applied against the related tables as they are, counted.
+    fn hold_for_lookups(
+        &mut self,
+        name: &str,
+        counts: TransactionCounts,
+        targets: Option<&BTreeSet<String>>,
+    ) -> TransactionCounts {
+        let cap = targets
+            .into_iter()
+            .flatten()
+            .filter_map(|t| self.watermarks.get(t))
+            .copied()
+            .min();
+        let Some(cap) = cap.filter(|&c| c < counts.top) else {
+            self.held.remove(name);
+            return counts;
+        };
+        let before = self.watermarks.get(name).copied().unwrap_or(0);
+        let waiting = counts
+            .events
+            .range(before.max(cap).saturating_add(1)..)
+            .next()
+            .is_some();
+        if !waiting {
+            // Nothing of this table lies past the cap: holding costs nothing.
+            self.held.remove(name);
+            return TransactionCounts {
+                top: cap.max(before),
+                ..counts
+            };
+        }
+        let since = *self
+            .held
+            .entry(name.to_owned())
+            .or_insert_with(Instant::now);
+        if since.elapsed() < self.config.rules.lookup_timeout() {
+            return TransactionCounts {
+                top: cap.max(before),
+                ..counts
+            };
+        }
+        self.held.remove(name);
+        metrics::counter!(m::RULES_LOOKUP_TIMEOUTS, "table" => name.to_owned()).increment(1);
+        tracing::warn!(table = %name, related_watermark = cap, waited_ms = since.elapsed().as_millis() as u64, "a table this table's rules look up is behind past [rules] lookup_timeout_ms: applying the changes, their lookups see the related table as it is (counted as stale)");
+        counts
     }
 
     /// Starts working on a Bronze table: `false` when Silver does not hold it (no primary
@@ -355,6 +415,26 @@ impl Stage<'_> {
     }
 }
 
+/// `names` with every table after the tables its rules look up (`targets`), otherwise in
+/// their order. Lookup cycles are refused when rules are loaded; should one remain, its
+/// tables keep their order (and wait for each other until the lookup timeout).
+fn lookups_first(names: Vec<String>, targets: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    let mut left = names;
+    while !left.is_empty() {
+        let ready = |n: &String, left: &[String]| {
+            targets
+                .get(n)
+                .is_none_or(|ts| ts.iter().all(|t| t == n || !left.contains(t)))
+        };
+        let i = (0..left.len())
+            .find(|&i| ready(&left[i], &left))
+            .unwrap_or(0);
+        out.push(left.remove(i));
+    }
+    out
+}
+
 /// The metrics of one applied round of a table.
 fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: Instant) {
     let name = name.to_owned();
@@ -420,6 +500,25 @@ fn report_rules(table: &str, r: &RulesReport) {
         // Every evaluated rule saw every row of the round.
         metrics::counter!(m::RULES_EVALUATIONS, "table" => table.to_owned())
             .increment((r.rows * r.rules) as u64);
+    }
+    if r.lookups + r.lookups_avoided > 0 {
+        metrics::counter!(m::RULES_LOOKUPS, "table" => table.to_owned())
+            .increment(r.lookups as u64);
+        metrics::counter!(m::RULES_LOOKUPS_AVOIDED, "table" => table.to_owned())
+            .increment(r.lookups_avoided as u64);
+    }
+    if r.lookups_newer > 0 {
+        metrics::counter!(m::RULES_LOOKUPS_NEWER, "table" => table.to_owned())
+            .increment(r.lookups_newer as u64);
+    }
+    if r.lookups_stale > 0 {
+        metrics::counter!(m::RULES_LOOKUPS_STALE, "table" => table.to_owned())
+            .increment(r.lookups_stale as u64);
+        tracing::warn!(
+            table,
+            rows = r.lookups_stale,
+            "rows were looked up while the related table was behind their commit"
+        );
     }
     if let (Some(ts), false) = (r.newest_commit_ts, r.backfill) {
         let lag = (wal2delta_model::clock::unix_us() - ts).max(0) as f64 / 1e6;
