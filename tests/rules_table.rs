@@ -288,6 +288,7 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
     let out = d.command(&["rules", "apply", &staged.display().to_string()])?;
     ensure!(out.status.code() == Some(2), "apply: {out:?}");
     ensure!(String::from_utf8_lossy(&out.stderr).contains("change them there"));
+    let changed = Instant::now();
     stream.extend(
         workload(
             &pg,
@@ -309,9 +310,52 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
         transitions(&lake, "stream")
     })
     .await?;
+    eprintln!(
+        "for comparison, data changes are tagged in the lake {:?} after their commits",
+        changed.elapsed()
+    );
 
-    // Deleting `big` (and the bad rule) installs the rest: big's hits leave, `small`
-    // takes its new condition.
+    // A restart with the invalid rule still in the table does not stop the start (its
+    // fix comes through the daemon): the valid rules run, so `small` takes its new
+    // condition (backfilled), and the invalid one is logged and counted.
+    ensure!(run.stop()?.success());
+    let before = pg_hits(&pg, &s, &running).await?;
+    running = vec![
+        ("big", "amount > 1000"),
+        ("usd", "currency = 'EUR'"),
+        ("small", "amount < 50"),
+    ];
+    let restart = diff(&before, &pg_hits(&pg, &s, &running).await?);
+    ensure!(
+        restart == vec![(key(6), "small".into(), "left".into())],
+        "{restart:?}"
+    );
+    backfill.extend(restart);
+    let backfill_now = sorted(backfill.clone());
+    run = d.spawn_stage("capture,bronze,silver,rules", "run2")?;
+    wait_for(
+        &mut run,
+        "backfill after the restart",
+        &backfill_now,
+        || transitions(&lake, "backfill"),
+    )
+    .await?;
+    let log = full_log(&run);
+    ensure!(
+        log.contains("the rules table holds rules that are not valid")
+            && log.contains("rule \"bad\""),
+        "the start names the invalid rule: {log}"
+    );
+    let counted = Instant::now();
+    while reload_failures(port).await.unwrap_or(0.0) != 1.0 {
+        ensure!(
+            counted.elapsed() < Duration::from_secs(30),
+            "the refusal at startup is counted"
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+
+    // Deleting `big` (and the bad rule) installs the rest: big's hits leave.
     let before = pg_hits(&pg, &s, &running).await?;
     let deleted = Instant::now();
     pg.batch_execute(&format!(

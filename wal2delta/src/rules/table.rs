@@ -60,10 +60,19 @@ pub struct Snapshot {
 /// The rules table's rows, as its Silver table holds them now; `None` while Silver has no
 /// such table.
 pub async fn read(lake: &Lake, table: &TableName) -> anyhow::Result<Option<Snapshot>> {
+    match open(lake, table).await? {
+        Some(silver) => Ok(Some(read_from(&silver).await?)),
+        None => Ok(None),
+    }
+}
+
+async fn open(lake: &Lake, table: &TableName) -> anyhow::Result<Option<SilverRead>> {
     let (schema, name) = table.ident_parts();
-    let Some(silver) = SilverRead::open(lake, &schema, &name).await? else {
-        return Ok(None);
-    };
+    Ok(SilverRead::open(lake, &schema, &name).await?)
+}
+
+/// The rows of the opened Silver table, at the version it was opened at.
+async fn read_from(silver: &SilverRead) -> anyhow::Result<Snapshot> {
     let version = silver.version();
     let schema = silver.schema()?;
     let present: Vec<String> = RULE_COLUMNS
@@ -78,10 +87,10 @@ pub async fn read(lake: &Lake, table: &TableName) -> anyhow::Result<Option<Snaps
             batches.push(b?);
         }
     }
-    Ok(Some(Snapshot {
+    Ok(Snapshot {
         version,
         rows: rules_of(&schema, &batches),
-    }))
+    })
 }
 
 /// The rules of the rules table's Silver rows (`schema`: the Silver table's, `batches`:
@@ -283,7 +292,8 @@ fn integer(text: &str) -> Option<i64> {
 
 /// The rule set at startup from the rules table `table`. Never stops the start for the
 /// table's content (see the module comment): without a Silver table yet, no rules; with
-/// bad rules, the valid ones, the others logged and counted.
+/// bad rules, the valid ones, the others logged (and counted by [`run`], once the metrics
+/// recorder is installed).
 pub async fn at_startup(lake: &Lake, table: &TableName) -> anyhow::Result<(RuleSource, Seen)> {
     let Some(snapshot) = read(lake, table).await? else {
         tracing::info!(table = %table, "the rules table has no Silver table yet: starting without rules; they load when it appears (is the table captured, with a primary key?)");
@@ -293,12 +303,12 @@ pub async fn at_startup(lake: &Lake, table: &TableName) -> anyhow::Result<(RuleS
     if errors.is_empty() {
         tracing::info!(rules = rules.len(), table = %table, "rules loaded from the rules table");
     } else {
-        metrics::counter!(m::RULES_RELOAD_FAILURES).increment(1);
         tracing::error!(table = %table, invalid = errors.len(), valid = rules.len(), errors = %list(&errors), "the rules table holds rules that are not valid: starting with the valid ones; fix the others in the rules table (the whole set is installed once every rule is valid)");
     }
     let seen = Seen {
         version: Some(snapshot.version),
         rows: Some(snapshot.rows),
+        refused: !errors.is_empty(),
     };
     Ok((RuleSource::new(&rules), seen))
 }
@@ -308,6 +318,8 @@ pub async fn at_startup(lake: &Lake, table: &TableName) -> anyhow::Result<(RuleS
 pub struct Seen {
     version: Option<u64>,
     rows: Option<Rows>,
+    /// The set read at startup was not valid as a whole (not yet counted).
+    refused: bool,
 }
 
 /// The rules of `rows` that are valid, and the errors (the rows that are no rules, a
@@ -352,6 +364,9 @@ pub async fn run(
         Err(e) => return supervisor.stop_now(&e),
     };
     supervisor.started();
+    if std::mem::take(&mut seen.refused) {
+        metrics::counter!(m::RULES_RELOAD_FAILURES).increment(1);
+    }
     tracing::info!(table = %table, "rules stage started: watching the rules table's Silver table");
     loop {
         tokio::select! {
@@ -379,16 +394,13 @@ async fn poll(
     source: &RuleSource,
     seen: &mut Seen,
 ) -> anyhow::Result<()> {
-    let (schema, name) = table.ident_parts();
-    let Some(silver) = SilverRead::open(lake, &schema, &name).await? else {
+    let Some(silver) = open(lake, table).await? else {
         return Ok(());
     };
     if seen.version == Some(silver.version()) {
         return Ok(());
     }
-    let Some(snapshot) = read(lake, table).await? else {
-        return Ok(());
-    };
+    let snapshot = read_from(&silver).await?;
     seen.version = Some(snapshot.version);
     // Silver commits that change no rule (another column, a watermark) install nothing.
     if seen.rows.as_ref() == Some(&snapshot.rows) {
