@@ -140,7 +140,7 @@ pub async fn check(
 /// rule and why, 2 when the file cannot be read.
 pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     if let (None, Some(t)) = (&file, config.rules.table_name()) {
-        return validate_table(config, &t).await;
+        return table::validate(config, &t).await;
     }
     let Some(file) = file.or_else(|| config.rules.file.clone()) else {
         eprintln!(
@@ -168,37 +168,6 @@ pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<
         eprintln!(
             "{}: {} of {total} rules are not valid",
             file.display(),
-            errors.len()
-        );
-        Ok(ExitCode::from(1))
-    }
-}
-
-/// `wal2delta rules validate` with `[rules] table`: the rules its Silver table holds now.
-async fn validate_table(config: &Config, table: &TableName) -> anyhow::Result<ExitCode> {
-    let lake = crate::quarantine::lake(config)?;
-    let Some(snapshot) = table::read(&lake, table).await? else {
-        eprintln!("wal2delta: the rules table {table} has no Silver table yet (is it captured, with a primary key, and has the silver stage run?)");
-        return Ok(ExitCode::from(2));
-    };
-    let (rules, mut errors) = match snapshot.rows {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("wal2delta: rules table {table}: {e}");
-            return Ok(ExitCode::from(2));
-        }
-    };
-    let total = rules.len() + errors.len();
-    errors.extend(check(&lake, &rules, false).await?);
-    for e in &errors {
-        eprintln!("{e}");
-    }
-    if errors.is_empty() {
-        println!("rules table {table}: {} rules, all valid", rules.len());
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!(
-            "rules table {table}: {} of {total} rules are not valid",
             errors.len()
         );
         Ok(ExitCode::from(1))
@@ -317,16 +286,7 @@ pub async fn list(config: &Config) -> anyhow::Result<ExitCode> {
     let counts = hit_counts(&lake).await?;
     let rules = match (&config.rules.file, config.rules.table_name()) {
         (Some(f), _) => load(f)?.0,
-        (None, Some(t)) => match table::read(&lake, &t).await? {
-            None => Vec::new(),
-            Some(s) => {
-                let (rules, errors) = s.rows.map_err(|e| anyhow!("rules table {t}: {e}"))?;
-                for e in &errors {
-                    eprintln!("{e}");
-                }
-                rules
-            }
-        },
+        (None, Some(t)) => table::listed(&lake, &t).await?,
         (None, None) => Vec::new(),
     };
     println!(

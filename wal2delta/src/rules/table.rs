@@ -13,6 +13,7 @@
 //! goes on with the valid rules and the bad ones are reported.
 
 use std::collections::BTreeSet;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -343,6 +344,54 @@ async fn validated(lake: &Lake, rows: &Rows) -> anyhow::Result<(Vec<Rule>, Vec<S
 
 fn list(errors: &[String]) -> String {
     errors.join("; ")
+}
+
+/// `wal2delta rules validate` with `[rules] table` and no FILE: the rules its Silver table
+/// holds now. Exit 0 all valid, 1 naming each bad rule, 2 no Silver table or a table that
+/// cannot be read as rules.
+pub async fn validate(config: &Config, table: &TableName) -> anyhow::Result<ExitCode> {
+    let lake = crate::quarantine::lake(config)?;
+    let Some(snapshot) = read(&lake, table).await? else {
+        eprintln!("wal2delta: the rules table {table} has no Silver table yet (is it captured, with a primary key, and has the silver stage run?)");
+        return Ok(ExitCode::from(2));
+    };
+    let (rules, mut errors) = match snapshot.rows {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("wal2delta: rules table {table}: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let total = rules.len() + errors.len();
+    errors.extend(super::check(&lake, &rules, false).await?);
+    for e in &errors {
+        eprintln!("{e}");
+    }
+    if errors.is_empty() {
+        println!("rules table {table}: {} rules, all valid", rules.len());
+        Ok(ExitCode::SUCCESS)
+    } else {
+        eprintln!(
+            "rules table {table}: {} of {total} rules are not valid",
+            errors.len()
+        );
+        Ok(ExitCode::from(1))
+    }
+}
+
+/// The rules of the rules table for `wal2delta rules list` (none before it has a Silver
+/// table); its rows that are no rules are named on stderr.
+pub async fn listed(lake: &Lake, table: &TableName) -> anyhow::Result<Vec<Rule>> {
+    let Some(snapshot) = read(lake, table).await? else {
+        return Ok(Vec::new());
+    };
+    let (rules, errors) = snapshot
+        .rows
+        .map_err(|e| anyhow::anyhow!("rules table {table}: {e}"))?;
+    for e in &errors {
+        eprintln!("{e}");
+    }
+    Ok(rules)
 }
 
 /// How often the stage looks at the rules table's Silver version.
