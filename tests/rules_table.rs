@@ -188,6 +188,12 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
     ))
     .await?;
     let mut running: Vec<Rule> = vec![("big", "amount > 1000"), ("usd", "currency = 'USD'")];
+    let out = d.command(&["rules", "validate"])?;
+    ensure!(
+        out.status.code() == Some(2)
+            && String::from_utf8_lossy(&out.stderr).contains("has no Silver table yet"),
+        "validate before the rules table reaches Silver: {out:?}"
+    );
     let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
     wait_log(
         &mut run,
