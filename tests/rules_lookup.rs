@@ -165,7 +165,11 @@ async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() ->
     ensure!(
         counts("wal2delta_rules_lookups_stale_total").is_none()
             && counts("wal2delta_rules_lookups_newer_total").is_none(),
-        "no lookup saw a related table behind or past its commit"
+        "no lookup saw a related table behind or past its commit: {}",
+        body.lines()
+            .filter(|l| l.contains("lookup"))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
 
     // Validation: bad lookups and a cycle are refused, naming the rule.

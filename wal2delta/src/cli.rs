@@ -30,7 +30,7 @@ pub enum Command {
     /// Run the daemon: every stage this version has, or those named with --stage.
     Run {
         /// Comma-separated stages: capture, bronze, silver, gold, rules. Default: every
-        /// stage, gold when [gold] models_dir is set, rules when [rules] file is.
+        /// stage, gold when [gold] models_dir is set, rules when [rules] file or table is.
         #[arg(long, value_delimiter = ',')]
         stage: Vec<Stage>,
         /// Start even when the slot is ahead of the last position recorded in Kafka

@@ -150,23 +150,20 @@ async fn run_daemon(
         ALL_STAGES
             .into_iter()
             .filter(|s| *s != Stage::Gold || config.gold.models_dir.is_some())
-            .filter(|s| *s != Stage::Rules || config.rules.file.is_some())
+            .filter(|s| *s != Stage::Rules || config.rules.is_set())
             .collect()
     } else {
         stages.to_vec()
     };
-    if stages.contains(&Stage::Rules) && config.rules.file.is_none() {
-        bail!("the rules stage needs [rules] file: a TOML file of [[rule]] tables (docs/rules.md)");
+    if stages.contains(&Stage::Rules) && !config.rules.is_set() {
+        bail!("the rules stage needs [rules] file (a TOML file of [[rule]] tables) or [rules] table (docs/rules.md)");
     }
-    // Rules are evaluated in Silver's rounds: with a rules file, Silver never runs without
+    // Rules are evaluated in Silver's rounds: with rules configured, Silver never runs without
     // them (changes Silver applied untagged would be missing from the transitions).
     if stages.contains(&Stage::Rules) && !stages.contains(&Stage::Silver) {
         bail!("the rules stage runs inside Silver's rounds: run it with silver (--stage silver,rules)");
     }
-    if stages.contains(&Stage::Silver)
-        && config.rules.file.is_some()
-        && !stages.contains(&Stage::Rules)
-    {
+    if stages.contains(&Stage::Silver) && config.rules.is_set() && !stages.contains(&Stage::Rules) {
         stages.push(Stage::Rules);
     }
     // Before anything starts: a policy naming no real table or column is an error.
@@ -183,11 +180,12 @@ async fn run_daemon(
     } else {
         None
     };
-    let rule_source = if stages.contains(&Stage::Rules) {
+    let rules_startup = if stages.contains(&Stage::Rules) {
         rules::at_startup(config).await?
     } else {
         None
     };
+    let rule_source = rules_startup.as_ref().map(|s| s.source.clone());
     let stages_status = Stages::new(&stages);
     endpoint::serve(&config.metrics.listen, stages_status.clone()).await?;
     let (tx, rx) = watch::channel(false);
@@ -253,8 +251,8 @@ async fn run_daemon(
         }
     };
     let rules_stage = async {
-        match (runs(Stage::Rules), rule_source.clone()) {
-            (Some(sup), Some(source)) => ended(rules::run(config, source, sup, rx.clone()).await),
+        match (runs(Stage::Rules), rules_startup) {
+            (Some(sup), Some(startup)) => ended(rules::run(config, startup, sup, rx.clone()).await),
             _ => Ok(()),
         }
     };

@@ -31,7 +31,7 @@ pub use kafka::KafkaConfig;
 pub use lake::LakeConfig;
 pub use log::{LogConfig, LogFormat};
 pub use metrics::MetricsConfig;
-pub use rules::RulesConfig;
+pub use rules::{RulesConfig, RULE_COLUMNS};
 pub use schema_registry::SchemaRegistryConfig;
 pub use silver::{Policies, SilverConfig};
 pub use snapshot::{SnapshotConfig, SnapshotMode};
@@ -183,7 +183,8 @@ impl Config {
         self.bronze.validate()?;
         self.silver.validate()?;
         self.gold.validate()?;
-        self.rules.validate(&self.kafka)?;
+        self.rules
+            .validate(&self.kafka, &self.silver, &self.tokenize)?;
         Ok(())
     }
 }

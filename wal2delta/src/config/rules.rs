@@ -4,15 +4,20 @@
 use std::path::PathBuf;
 
 use serde::Deserialize;
+use wal2delta_model::TableName;
 
-use super::{invalid, ConfigError, KafkaConfig};
+use super::{invalid, path, ConfigError, KafkaConfig, SilverConfig, TokenizeConfig};
+
+/// The columns a row of a rules table is read from (docs/rules.md, "The rules table").
+pub const RULE_COLUMNS: [&str; 5] = ["id", "table", "when", "version", "active"];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct RulesConfig {
     /// A TOML file of `[[rule]]` tables.
     pub file: Option<PathBuf>,
-    /// A rules table in the source database, `schema.table` (not built yet).
+    /// A rules table in the source database, `schema.table`, captured like any other
+    /// table; the rules are read from its Silver table. Exclusive with `file`.
     pub table: Option<String>,
     /// A Kafka topic (on `[kafka] brokers`) receiving every transition appended to
     /// `rules/transitions`, as JSON.
@@ -38,9 +43,26 @@ impl RulesConfig {
         )
     }
 
+    /// Whether a rule source is configured (`file` or `table`): the rules stage runs.
+    pub fn is_set(&self) -> bool {
+        self.file.is_some() || self.table.is_some()
+    }
+
+    /// `table` as a source table name (validated when the config is loaded).
+    pub fn table_name(&self) -> Option<TableName> {
+        let parts = path::parse(self.table.as_deref()?, 2)?;
+        Some(TableName::new(&parts[0], &parts[1]))
+    }
+
     /// `kafka`: the `[kafka]` section the topics are written with (it is required by the
-    /// config, so a topic always has brokers).
-    pub(super) fn validate(&self, kafka: &KafkaConfig) -> Result<(), ConfigError> {
+    /// config, so a topic always has brokers). `silver` and `tokenize`: their policies
+    /// must leave the rules table's columns readable.
+    pub(super) fn validate(
+        &self,
+        kafka: &KafkaConfig,
+        silver: &SilverConfig,
+        tokenize: &TokenizeConfig,
+    ) -> Result<(), ConfigError> {
         if let Some(f) = &self.file {
             if !f.is_file() {
                 return Err(invalid(
@@ -55,11 +77,20 @@ impl RulesConfig {
                 "must be at least 1 (milliseconds)",
             ));
         }
-        if self.table.is_some() {
-            return Err(invalid(
-                "rules.table",
-                "rules from a source table are not built yet; use [rules] file",
-            ));
+        if let Some(t) = &self.table {
+            if self.file.is_some() {
+                return Err(invalid(
+                    "rules.table",
+                    "set either [rules] file or [rules] table, not both",
+                ));
+            }
+            let Some(parts) = path::parse(t, 2) else {
+                return Err(invalid(
+                    "rules.table",
+                    format!("{t:?} is not schema.table (as in PostgreSQL; double-quote a part holding a `.`)"),
+                ));
+            };
+            check_readable(&parts, silver, tokenize)?;
         }
         for (field, topic) in [
             ("rules.transitions_topic", &self.transitions_topic),
@@ -67,10 +98,10 @@ impl RulesConfig {
         ] {
             let Some(topic) = topic else { continue };
             check_topic(field, topic, kafka)?;
-            if self.file.is_none() {
+            if !self.is_set() {
                 return Err(invalid(
                     field,
-                    "needs rules: set [rules] file (the rules stage publishes it)",
+                    "needs rules: set [rules] file or [rules] table (the rules stage publishes it)",
                 ));
             }
         }
@@ -82,6 +113,34 @@ impl RulesConfig {
         }
         Ok(())
     }
+}
+
+/// Refuses a masking or tokenizing policy on a column of the rules table (`parts`:
+/// schema and table): the rules would be read masked (a hashed condition, a redacted
+/// table name) and every rule would be refused.
+fn check_readable(
+    parts: &[String],
+    silver: &SilverConfig,
+    tokenize: &TokenizeConfig,
+) -> Result<(), ConfigError> {
+    let masked = silver.mask.keys().filter_map(|k| path::parse(k, 3)).chain(
+        tokenize.columns.iter().filter_map(|c| {
+            let (t, column, _) = tokenize.entry(c)?;
+            Some(vec![t.schema, t.name, column])
+        }),
+    );
+    for p in masked {
+        if p[..2] == parts[..2] && RULE_COLUMNS.contains(&p[2].as_str()) {
+            return Err(invalid(
+                "rules.table",
+                format!(
+                    "column {:?} of the rules table is masked or tokenized ([silver.mask] or [tokenize] columns): the rules would be read masked; remove that policy",
+                    p[2]
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A valid Kafka topic name that no other wal2delta topic uses.
@@ -199,5 +258,47 @@ mod tests {
             "rules.filter_topic",
             "must differ",
         );
+    }
+
+    #[test]
+    fn rules_table_is_schema_table_exclusive_with_file_and_unmasked() {
+        let c = load("table = \"app.rules\"\ntransitions_topic = \"rules-out\"\n").expect("valid");
+        assert!(c.rules.is_set());
+        let t = c.rules.table_name().expect("a table");
+        assert_eq!((t.schema.as_str(), t.name.as_str()), ("app", "rules"));
+        let c = load("table = \"\\\"my.app\\\".\\\"Rules\\\"\"\n").expect("quoted parts");
+        let t = c.rules.table_name().expect("a table");
+        assert_eq!((t.schema.as_str(), t.name.as_str()), ("my.app", "Rules"));
+        assert!(!load("").expect("no rules").rules.is_set());
+        refused(
+            "file = \"{file}\"\ntable = \"app.rules\"\n",
+            "rules.table",
+            "not both",
+        );
+        for bad in ["rules", "app.rules.x", "app.", "\\\"app.rules"] {
+            refused(
+                &format!("table = \"{bad}\"\n"),
+                "rules.table",
+                "is not schema.table",
+            );
+        }
+        let masked = |extra: &str| {
+            let err = load(&format!("table = \"app.rules\"\n{extra}"))
+                .expect_err(extra)
+                .to_string();
+            assert!(
+                err.contains("rules.table") && err.contains("masked"),
+                "{extra}: {err}"
+            );
+        };
+        masked("[silver.mask]\n\"app.rules.when\" = \"redact\"\n");
+        let key = std::env::temp_dir().join(format!("wal2delta-rules-key-{}", std::process::id()));
+        std::fs::write(&key, "0123456789abcdef0123456789abcdef").expect("temp key");
+        masked(&format!(
+            "[tokenize]\ncolumns = [\"app.rules.id:last4\"]\nkey_file = \"{}\"\n",
+            key.display()
+        ));
+        // A policy on another table, or on another column of the rules table, is fine.
+        assert!(load("table = \"app.rules\"\n[silver.mask]\n\"app.pay.when\" = \"redact\"\n\"app.rules.note\" = \"redact\"\n").is_ok());
     }
 }

@@ -5,9 +5,12 @@
 //! see exactly what Silver applies. The rules stage here owns the rule set: it loads the
 //! file at startup (a bad rule stops the start, naming it), then watches it and installs
 //! every valid new version without a restart; a file with a bad rule is refused and the
-//! running set goes on. [`output`] publishes the rounds to the optional Kafka topics.
+//! running set goes on. With `[rules] table` the rules come from a table of the source
+//! database instead ([`table`]). [`output`] publishes the rounds to the optional Kafka
+//! topics.
 
 pub mod output;
+pub mod table;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -225,9 +228,12 @@ fn lookup_cycles(rules: &[Rule]) -> Vec<RuleError> {
 /// `wal2delta rules validate [FILE]`: exit 0 when every rule is valid, 1 naming each bad
 /// rule and why, 2 when the file cannot be read.
 pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
+    if let (None, Some(t)) = (&file, config.rules.table_name()) {
+        return table::validate(config, &t).await;
+    }
     let Some(file) = file.or_else(|| config.rules.file.clone()) else {
         eprintln!(
-            "wal2delta: name a rules file (`wal2delta rules validate FILE`) or set [rules] file"
+            "wal2delta: name a rules file (`wal2delta rules validate FILE`) or set [rules] file or table"
         );
         return Ok(ExitCode::from(2));
     };
@@ -257,16 +263,33 @@ pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<
     }
 }
 
-/// The rule set at startup, from `[rules] file`: `None` when none is configured. A rule
-/// that is not valid stops the start, naming it.
-pub async fn at_startup(config: &Config) -> anyhow::Result<Option<RuleSource>> {
+/// The rule set at startup ([`at_startup`]): Silver evaluates `source`, [`run`] keeps it
+/// current.
+pub struct Startup {
+    pub source: RuleSource,
+    /// What was read from the rules table (with `[rules] table`).
+    seen: table::Seen,
+}
+
+/// The rule set at startup, from `[rules] file` or `[rules] table`: `None` when neither is
+/// configured. A rule of the file that is not valid stops the start, naming it (for the
+/// rules table, see [`table::at_startup`]).
+pub async fn at_startup(config: &Config) -> anyhow::Result<Option<Startup>> {
+    if let Some(t) = config.rules.table_name() {
+        let lake = crate::quarantine::lake(config)?;
+        let (source, seen) = table::at_startup(&lake, &t).await?;
+        return Ok(Some(Startup { source, seen }));
+    }
     let Some(file) = &config.rules.file else {
         return Ok(None);
     };
     let lake = crate::quarantine::lake(config)?;
     let rules = load_valid(&lake, file).await?;
     tracing::info!(rules = rules.len(), file = %file.display(), "rules loaded");
-    Ok(Some(RuleSource::new(&rules)))
+    Ok(Some(Startup {
+        source: RuleSource::new(&rules),
+        seen: table::Seen::default(),
+    }))
 }
 
 /// The rules of `file`, or an error naming every bad rule.
@@ -294,16 +317,20 @@ fn stamp(file: &Path) -> Option<(SystemTime, u64)> {
 /// How often the stage looks at the rules file.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// The rules stage: installs every valid new version of the rules file into `source`
-/// (Silver's rounds backfill it, then follow the stream).
+/// The rules stage: installs every valid new version of the rules file (or of the rules
+/// table) into `source` (Silver's rounds backfill it, then follow the stream).
 pub async fn run(
     config: &Config,
-    source: RuleSource,
+    startup: Startup,
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
+    let Startup { source, seen } = startup;
+    if let Some(t) = config.rules.table_name() {
+        return table::run(config, t, source, seen, supervisor, shutdown).await;
+    }
     let Some(file) = config.rules.file.clone() else {
-        anyhow::bail!("the rules stage needs [rules] file (docs/rules.md)");
+        anyhow::bail!("the rules stage needs [rules] file or [rules] table (docs/rules.md)");
     };
     let lake = match Lake::new(&config.lake.uri) {
         Ok(lake) => lake,
@@ -340,14 +367,16 @@ pub async fn run(
     Ok(())
 }
 
-/// `wal2delta rules list`: every rule of the file with its version, state and hit count,
-/// and the rules that still have hits but are no longer in the file.
+/// `wal2delta rules list`: every rule of the file (or of the rules table) with its
+/// version, state and hit count, and the rules that still have hits but are no longer in
+/// it. Rows of the rules table that are no rules are named on stderr.
 pub async fn list(config: &Config) -> anyhow::Result<ExitCode> {
     let lake = crate::quarantine::lake(config)?;
     let counts = hit_counts(&lake).await?;
-    let rules = match &config.rules.file {
-        Some(f) => load(f)?.0,
-        None => Vec::new(),
+    let rules = match (&config.rules.file, config.rules.table_name()) {
+        (Some(f), _) => load(f)?.0,
+        (None, Some(t)) => table::listed(&lake, &t).await?,
+        (None, None) => Vec::new(),
     };
     println!(
         "{:<24} {:<32} {:>8} {:<10} {:>10}",
@@ -384,6 +413,10 @@ pub async fn list(config: &Config) -> anyhow::Result<ExitCode> {
 /// running daemon picks it up within a second). Exit 1 naming each bad rule, nothing
 /// installed.
 pub async fn apply(config: &Config, file: PathBuf) -> anyhow::Result<ExitCode> {
+    if let Some(t) = &config.rules.table {
+        eprintln!("wal2delta: the rules live in the source table {t} ([rules] table): change them there (a committed change; the daemon picks it up)");
+        return Ok(ExitCode::from(2));
+    }
     let Some(target) = &config.rules.file else {
         eprintln!("wal2delta: `rules apply` installs into [rules] file; set it in the config");
         return Ok(ExitCode::from(2));
