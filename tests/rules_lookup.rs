@@ -13,7 +13,7 @@
 
 use anyhow::{ensure, Result};
 use wal2delta_tests::lake::duckdb;
-use wal2delta_tests::metrics::{free_port, of_table, text};
+use wal2delta_tests::metrics::{free_port, of, of_table, text};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.shops (id bigint PRIMARY KEY, category text NOT NULL);
@@ -162,6 +162,16 @@ async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() ->
         "lookups {lookups:?} (want 6), avoided {avoided:?} (want 2)\n{}",
         run.log_text()
     );
+    // Per rule: both evaluated on the 8 order versions.
+    for rule in ["risky", "big"] {
+        let n = of(
+            &body,
+            "wal2delta_rules_rule_evaluations_total",
+            "rule",
+            rule,
+        );
+        ensure!(n == Some(8.0), "{rule} evaluated on {n:?} versions, want 8");
+    }
     ensure!(
         counts("wal2delta_rules_lookups_stale_total").is_none()
             && counts("wal2delta_rules_lookups_newer_total").is_none(),

@@ -19,7 +19,12 @@ pub async fn text(port: u16) -> Result<String> {
 
 /// The value of the series `name{table="..."}` in `text`.
 pub fn of_table(text: &str, name: &str, table: &str) -> Option<f64> {
-    let series = format!("{name}{{table=\"{table}\"}} ");
+    of(text, name, "table", table)
+}
+
+/// The value of the series `name{label="value"}` (its only label) in `text`.
+pub fn of(text: &str, name: &str, label: &str, value: &str) -> Option<f64> {
+    let series = format!("{name}{{{label}=\"{value}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&series))
         .and_then(|v| v.trim().parse().ok())

@@ -130,6 +130,11 @@ pub const RULES_EVALUATIONS: &str = "wal2delta_rules_evaluations_total";
 pub const RULES_TRANSITIONS: &str = "wal2delta_rules_transitions_total";
 /// Rows a rule could not be evaluated on, quarantined (label `rule`).
 pub const RULES_ERRORS: &str = "wal2delta_rules_errors_total";
+/// Row versions one rule was evaluated on (label `rule`).
+pub const RULES_RULE_EVALUATIONS: &str = "wal2delta_rules_rule_evaluations_total";
+/// Seconds one rule's condition took in a round (label `rule`; the casts several rules
+/// share are computed once and counted in none): which rules cost the most.
+pub const RULES_RULE_SECONDS: &str = "wal2delta_rules_rule_evaluation_seconds";
 /// Time to evaluate a round's rules and compute its transitions (label `table`).
 pub const RULES_EVAL_SECONDS: &str = "wal2delta_rules_evaluation_seconds";
 /// Source commit → transition committed, seconds, for the newest transition of a round

@@ -111,7 +111,8 @@ impl TableRules {
     ) -> Result<Vec<KeyHits>, LakeError> {
         let input = conform(batch, schema).map_err(|e| self.error(e))?;
         let mut hits = vec![KeyHits::new(); input.num_rows()];
-        for (rule, result) in ev.rules().iter().zip(ev.evaluate(&input)) {
+        for (rule, (result, took)) in ev.rules().iter().zip(ev.evaluate_timed(&input)) {
+            *report.rule_time.entry(rule.rule.id.clone()).or_default() += took;
             let bits = match result {
                 Ok(b) => b,
                 Err(e) => {

@@ -199,6 +199,7 @@ impl TableRules {
                     .with_row_count(Some(rows.len())),
             )
             .map_err(|e| self.error(e))?;
+            let started = std::time::Instant::now();
             let bits: Vec<bool> = match evaluate_expr(&rule.rule, &plan.full, &joined) {
                 Ok(b) => (0..b.len()).map(|j| b.value(j)).collect(),
                 Err(_) => (0..rows.len())
@@ -213,6 +214,7 @@ impl TableRules {
                     )
                     .collect(),
             };
+            *report.rule_time.entry(id.clone()).or_default() += started.elapsed();
             for (j, &i) in rows.iter().enumerate() {
                 if let Some(reason) = failed.get(&i) {
                     *report.errors.entry(id.clone()).or_default() += 1;

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use deltalake::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
@@ -106,8 +107,25 @@ impl Evaluator {
     /// not convert), each rule is evaluated on its own, so only the rules making that cast
     /// report the error.
     pub fn evaluate(&self, batch: &RecordBatch) -> Vec<Result<BooleanArray, RuleError>> {
+        self.evaluate_timed(batch)
+            .into_iter()
+            .map(|(r, _)| r)
+            .collect()
+    }
+
+    /// [`Self::evaluate`], with the time each rule took (the shared casts, computed once
+    /// for all, are counted in no rule's time).
+    pub fn evaluate_timed(
+        &self,
+        batch: &RecordBatch,
+    ) -> Vec<(Result<BooleanArray, RuleError>, Duration)> {
+        let alone = |r: &CompiledRule| {
+            let started = Instant::now();
+            let out = evaluate(std::slice::from_ref(r), batch).remove(0);
+            (out, started.elapsed())
+        };
         if self.casts.is_empty() {
-            return evaluate(&self.rules, batch);
+            return self.rules.iter().map(alone).collect();
         }
         let computed: Option<Vec<ArrayRef>> = self
             .casts
@@ -119,19 +137,23 @@ impl Evaluator {
             })
             .collect();
         let Some(computed) = computed else {
-            return evaluate(&self.rules, batch);
+            return self.rules.iter().map(alone).collect();
         };
         let mut columns = batch.columns().to_vec();
         columns.extend(computed);
         let Ok(extended) = RecordBatch::try_new(self.extended.clone(), columns) else {
-            return evaluate(&self.rules, batch);
+            return self.rules.iter().map(alone).collect();
         };
         self.rules
             .iter()
             .zip(&self.shared)
             .map(|(r, shared)| match shared {
-                Some(expr) => super::compile::evaluate_expr(&r.rule, expr, &extended),
-                None => evaluate(std::slice::from_ref(r), batch).remove(0),
+                Some(expr) => {
+                    let started = Instant::now();
+                    let out = super::compile::evaluate_expr(&r.rule, expr, &extended);
+                    (out, started.elapsed())
+                }
+                None => alone(r),
             })
             .collect()
     }

@@ -45,6 +45,9 @@ pub struct RulesReport {
     pub errors: BTreeMap<String, usize>,
     pub quarantined: Vec<QuarantineRecord>,
     pub eval_time: Duration,
+    /// Per rule id, the time its condition took over the round's rows (phase one and, with
+    /// lookups, phase two; casts shared between rules are in no rule's time).
+    pub rule_time: BTreeMap<String, Duration>,
     /// A backfill ran (a rule set installed).
     pub backfill: bool,
     /// The rules that could not be compiled against the table (skipped).

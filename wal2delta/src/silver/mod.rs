@@ -501,6 +501,12 @@ fn report_rules(table: &str, r: &RulesReport) {
         metrics::counter!(m::RULES_EVALUATIONS, "table" => table.to_owned())
             .increment((r.rows * r.rules) as u64);
     }
+    for (rule, took) in &r.rule_time {
+        metrics::counter!(m::RULES_RULE_EVALUATIONS, "rule" => rule.clone())
+            .increment(r.rows as u64);
+        metrics::histogram!(m::RULES_RULE_SECONDS, "rule" => rule.clone())
+            .record(took.as_secs_f64());
+    }
     if r.lookups + r.lookups_avoided > 0 {
         metrics::counter!(m::RULES_LOOKUPS, "table" => table.to_owned())
             .increment(r.lookups as u64);
