@@ -15,9 +15,9 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use tokio_postgres::Client;
-use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::kafka::read_topic;
 use wal2delta_tests::lake::duckdb;
+use wal2delta_tests::metrics::{free_port, of, of_table, text};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.payments (id bigint PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL, note text);";
@@ -110,28 +110,6 @@ async fn run_workload(pg: &Client, s: &str) -> Result<Vec<Expected>> {
     Ok(want)
 }
 
-/// A free local port for the daemon's metrics listener.
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
-async fn metrics_text(port: u16) -> Result<String> {
-    Ok(reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
-        .await?
-        .text()
-        .await?)
-}
-
-/// The value of the series `name{table="..."}`.
-fn metric(text: &str, name: &str, table: &str) -> Option<f64> {
-    let series = format!("{name}{{table=\"{table}\"}} ");
-    text.lines()
-        .find_map(|l| l.strip_prefix(&series))
-        .and_then(|v| v.trim().parse().ok())
-}
-
 /// The JSON values of a topic's messages, in offset order.
 fn topic_values(brokers: &str, topic: &str) -> Result<Vec<(String, Value)>> {
     read_topic(brokers, topic, None, Duration::from_secs(3))?
@@ -164,26 +142,6 @@ fn delta_transitions(lake: &std::path::Path) -> Result<Vec<Value>> {
         .collect();
     out.sort_by_key(Value::to_string);
     Ok(out)
-}
-
-async fn wait_for<T: PartialEq + std::fmt::Debug>(
-    run: &mut StageProcess,
-    what: &str,
-    want: &T,
-    mut get: impl FnMut() -> Result<T>,
-) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        run.assert_running()?;
-        let got = get()?;
-        if &got == want {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("{what}: want {want:?}\ngot {got:?}\n{}", run.log_text());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -253,20 +211,16 @@ async fn transitions_and_filter_topics_hold_exactly_what_the_rules_say() -> Resu
             })
             .collect())
     };
-    wait_for(&mut run, "stream transitions", &want_transitions, || {
-        ordered(&lake)
-    })
-    .await?;
+    run.wait_for("stream transitions", &want_transitions, || ordered(&lake))
+        .await?;
 
     // A rule added without restart: its backfill's transitions are published too.
     let mut more = RULES.to_vec();
     more.push(("eur", "currency = 'EUR'"));
     std::fs::write(d.dir.join("rules.toml"), rules_toml(&s, &more))?;
     want_transitions.push(tr(5, "eur", "entered"));
-    wait_for(&mut run, "backfill transitions", &want_transitions, || {
-        ordered(&lake)
-    })
-    .await?;
+    run.wait_for("backfill transitions", &want_transitions, || ordered(&lake))
+        .await?;
 
     // The transitions topic holds exactly the rows of rules/transitions.
     let delta = delta_transitions(&lake)?;
@@ -278,8 +232,7 @@ async fn transitions_and_filter_topics_hold_exactly_what_the_rules_say() -> Resu
         v.sort_by_key(Value::to_string);
         Ok(v)
     };
-    wait_for(
-        &mut run,
+    run.wait_for(
         "the transitions topic equals rules/transitions",
         &delta,
         topic,
@@ -345,39 +298,31 @@ async fn transitions_and_filter_topics_hold_exactly_what_the_rules_say() -> Resu
     // Metrics: events in, out, and the reduction in ÷ out; `status` reports the three.
     let (events_in, events_out) = (EVENTS_IN as f64, want_events.len() as f64);
     let start = Instant::now();
-    let text = loop {
-        let text = metrics_text(port).await?;
-        if metric(&text, "wal2delta_rules_filter_events_in_total", &table) == Some(events_in) {
-            break text;
+    let body = loop {
+        let body = text(port).await?;
+        if of_table(&body, "wal2delta_rules_filter_events_in_total", &table) == Some(events_in) {
+            break body;
         }
         if start.elapsed() > Duration::from_secs(30) {
-            bail!("events in never reached {events_in}:\n{text}");
+            bail!("events in never reached {events_in}:\n{body}");
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     };
     ensure!(
-        metric(&text, "wal2delta_rules_filter_events_out_total", &table) == Some(events_out),
-        "{text}"
+        of_table(&body, "wal2delta_rules_filter_events_out_total", &table) == Some(events_out),
+        "{body}"
     );
     let reduction =
-        metric(&text, "wal2delta_rules_filter_reduction", &table).context("reduction gauge")?;
+        of_table(&body, "wal2delta_rules_filter_reduction", &table).context("reduction gauge")?;
     ensure!(
         (reduction - events_in / events_out).abs() < 1e-9,
         "reduction {reduction}"
     );
-    let published = |topic: &str| {
-        text.lines()
-            .find_map(|l| {
-                l.strip_prefix(&format!(
-                    "wal2delta_rules_published_total{{topic=\"{topic}\"}} "
-                ))
-            })
-            .and_then(|v| v.trim().parse::<f64>().ok())
-    };
-    ensure!(published(&filter_topic) == Some(events_out), "{text}");
+    let published = |topic: &str| of(&body, "wal2delta_rules_published_total", "topic", topic);
+    ensure!(published(&filter_topic) == Some(events_out), "{body}");
     ensure!(
         published(&transitions_topic) == Some(delta.len() as f64),
-        "{text}"
+        "{body}"
     );
     let out = d.command(&["status", "--json"])?;
     let doc: Value = serde_json::from_slice(&out.stdout)
@@ -481,10 +426,11 @@ async fn outputs_lose_nothing_when_the_rules_process_is_killed() -> Result<()> {
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    wait_for(&mut silver, "hits equal the source", &want_hits, || {
-        wal2delta_tests::lake::rule_hits(&lake)
-    })
-    .await?;
+    silver
+        .wait_for("hits equal the source", &want_hits, || {
+            wal2delta_tests::lake::rule_hits(&lake)
+        })
+        .await?;
     tokio::time::sleep(Duration::from_secs(2)).await;
     ensure!(silver.stop()?.success());
     ensure!(feed.stop()?.success());

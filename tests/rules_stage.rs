@@ -6,10 +6,10 @@
 //! evaluation of the rules over the final Silver rows.
 
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
-use wal2delta_tests::daemon::{Daemon, StageProcess};
+use anyhow::{ensure, Result};
+use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::lake::{duckdb, duckdb_pairs, rule_hits};
 use wal2delta_tests::{Scenario, Stack};
 
@@ -48,26 +48,6 @@ fn without_lsn(rows: &Rows) -> Vec<(String, String, String)> {
     rows.iter()
         .map(|(_, k, r, t)| (k.clone(), r.clone(), t.clone()))
         .collect()
-}
-
-async fn wait_for<T: PartialEq + std::fmt::Debug>(
-    run: &mut StageProcess,
-    what: &str,
-    want: &T,
-    mut get: impl FnMut() -> Result<T>,
-) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        run.assert_running()?;
-        let got = get()?;
-        if &got == want {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("{what}: want {want:?}, got {got:?}\n{}", run.log_text());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
 }
 
 fn k(id: i64) -> String {
@@ -137,7 +117,7 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
         tr(7, "usd_big", "left"),
     ];
     let lake = d.lake();
-    wait_for(&mut run, "stream transitions", &expected, || {
+    run.wait_for("stream transitions", &expected, || {
         Ok(without_lsn(&transitions(&lake, "stream")?))
     })
     .await?;
@@ -173,7 +153,7 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
     ensure!(out.status.success(), "a good file is installed: {out:?}");
     ensure!(std::fs::read_to_string(rules_file(&d))? == std::fs::read_to_string(&staged)?);
     let backfill = vec![tr(6, "eur", "entered"), tr(7, "eur", "entered")];
-    wait_for(&mut run, "backfill", &backfill, || {
+    run.wait_for("backfill", &backfill, || {
         Ok(without_lsn(&transitions(&lake, "backfill")?))
     })
     .await?;
@@ -195,7 +175,7 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
     let mut after = expected.clone();
     after.extend([tr(6, "big", "left"), tr(6, "eur", "left")]);
     after.extend([tr(8, "big", "entered"), tr(8, "eur", "entered")]);
-    wait_for(&mut run, "stream after the edits", &after, || {
+    run.wait_for("stream after the edits", &after, || {
         Ok(without_lsn(&transitions(&lake, "stream")?))
     })
     .await?;
@@ -215,13 +195,8 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
         ))
     };
     let want_hits = rule_hits(&lake)?;
-    wait_for(
-        &mut run,
-        "fresh evaluation equals the hits",
-        &want_hits,
-        fresh,
-    )
-    .await?;
+    run.wait_for("fresh evaluation equals the hits", &want_hits, fresh)
+        .await?;
     let list = d.command(&["rules", "list"])?;
     let text = String::from_utf8_lossy(&list.stdout);
     ensure!(list.status.success(), "{list:?}");
@@ -253,10 +228,11 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
     let mut replay = d2.spawn_stage("silver,rules", "replay")?;
     let mut want = expected.clone();
     want.extend([tr(6, "big", "left"), tr(8, "big", "entered")]);
-    wait_for(&mut replay, "replayed transitions", &want, || {
-        Ok(without_lsn(&transitions(&lake, "stream")?))
-    })
-    .await?;
+    replay
+        .wait_for("replayed transitions", &want, || {
+            Ok(without_lsn(&transitions(&lake, "stream")?))
+        })
+        .await?;
     let replayed = transitions(&lake, "stream")?;
     ensure!(
         replayed[..streamed.len()] == streamed[..],
