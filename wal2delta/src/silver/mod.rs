@@ -7,10 +7,11 @@
 //! stage's [`Supervisor`]. Progress lives in the Silver tables' commits, so a killed stage
 //! resumes where its last commit left off.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod lookups;
 pub mod replay;
 
 use tokio::sync::watch;
@@ -21,6 +22,7 @@ use wal2delta_lake::{Lake, LakeError};
 use crate::config::{Config, Policies};
 use crate::metrics as m;
 use crate::supervisor::{Backoff, Next, StageError, Supervisor};
+use lookups::{lookups_first, Hold};
 use wal2delta_lake::Url;
 use wal2delta_model::ErrorClass;
 
@@ -233,11 +235,8 @@ impl Stage<'_> {
         Ok(())
     }
 
-    /// `counts` capped at the lowest Silver watermark of the tables `name`'s rules look up
-    /// (docs/rules.md, "Lookups"): a change committed at LSN L is applied, and its rules
-    /// evaluated, only once every looked-up table holds the changes up to L, so a lookup
-    /// never sees an older state than the change's commit. Held for at most `[rules]
-    /// lookup_timeout_ms`; then applied against the related tables as they are, counted.
+    /// `counts` held for the tables `name`'s rules look up ([`lookups::hold`]); a hold past
+    /// `[rules] lookup_timeout_ms` is counted and logged, and the changes go on.
     fn hold_for_lookups(
         &mut self,
         name: &str,
@@ -250,38 +249,37 @@ impl Stage<'_> {
             .filter_map(|t| self.watermarks.get(t))
             .copied()
             .min();
-        let Some(cap) = cap.filter(|&c| c < counts.top) else {
-            self.held.remove(name);
-            return counts;
-        };
         let before = self.watermarks.get(name).copied().unwrap_or(0);
-        let waiting = counts
-            .events
-            .range(before.max(cap).saturating_add(1)..)
-            .next()
-            .is_some();
-        if !waiting {
-            // Nothing of this table lies past the cap: holding costs nothing.
-            self.held.remove(name);
-            return TransactionCounts {
-                top: cap.max(before),
-                ..counts
-            };
+        let held_for = self.held.get(name).map(Instant::elapsed);
+        match lookups::hold(
+            cap,
+            before,
+            &counts,
+            held_for,
+            self.config.rules.lookup_timeout(),
+        ) {
+            Hold::Free => {
+                self.held.remove(name);
+                counts
+            }
+            Hold::Capped { top, waiting } => {
+                if waiting {
+                    self.held
+                        .entry(name.to_owned())
+                        .or_insert_with(Instant::now);
+                } else {
+                    self.held.remove(name);
+                }
+                TransactionCounts { top, ..counts }
+            }
+            Hold::TimedOut => {
+                self.held.remove(name);
+                metrics::counter!(m::RULES_LOOKUP_TIMEOUTS, "table" => name.to_owned())
+                    .increment(1);
+                tracing::warn!(table = %name, related_watermark = cap.unwrap_or_default(), waited_ms = held_for.unwrap_or_default().as_millis() as u64, "a table this table's rules look up is behind past [rules] lookup_timeout_ms: applying the changes, their lookups see the related table as it is (counted as stale)");
+                counts
+            }
         }
-        let since = *self
-            .held
-            .entry(name.to_owned())
-            .or_insert_with(Instant::now);
-        if since.elapsed() < self.config.rules.lookup_timeout() {
-            return TransactionCounts {
-                top: cap.max(before),
-                ..counts
-            };
-        }
-        self.held.remove(name);
-        metrics::counter!(m::RULES_LOOKUP_TIMEOUTS, "table" => name.to_owned()).increment(1);
-        tracing::warn!(table = %name, related_watermark = cap, waited_ms = since.elapsed().as_millis() as u64, "a table this table's rules look up is behind past [rules] lookup_timeout_ms: applying the changes, their lookups see the related table as it is (counted as stale)");
-        counts
     }
 
     /// Starts working on a Bronze table: `false` when Silver does not hold it (no primary
@@ -413,26 +411,6 @@ impl Stage<'_> {
             tracing::warn!(table = %name, error = %error, retry_in_ms = wait.as_millis() as u64, "silver round of the table failed; the other tables go on, this one is retried after a pause");
         }
     }
-}
-
-/// `names` with every table after the tables its rules look up (`targets`), otherwise in
-/// their order. Lookup cycles are refused when rules are loaded; should one remain, its
-/// tables keep their order (and wait for each other until the lookup timeout).
-fn lookups_first(names: Vec<String>, targets: &BTreeMap<String, BTreeSet<String>>) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(names.len());
-    let mut left = names;
-    while !left.is_empty() {
-        let ready = |n: &String, left: &[String]| {
-            targets
-                .get(n)
-                .is_none_or(|ts| ts.iter().all(|t| t == n || !left.contains(t)))
-        };
-        let i = (0..left.len())
-            .find(|&i| ready(&left[i], &left))
-            .unwrap_or(0);
-        out.push(left.remove(i));
-    }
-    out
 }
 
 /// The metrics of one applied round of a table.
