@@ -54,6 +54,19 @@ fn transitions(lake: &std::path::Path) -> Result<Vec<(String, String, String)>> 
         .collect())
 }
 
+/// The rows of the Delta table at `path` (0 before it exists).
+fn rows_of(path: &std::path::Path) -> Result<i64> {
+    if !path.join("_delta_log").is_dir() {
+        return Ok(0);
+    }
+    Ok(duckdb(&format!(
+        "SELECT count(*) FROM delta_scan('{}')",
+        path.display()
+    ))?[0][0]
+        .as_i64()
+        .unwrap_or(0))
+}
+
 fn tr(id: i64, rule: &str, t: &str) -> (String, String, String) {
     (format!("{{\"id\":{id}}}"), rule.to_owned(), t.to_owned())
 }
@@ -82,18 +95,8 @@ async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() ->
     ))
     .await?;
     let shops = lake.join(format!("silver/{s}/shops"));
-    run.wait_for("shops in Silver", &2, || {
-        if !shops.join("_delta_log").is_dir() {
-            return Ok(0);
-        }
-        Ok(duckdb(&format!(
-            "SELECT count(*) FROM delta_scan('{}')",
-            shops.display()
-        ))?[0][0]
-            .as_i64()
-            .unwrap_or(0))
-    })
-    .await?;
+    run.wait_for("shops in Silver", &2, || rows_of(&shops))
+        .await?;
 
     let workload = [
         // Passes phase one, shop 1 is gambling: enters.
@@ -119,18 +122,8 @@ async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() ->
     for (n, sql) in workload.iter().enumerate() {
         pg.batch_execute(&sql.replace("{s}", &s)).await?;
         let want = (n + 1).min(7) as i64;
-        run.wait_for(&format!("step {n} in Silver"), &want, || {
-            if !orders.join("_delta_log").is_dir() {
-                return Ok(0);
-            }
-            Ok(duckdb(&format!(
-                "SELECT count(*) FROM delta_scan('{}')",
-                orders.display()
-            ))?[0][0]
-                .as_i64()
-                .unwrap_or(0))
-        })
-        .await?;
+        run.wait_for(&format!("step {n} in Silver"), &want, || rows_of(&orders))
+            .await?;
     }
     let expected = vec![
         tr(10, "risky", "entered"),

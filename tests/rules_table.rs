@@ -16,7 +16,7 @@
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Result};
+use anyhow::{ensure, Result};
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::lake::{duckdb, rule_hits};
@@ -133,29 +133,9 @@ fn full_log(run: &StageProcess) -> String {
     std::fs::read_to_string(&run.log).unwrap_or_default()
 }
 
-async fn wait_for<T: PartialEq + std::fmt::Debug>(
-    run: &mut StageProcess,
-    what: &str,
-    want: &T,
-    mut get: impl FnMut() -> Result<T>,
-) -> Result<()> {
-    let start = Instant::now();
-    loop {
-        run.assert_running()?;
-        let got = get()?;
-        if &got == want {
-            return Ok(());
-        }
-        if start.elapsed() > Duration::from_secs(120) {
-            bail!("{what}: want {want:?}\ngot {got:?}\n{}", run.log_text());
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
-
 async fn wait_log(run: &mut StageProcess, what: &str, needle: &str) -> Result<()> {
     let log = run.log.clone();
-    wait_for(run, what, &true, || {
+    run.wait_for(what, &true, || {
         Ok(std::fs::read_to_string(&log)
             .unwrap_or_default()
             .contains(needle))
@@ -228,7 +208,7 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
         stream.len() >= 6,
         "the workload makes transitions: {stream:?}"
     );
-    wait_for(&mut run, "stream transitions", &stream, || {
+    run.wait_for("stream transitions", &stream, || {
         transitions(&lake, "stream")
     })
     .await?;
@@ -251,7 +231,7 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
         "the edit makes rows enter and leave: {backfill:?}"
     );
     backfill = sorted(backfill);
-    wait_for(&mut run, "backfill of the edit", &backfill, || {
+    run.wait_for("backfill of the edit", &backfill, || {
         transitions(&lake, "backfill")
     })
     .await?;
@@ -312,7 +292,7 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
         stream.contains(&(key(6), "small".into(), "entered".into())),
         "{stream:?}"
     );
-    wait_for(&mut run, "stream under the running set", &stream, || {
+    run.wait_for("stream under the running set", &stream, || {
         transitions(&lake, "stream")
     })
     .await?;
@@ -339,12 +319,9 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
     backfill.extend(restart);
     let backfill_now = sorted(backfill.clone());
     run = d.spawn_stage("capture,bronze,silver,rules", "run2")?;
-    wait_for(
-        &mut run,
-        "backfill after the restart",
-        &backfill_now,
-        || transitions(&lake, "backfill"),
-    )
+    run.wait_for("backfill after the restart", &backfill_now, || {
+        transitions(&lake, "backfill")
+    })
     .await?;
     let log = full_log(&run);
     ensure!(
@@ -376,7 +353,7 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
     );
     backfill.extend(removal);
     let backfill = sorted(backfill);
-    wait_for(&mut run, "backfill of the removal", &backfill, || {
+    run.wait_for("backfill of the removal", &backfill, || {
         transitions(&lake, "backfill")
     })
     .await?;
@@ -385,12 +362,9 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
         deleted.elapsed()
     );
     let want_hits: Vec<(String, String)> = pg_hits(&pg, &s, &running).await?.into_iter().collect();
-    wait_for(
-        &mut run,
-        "hits equal PostgreSQL's evaluation",
-        &want_hits,
-        || rule_hits(&lake),
-    )
+    run.wait_for("hits equal PostgreSQL's evaluation", &want_hits, || {
+        rule_hits(&lake)
+    })
     .await?;
     let list = d.command(&["rules", "list"])?;
     let text = String::from_utf8_lossy(&list.stdout);
