@@ -12,7 +12,7 @@
 //!   rule.
 
 use anyhow::{ensure, Result};
-use wal2delta_tests::lake::duckdb;
+use wal2delta_tests::lake::{duckdb, transitions};
 use wal2delta_tests::metrics::{free_port, of, of_table, text};
 use wal2delta_tests::{Scenario, Stack};
 
@@ -33,25 +33,6 @@ table = "{s}.orders"
 when = "CAST(amount AS DECIMAL(12, 2)) > 1000"
 "#
     )
-}
-
-/// `(key, rule, transition)` of the stream's transitions, in commit order.
-fn transitions(lake: &std::path::Path) -> Result<Vec<(String, String, String)>> {
-    let path = lake.join("rules/transitions");
-    if !path.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let rows = duckdb(&format!(
-        "SELECT key, rule_id, transition FROM delta_scan('{}') WHERE origin = 'stream' ORDER BY lsn, key, transition DESC, rule_id",
-        path.display()
-    ))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let t = |i: usize| r[i].as_str().unwrap_or_default().to_owned();
-            (t(0), t(1), t(2))
-        })
-        .collect())
 }
 
 /// The rows of the Delta table at `path` (0 before it exists).
@@ -132,7 +113,7 @@ async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() ->
         tr(14, "risky", "entered"),
         tr(10, "risky", "left"),
     ];
-    run.wait_for("transitions", &expected, || transitions(&lake))
+    run.wait_for("transitions", &expected, || transitions(&lake, "stream"))
         .await?;
 
     // Order versions evaluated: 8; phase one passed by 6 (10, 11, 13, 14, 15, 16), failed

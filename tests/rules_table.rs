@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::StageProcess;
-use wal2delta_tests::lake::{duckdb, rule_hits};
+use wal2delta_tests::lake::{rule_hits, transitions};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.payments (id bigint PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL, note text);";
@@ -79,30 +79,6 @@ async fn workload(pg: &Client, s: &str, rules: &[Rule], sqls: &[&str]) -> Result
         before = after;
     }
     Ok(want)
-}
-
-/// The lake's transitions of `origin`: stream ones in commit order, backfill ones sorted.
-fn transitions(lake: &std::path::Path, origin: &str) -> Result<Vec<Transition>> {
-    let path = lake.join("rules/transitions");
-    if !path.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let order = if origin == "stream" {
-        "lsn, key, transition DESC, rule_id"
-    } else {
-        "key, rule_id, transition"
-    };
-    let rows = duckdb(&format!(
-        "SELECT key, rule_id, transition FROM delta_scan('{}') WHERE origin = '{origin}' ORDER BY {order}",
-        path.display()
-    ))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let t = |i: usize| r[i].as_str().unwrap_or_default().to_owned();
-            (t(0), t(1), t(2))
-        })
-        .collect())
 }
 
 fn sorted(mut v: Vec<Transition>) -> Vec<Transition> {

@@ -180,3 +180,27 @@ pub fn rule_hits(lake: &Path) -> Result<Vec<(String, String)>> {
         hits.display()
     ))
 }
+
+/// `(key, rule, transition)` of the lake's `rules/transitions` of `origin`: stream ones in commit order, backfill ones sorted.
+pub fn transitions(lake: &Path, origin: &str) -> Result<Vec<(String, String, String)>> {
+    let path = lake.join("rules/transitions");
+    if !path.join("_delta_log").is_dir() {
+        return Ok(Vec::new());
+    }
+    let order = if origin == "stream" {
+        "lsn, key, transition DESC, rule_id"
+    } else {
+        "key, rule_id, transition"
+    };
+    let rows = duckdb(&format!(
+        "SELECT key, rule_id, transition FROM delta_scan('{}') WHERE origin = '{origin}' ORDER BY {order}",
+        path.display()
+    ))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let t = |i: usize| r[i].as_str().unwrap_or_default().to_owned();
+            (t(0), t(1), t(2))
+        })
+        .collect())
+}

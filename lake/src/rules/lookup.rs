@@ -257,7 +257,8 @@ impl TableRules {
         // The needed keys, as the related columns' types.
         let wanted = take_record_batch(input, &UInt32Array::from(rows.to_vec()))
             .map_err(|e| self.error(e))?;
-        let key_cols = own_keys(&wanted, l, &conform_empty(schema)).map_err(|e| self.error(e))?;
+        let key_cols = own_keys(&wanted, l, &RecordBatch::new_empty(schema.clone()))
+            .map_err(|e| self.error(e))?;
         let key_schema = Arc::new(Schema::new(
             l.on.iter()
                 .zip(&key_cols)
@@ -331,11 +332,6 @@ impl TableRules {
             watermark,
         })
     }
-}
-
-/// An empty batch of `schema` (the related table's columns, to read their types).
-fn conform_empty(schema: &SchemaRef) -> RecordBatch {
-    RecordBatch::new_empty(schema.clone())
 }
 
 /// `input`'s `on` columns of lookup `l`, cast to the types of the matching columns of
