@@ -5,7 +5,6 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use wal2delta_lake::deltalake::arrow::array::{Array, RecordBatch};
 use wal2delta_lake::rules::walk::{walk, Event, Hits, KeyHits, What};
 use wal2delta_lake::rules::{compile, key_json, Evaluator, Rule, RuleSource};
 use wal2delta_lake::silver::{transaction_counts, Position, SilverTable, TransactionCounts};
@@ -99,8 +98,7 @@ pub async fn eval(path: &Path, rules: usize, rows: usize) -> anyhow::Result<Valu
     let (mut n, mut transitions, mut matched) = (0usize, 0usize, 0usize);
     let mut lsn = 0;
     for b in &batches {
-        let b = plain(b)?;
-        let results = ev.evaluate(&b);
+        let results = ev.evaluate(b);
         let mut row_hits = vec![KeyHits::new(); b.num_rows()];
         for (c, r) in ev.rules().iter().zip(&results) {
             let r = r.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
@@ -108,7 +106,7 @@ pub async fn eval(path: &Path, rules: usize, rows: usize) -> anyhow::Result<Valu
                 row_hits[i].insert(c.rule.id.clone(), c.rule.version);
             }
         }
-        let keys = key_json(&b, &["id".to_owned()]).map_err(anyhow::Error::msg)?;
+        let keys = key_json(b, &["id".to_owned()]).map_err(anyhow::Error::msg)?;
         let mut events = Vec::with_capacity(b.num_rows());
         for (key, h) in keys.into_iter().zip(row_hits) {
             matched += h.len();
@@ -129,30 +127,6 @@ pub async fn eval(path: &Path, rules: usize, rows: usize) -> anyhow::Result<Valu
         "rows_per_second": n as f64 / seconds, "hits": matched, "transitions": transitions,
         "peak_rss_kib": peak,
     }))
-}
-
-/// DataFusion's view types as the plain ones Silver is written with.
-fn plain(b: &RecordBatch) -> anyhow::Result<RecordBatch> {
-    use wal2delta_lake::deltalake::arrow::compute::cast;
-    use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Field, Schema};
-    let mut fields = Vec::new();
-    let mut cols = Vec::new();
-    for (f, c) in b.schema().fields().iter().zip(b.columns()) {
-        let ty = match f.data_type() {
-            DataType::Utf8View => DataType::Utf8,
-            t => t.clone(),
-        };
-        cols.push(if &ty == c.data_type() {
-            c.clone()
-        } else {
-            cast(c, &ty)?
-        });
-        fields.push(Field::new(f.name(), ty, true));
-    }
-    Ok(RecordBatch::try_new(
-        std::sync::Arc::new(Schema::new(fields)),
-        cols,
-    )?)
 }
 
 /// Installs `rules` rules on the lake's Silver table (a backfill of all of them over

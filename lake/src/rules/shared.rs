@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deltalake::arrow::array::{ArrayRef, BooleanArray, RecordBatch};
+use deltalake::arrow::array::{BooleanArray, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef};
 use deltalake::datafusion::common::tree_node::{Transformed, TreeNode};
 use deltalake::datafusion::common::{Column, DFSchema};
@@ -16,11 +16,16 @@ use deltalake::datafusion::physical_plan::PhysicalExpr;
 use deltalake::datafusion::prelude::SessionContext;
 
 use super::compile::{evaluate, CompiledRule};
+use super::evaluate::conform;
 use super::RuleError;
 
 /// The rules of one table, compiled against one schema, evaluated together.
 pub struct Evaluator {
     rules: Vec<CompiledRule>,
+    /// The rules' schema, every column nullable: each batch is conformed to it first, so
+    /// a batch read with other but castable types (DataFusion's `Utf8View`, inside lists
+    /// too) still takes the shared path rather than one rule at a time.
+    schema: SchemaRef,
     /// Each shared cast, as an expression over the rules' schema.
     casts: Vec<Arc<dyn PhysicalExpr>>,
     /// The rules' schema followed by one column per shared cast.
@@ -73,7 +78,12 @@ impl Evaluator {
                 .map(|e| ctx.create_physical_expr(e.clone(), base).ok())
                 .collect()
         });
-        let mut fields: Vec<Field> = schema.fields().iter().map(|f| f.as_ref().clone()).collect();
+        let mut fields: Vec<Field> = schema
+            .fields()
+            .iter()
+            .map(|f| f.as_ref().clone().with_nullable(true))
+            .collect();
+        let conformed = Arc::new(Schema::new(fields.clone()));
         for (i, e) in cast_exprs.iter().enumerate() {
             if let Expr::Cast(Cast { field, .. }) = e {
                 fields.push(Field::new(cast_column(i), field.data_type().clone(), true));
@@ -92,6 +102,7 @@ impl Evaluator {
         };
         Evaluator {
             rules,
+            schema: conformed,
             casts,
             extended,
             shared,
@@ -102,10 +113,10 @@ impl Evaluator {
         &self.rules
     }
 
-    /// Every rule over `batch` (with exactly the schema the rules were compiled against),
-    /// as [`evaluate`] gives it. When a shared cast fails on the batch (a value that does
-    /// not convert), each rule is evaluated on its own, so only the rules making that cast
-    /// report the error.
+    /// Every rule over `batch` (its columns cast to the schema the rules were compiled
+    /// against), as [`evaluate`] gives it. When a shared cast fails on the batch (a value
+    /// that does not convert), each rule is evaluated on its own, so only the rules making
+    /// that cast report the error.
     pub fn evaluate(&self, batch: &RecordBatch) -> Vec<Result<BooleanArray, RuleError>> {
         self.evaluate_timed(batch)
             .into_iter()
@@ -119,30 +130,16 @@ impl Evaluator {
         &self,
         batch: &RecordBatch,
     ) -> Vec<(Result<BooleanArray, RuleError>, Duration)> {
-        let alone = |r: &CompiledRule| {
+        let alone = |r: &CompiledRule, batch: &RecordBatch| {
             let started = Instant::now();
             let out = evaluate(std::slice::from_ref(r), batch).remove(0);
             (out, started.elapsed())
         };
-        if self.casts.is_empty() {
-            return self.rules.iter().map(alone).collect();
-        }
-        let computed: Option<Vec<ArrayRef>> = self
-            .casts
-            .iter()
-            .map(|c| {
-                c.evaluate(batch)
-                    .and_then(|v| v.into_array(batch.num_rows()))
-                    .ok()
-            })
-            .collect();
-        let Some(computed) = computed else {
-            return self.rules.iter().map(alone).collect();
-        };
-        let mut columns = batch.columns().to_vec();
-        columns.extend(computed);
-        let Ok(extended) = RecordBatch::try_new(self.extended.clone(), columns) else {
-            return self.rules.iter().map(alone).collect();
+        // A column that cannot take the rules' type: each rule reports it on its own.
+        let conformed = conform(batch, &self.schema);
+        let batch = conformed.as_ref().unwrap_or(batch);
+        let Some(extended) = self.with_casts(batch) else {
+            return self.rules.iter().map(|r| alone(r, batch)).collect();
         };
         self.rules
             .iter()
@@ -153,9 +150,26 @@ impl Evaluator {
                     let out = super::compile::evaluate_expr(&r.rule, expr, &extended);
                     (out, started.elapsed())
                 }
-                None => alone(r),
+                None => alone(r, batch),
             })
             .collect()
+    }
+
+    /// `batch` (conformed to the rules' schema) with one column per shared cast; `None`
+    /// when there is none or one fails on the batch.
+    fn with_casts(&self, batch: &RecordBatch) -> Option<RecordBatch> {
+        if self.casts.is_empty() {
+            return None;
+        }
+        let mut columns = batch.columns().to_vec();
+        for c in &self.casts {
+            columns.push(
+                c.evaluate(batch)
+                    .and_then(|v| v.into_array(batch.num_rows()))
+                    .ok()?,
+            );
+        }
+        RecordBatch::try_new(self.extended.clone(), columns).ok()
     }
 }
 
@@ -163,6 +177,7 @@ impl Evaluator {
 mod tests {
     use super::*;
     use deltalake::arrow::array::{Int64Array, StringArray};
+    use deltalake::arrow::compute::cast;
     use wal2delta_model::TableName;
 
     #[test]
@@ -213,6 +228,33 @@ mod tests {
             .map(Result::unwrap)
             .collect();
         assert_eq!(shared, alone);
+        // Read back by DataFusion, strings are views (in lists too): still shared.
+        let views = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, false),
+                Field::new("amount", DataType::Utf8View, true),
+                Field::new("currency", DataType::Utf8View, true),
+            ])),
+            good.columns()
+                .iter()
+                .map(|c| match c.data_type() {
+                    DataType::Utf8 => cast(c, &DataType::Utf8View).unwrap(),
+                    _ => c.clone(),
+                })
+                .collect(),
+        )
+        .unwrap();
+        let conformed = conform(&views, &ev.schema).unwrap();
+        assert!(
+            ev.with_casts(&conformed).is_some(),
+            "the shared path is taken"
+        );
+        let viewed: Vec<_> = ev
+            .evaluate(&views)
+            .into_iter()
+            .map(Result::unwrap)
+            .collect();
+        assert_eq!(viewed, alone);
         // A value that does not convert: the casting rules fail, `c` goes on.
         let bad = batch(vec![Some("150.00"), Some("abc")]);
         let out = ev.evaluate(&bad);
