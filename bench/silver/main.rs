@@ -111,6 +111,18 @@ enum Command {
         #[arg(long, default_value_t = 100_000)]
         rows: usize,
     },
+    /// Prints the benchmark's RULES rules as a rules file for the source table TABLE, the
+    /// last LOOKUPS of them looking merchants up in MERCHANTS (ops/bench rules-latency).
+    RulesFile {
+        #[arg(long, default_value_t = 300)]
+        rules: usize,
+        #[arg(long)]
+        table: String,
+        #[arg(long, default_value_t = 10)]
+        lookups: usize,
+        #[arg(long)]
+        merchants: String,
+    },
     /// Installs RULES rules on Silver (a backfill of all), then times one new rule's
     /// backfill.
     RulesBackfill {
@@ -926,6 +938,16 @@ async fn vacuum(path: &Path) -> anyhow::Result<Value> {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
+    if let Command::RulesFile {
+        rules,
+        table,
+        lookups,
+        merchants,
+    } = &cli.command
+    {
+        print!("{}", rules::rules_file(*rules, table, *lookups, merchants));
+        return Ok(());
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
@@ -974,6 +996,7 @@ fn main() -> anyhow::Result<()> {
             Command::Profile { lake, window } => profile(&lake, window).await,
             Command::Sums { lake, table } => sums(&lake, table.as_deref()).await,
             Command::Vacuum { lake } => vacuum(&lake).await,
+            Command::RulesFile { .. } => bail!("rules-file runs before the runtime starts"),
         }
     })?;
     println!("{out}");

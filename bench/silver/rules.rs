@@ -182,3 +182,35 @@ async fn round(
     let r = silver.apply(&counts).await?;
     Ok((started.elapsed().as_secs_f64(), r))
 }
+
+/// [`rule_set`] as a rules file (docs/rules.md) for the source table `table`, its last
+/// `lookups` rules replaced by rules that look the payment's merchant up in `merchants`
+/// (`id bigint`, `category text`): an amount threshold first (phase one), then the
+/// merchant's category (phase two). For `ops/bench rules-latency`, on the real stack.
+pub fn rules_file(n: usize, table: &str, lookups: usize, merchants: &str) -> String {
+    const CATEGORIES: [&str; 5] = ["retail", "travel", "gambling", "crypto", "food"];
+    let quote = |s: &str| format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
+    let mut out = String::new();
+    for (i, r) in rule_set(n).into_iter().enumerate() {
+        out.push_str(&format!(
+            "[[rule]]\nid = {}\ntable = {}\n",
+            quote(&r.id),
+            quote(table)
+        ));
+        if i + lookups >= n {
+            let category = CATEGORIES[i % CATEGORIES.len()];
+            let when = format!(
+                "CAST(amount AS DECIMAL(18, 2)) > {} AND merchant.category = '{category}'",
+                90_000 + (i % 10) * 500
+            );
+            out.push_str(&format!(
+                "when = {}\nlookup.merchant = {{ table = {}, on = {{ merchant_id = \"id\" }} }}\n\n",
+                quote(&when),
+                quote(merchants)
+            ));
+        } else {
+            out.push_str(&format!("when = {}\n\n", quote(&r.when)));
+        }
+    }
+    out
+}
