@@ -7,12 +7,16 @@
 
 #![allow(dead_code)]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-/// `fuzz/{sub}` of the repository.
+/// `fuzz/{sub}` of the repository. The package directory is read at run time (`cargo
+/// test` sets `CARGO_MANIFEST_DIR`): a test binary reused from another checkout through a
+/// shared build cache must read this checkout's corpus, not the one it was built in.
 pub fn fuzz_dir(sub: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
         .join("../fuzz")
         .join(sub)
 }

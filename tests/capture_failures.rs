@@ -12,7 +12,7 @@ use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
 use wal2delta_tests::{current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Stack};
 
 fn stack_script(action: &str) -> Result<()> {
-    let script = format!("{}/../ops/stack", env!("CARGO_MANIFEST_DIR"));
+    let script = wal2delta_tests::repo_root().join("ops/stack");
     let status = Command::new(script).arg(action).status()?;
     ensure!(status.success(), "ops/stack {action} failed");
     Ok(())

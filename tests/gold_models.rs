@@ -237,7 +237,7 @@ async fn the_quickstart_models_run_on_the_payments_schema() -> Result<()> {
     let mut d = d;
     let models = d.lake().join("../models");
     std::fs::create_dir_all(&models)?;
-    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("../ops/models");
+    let shipped = wal2delta_tests::repo_root().join("ops/models");
     let mut names = Vec::new();
     for e in std::fs::read_dir(&shipped)? {
         let path = e?.path();

@@ -207,3 +207,130 @@ lookup.o = {{ table = "{s}.orders", on = {{ id = "shop_id" }} }}
     run.assert_running()?;
     Ok(())
 }
+
+/// Makes a directory immutable (`chattr +i`: even root cannot add a file to it) until
+/// dropped, so that the test's lake can be removed even when the test fails.
+struct Frozen(std::path::PathBuf);
+
+impl Frozen {
+    fn new(dir: std::path::PathBuf) -> Result<Self> {
+        let out = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(&dir)
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "chattr +i {}: {} (the test needs e2fsprogs' chattr on an ext4 filesystem)",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(Frozen(dir))
+    }
+}
+
+impl Drop for Frozen {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+/// `[rules] lookup_timeout_ms`: a related table whose Silver cannot commit (its log made
+/// immutable) holds the changes of the table that looks it up, for the timeout and no
+/// longer; then they are tagged against the related rows as they are, counted as stale.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Result<()> {
+    const TIMEOUT_MS: u64 = 4_000;
+    let stack = Stack::from_env();
+    let port = free_port()?;
+    let w = Scenario::new(&stack, "rulestimeout", TABLES)
+        .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
+        .env(
+            "WAL2DELTA__RULES__LOOKUP_TIMEOUT_MS",
+            &TIMEOUT_MS.to_string(),
+        )
+        .env("WAL2DELTA__SILVER__INTERVAL_MS", "300")
+        .env("WAL2DELTA__METRICS__LISTEN", &format!("127.0.0.1:{port}"))
+        .without_setup()
+        .build()
+        .await?;
+    let (s, pg, d) = (w.name, w.pg, w.d);
+    std::fs::write(d.dir.join("rules.toml"), rules(&s))?;
+    d.setup()?;
+    let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
+    let lake = d.lake();
+    pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (1, 'gambling')"))
+        .await?;
+    let shops = lake.join(format!("silver/{s}/shops"));
+    run.wait_for("shops in Silver", &1, || rows_of(&shops))
+        .await?;
+    pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (10, 1, 500)"))
+        .await?;
+    let first = vec![tr(10, "risky", "entered")];
+    run.wait_for("the first order tagged", &first, || {
+        transitions(&lake, "stream")
+    })
+    .await?;
+
+    // From here `shops` cannot commit: its watermark stays behind every later change.
+    let frozen = Frozen::new(shops.join("_delta_log"))?;
+    let started = std::time::Instant::now();
+    pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (11, 1, 600)"))
+        .await?;
+    tokio::time::sleep(std::time::Duration::from_millis(TIMEOUT_MS / 2)).await;
+    ensure!(
+        transitions(&lake, "stream")? == first,
+        "the order is held while shops is behind\n{}",
+        run.log_text()
+    );
+    let both = vec![tr(10, "risky", "entered"), tr(11, "risky", "entered")];
+    run.wait_for("the held order tagged after the timeout", &both, || {
+        transitions(&lake, "stream")
+    })
+    .await?;
+    let waited = started.elapsed();
+    ensure!(
+        waited >= std::time::Duration::from_millis(TIMEOUT_MS),
+        "tagged after {waited:?}, before the {TIMEOUT_MS} ms timeout"
+    );
+    let table = format!("{s}.orders");
+    let mut body = String::new();
+    for _ in 0..60 {
+        body = text(port).await?;
+        if of_table(&body, "wal2delta_rules_lookups_stale_total", &table).is_some() {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    }
+    let timeouts = of_table(&body, "wal2delta_rules_lookup_timeouts_total", &table);
+    let stale = of_table(&body, "wal2delta_rules_lookups_stale_total", &table);
+    ensure!(
+        timeouts.is_some_and(|n| n >= 1.0) && stale == Some(1.0),
+        "timeouts {timeouts:?} (want at least 1), stale lookups {stale:?} (want 1)\n{}",
+        run.log_text()
+    );
+    ensure!(
+        run.log_text().contains("lookup_timeout_ms"),
+        "the hold past the timeout is logged"
+    );
+
+    // Unfrozen, shops catches up and the chain goes on as before.
+    drop(frozen);
+    pg.batch_execute(&format!(
+        "BEGIN; UPDATE {s}.shops SET category = 'books' WHERE id = 1; UPDATE {s}.orders SET amount = 700 WHERE id = 11; COMMIT"
+    ))
+    .await?;
+    let after = vec![
+        tr(10, "risky", "entered"),
+        tr(11, "risky", "entered"),
+        tr(11, "risky", "left"),
+    ];
+    run.wait_for("the chain after shops caught up", &after, || {
+        transitions(&lake, "stream")
+    })
+    .await?;
+    run.assert_running()?;
+    Ok(())
+}

@@ -225,7 +225,7 @@ fn log_tail(path: &PathBuf, n: usize) -> String {
 }
 
 fn ops_stack(args: &[&str]) -> Result<()> {
-    let script = format!("{}/../ops/stack", env!("CARGO_MANIFEST_DIR"));
+    let script = crate::repo_root().join("ops/stack");
     let out = Command::new(script)
         .args(args)
         .stdin(Stdio::null())

@@ -30,7 +30,7 @@ pub fn binary() -> PathBuf {
         return PathBuf::from(p);
     }
     let target = std::env::var("CARGO_TARGET_DIR")
-        .unwrap_or_else(|_| format!("{}/../target", env!("CARGO_MANIFEST_DIR")));
+        .unwrap_or_else(|_| format!("{}/target", crate::repo_root().display()));
     PathBuf::from(target).join("debug/wal2delta")
 }
 

@@ -12,7 +12,7 @@ fn python() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("WAL2DELTA_PYTHON") {
         return Ok(PathBuf::from(p));
     }
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let root = crate::repo_root();
     let out = Command::new(root.join("ops/pyenv"))
         .output()
         .context("running ops/pyenv")?;
@@ -23,7 +23,7 @@ fn python() -> Result<PathBuf> {
 }
 
 fn run(mode: &str, arg: &str) -> Result<Value> {
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("py/lake.py");
+    let script = crate::tests_dir().join("py/lake.py");
     let out = Command::new(python()?)
         .arg(script)
         .args([mode, arg])

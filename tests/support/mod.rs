@@ -11,11 +11,28 @@ pub mod lake;
 pub mod metrics;
 pub mod proxy;
 
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use tokio_postgres::{Client, NoTls};
 use wal2delta_model::Lsn;
+
+/// The `tests/` directory of the checkout being tested. Read at run time (`cargo test`
+/// sets `CARGO_MANIFEST_DIR` for the test binaries it runs): with a build cache shared
+/// between checkouts (`CARGO_TARGET_DIR` under the home directory, as CI and ops/test use
+/// it), cargo reuses a test binary built from another checkout with the same sources,
+/// and a path compiled in with `env!` would point at that other checkout's scripts.
+pub fn tests_dir() -> PathBuf {
+    std::env::var_os("CARGO_MANIFEST_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
+}
+
+/// The root of the checkout being tested (see [`tests_dir`]).
+pub fn repo_root() -> PathBuf {
+    tests_dir().join("..")
+}
 
 /// Addresses of the running stack.
 #[derive(Debug, Clone)]
