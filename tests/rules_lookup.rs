@@ -10,6 +10,8 @@
 //! - A related row missing, a rule leaving by its own condition without a lookup.
 //! - Invalid lookups and a cycle of lookups are refused by `rules validate`, naming the
 //!   rule.
+//! - `[rules] lookup_timeout_ms`: a related table that cannot commit holds the changes
+//!   that look it up for the timeout and no longer, counted as timeouts and stale lookups.
 
 use anyhow::{ensure, Result};
 use wal2delta_tests::lake::{duckdb, transitions};
