@@ -54,32 +54,72 @@ fn tr(id: i64, rule: &str, t: &str) -> (String, String, String) {
     (format!("{{\"id\":{id}}}"), rule.to_owned(), t.to_owned())
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() -> Result<()> {
+/// The running chain with [`rules`] for a new scenario (`env`: more variables), and the
+/// shops in `shops_sql` (`{s}` is the schema) already in Silver, `shops` rows of them.
+struct Running {
+    s: String,
+    pg: tokio_postgres::Client,
+    d: wal2delta_tests::daemon::Daemon,
+    run: wal2delta_tests::daemon::StageProcess,
+    lake: std::path::PathBuf,
+    port: u16,
+}
+
+async fn running(
+    prefix: &str,
+    env: &[(&str, &str)],
+    shops_sql: &str,
+    shops: i64,
+) -> Result<Running> {
     let stack = Stack::from_env();
     let port = free_port()?;
-    let w = Scenario::new(&stack, "ruleslookup", TABLES)
+    let listen = format!("127.0.0.1:{port}");
+    let mut scenario = Scenario::new(&stack, prefix, TABLES)
         .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
         .env("WAL2DELTA__SILVER__INTERVAL_MS", "300")
-        .env("WAL2DELTA__METRICS__LISTEN", &format!("127.0.0.1:{port}"))
-        .without_setup()
-        .build()
-        .await?;
+        .env("WAL2DELTA__METRICS__LISTEN", &listen)
+        .without_setup();
+    for (k, v) in env {
+        scenario = scenario.env(k, v);
+    }
+    let w = scenario.build().await?;
     let (s, pg, d) = (w.name, w.pg, w.d);
     std::fs::write(d.dir.join("rules.toml"), rules(&s))?;
     d.setup()?;
     let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
     let lake = d.lake();
+    pg.batch_execute(&shops_sql.replace("{s}", &s)).await?;
+    let table = lake.join(format!("silver/{s}/shops"));
+    run.wait_for("shops in Silver", &shops, || rows_of(&table))
+        .await?;
+    Ok(Running {
+        s,
+        pg,
+        d,
+        run,
+        lake,
+        port,
+    })
+}
 
+#[tokio::test(flavor = "multi_thread")]
+async fn lookups_run_in_two_phases_and_see_the_related_row_as_of_the_commit() -> Result<()> {
     // The shops first, in Silver before any order: the rule compiles from the first
     // round of `orders` on (no backfill), so every count below is exact.
-    pg.batch_execute(&format!(
-        "INSERT INTO {s}.shops VALUES (1, 'gambling'), (2, 'books')"
-    ))
+    let Running {
+        s,
+        pg,
+        d,
+        mut run,
+        lake,
+        port,
+    } = running(
+        "ruleslookup",
+        &[],
+        "INSERT INTO {s}.shops VALUES (1, 'gambling'), (2, 'books')",
+        2,
+    )
     .await?;
-    let shops = lake.join(format!("silver/{s}/shops"));
-    run.wait_for("shops in Silver", &2, || rows_of(&shops))
-        .await?;
 
     let workload = [
         // Passes phase one, shop 1 is gambling: enters.
@@ -245,29 +285,22 @@ impl Drop for Frozen {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Result<()> {
     const TIMEOUT_MS: u64 = 4_000;
-    let stack = Stack::from_env();
-    let port = free_port()?;
-    let w = Scenario::new(&stack, "rulestimeout", TABLES)
-        .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
-        .env(
-            "WAL2DELTA__RULES__LOOKUP_TIMEOUT_MS",
-            &TIMEOUT_MS.to_string(),
-        )
-        .env("WAL2DELTA__SILVER__INTERVAL_MS", "300")
-        .env("WAL2DELTA__METRICS__LISTEN", &format!("127.0.0.1:{port}"))
-        .without_setup()
-        .build()
-        .await?;
-    let (s, pg, d) = (w.name, w.pg, w.d);
-    std::fs::write(d.dir.join("rules.toml"), rules(&s))?;
-    d.setup()?;
-    let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
-    let lake = d.lake();
-    pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (1, 'gambling')"))
-        .await?;
+    let timeout = TIMEOUT_MS.to_string();
+    let Running {
+        s,
+        pg,
+        d: _d,
+        mut run,
+        lake,
+        port,
+    } = running(
+        "rulestimeout",
+        &[("WAL2DELTA__RULES__LOOKUP_TIMEOUT_MS", &timeout)],
+        "INSERT INTO {s}.shops VALUES (1, 'gambling')",
+        1,
+    )
+    .await?;
     let shops = lake.join(format!("silver/{s}/shops"));
-    run.wait_for("shops in Silver", &1, || rows_of(&shops))
-        .await?;
     pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (10, 1, 500)"))
         .await?;
     let first = vec![tr(10, "risky", "entered")];
