@@ -14,6 +14,7 @@
 //!   that look it up for the timeout and no longer, counted as timeouts and stale lookups.
 
 use anyhow::{ensure, Result};
+use wal2delta_tests::chaos::ReadOnlyLake;
 use wal2delta_tests::lake::{duckdb, transitions};
 use wal2delta_tests::metrics::{free_port, of, of_table, text};
 use wal2delta_tests::{Scenario, Stack};
@@ -250,35 +251,6 @@ lookup.o = {{ table = "{s}.orders", on = {{ id = "shop_id" }} }}
     Ok(())
 }
 
-/// Makes a directory immutable (`chattr +i`: even root cannot add a file to it) until
-/// dropped, so that the test's lake can be removed even when the test fails.
-struct Frozen(std::path::PathBuf);
-
-impl Frozen {
-    fn new(dir: std::path::PathBuf) -> Result<Self> {
-        let out = std::process::Command::new("chattr")
-            .arg("+i")
-            .arg(&dir)
-            .output()?;
-        ensure!(
-            out.status.success(),
-            "chattr +i {}: {} (the test needs e2fsprogs' chattr on an ext4 filesystem)",
-            dir.display(),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Ok(Frozen(dir))
-    }
-}
-
-impl Drop for Frozen {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("chattr")
-            .arg("-i")
-            .arg(&self.0)
-            .status();
-    }
-}
-
 /// `[rules] lookup_timeout_ms`: a related table whose Silver cannot commit (its log made
 /// immutable) holds the changes of the table that looks it up, for the timeout and no
 /// longer; then they are tagged against the related rows as they are, counted as stale.
@@ -310,7 +282,7 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     .await?;
 
     // From here `shops` cannot commit: its watermark stays behind every later change.
-    let frozen = Frozen::new(shops.join("_delta_log"))?;
+    let frozen = ReadOnlyLake::set(shops.join("_delta_log"))?;
     let started = std::time::Instant::now();
     pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (11, 1, 600)"))
         .await?;

@@ -263,13 +263,14 @@ enum Fault {
     LakeReadOnly,
 }
 
-/// Makes the lake read-only while it lives. Tests run as root, for whom `chmod` changes
-/// nothing; the immutable attribute (`chattr +i`, ext4 and most Linux filesystems) makes
-/// creating, renaming, deleting and writing files fail with EPERM even for root.
-struct ReadOnlyLake(PathBuf);
+/// Makes the lake (or a directory of it) read-only while it lives. Tests run as root, for
+/// whom `chmod` changes nothing; the immutable attribute (`chattr +i`, ext4 and most Linux
+/// filesystems) makes creating, renaming, deleting and writing files fail with EPERM even
+/// for root. Dropped, even when a test fails, it makes the tree writable again.
+pub struct ReadOnlyLake(PathBuf);
 
 impl ReadOnlyLake {
-    fn set(path: PathBuf) -> Result<ReadOnlyLake> {
+    pub fn set(path: PathBuf) -> Result<ReadOnlyLake> {
         chattr(&path, "+i")?;
         Ok(ReadOnlyLake(path))
     }
