@@ -18,6 +18,8 @@ use crate::StreamError;
 /// Registers schemas and frames Avro values as `0x00 | schema id (u32 BE) | Avro datum`.
 pub struct Registry {
     settings: SrSettings,
+    url: String,
+    http: reqwest::Client,
     ids: HashMap<(String, String), u32>,
 }
 
@@ -27,10 +29,71 @@ impl Registry {
             .set_timeout(Duration::from_secs(10))
             .build()
             .map_err(|e| StreamError::RegistryUnavailable { reason: e.error })?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(10))
+            .build()
+            .map_err(|e| StreamError::RegistryUnavailable {
+                reason: e.to_string(),
+            })?;
         Ok(Registry {
             settings,
+            url: url.trim_end_matches('/').to_owned(),
+            http,
             ids: HashMap::new(),
         })
+    }
+
+    /// [`Self::id_for`] for a table's key subject. A key schema refused as incompatible
+    /// with an earlier version means the table gained, lost or changed its primary key
+    /// (an `ADD PRIMARY KEY` on a table whose key was empty adds a field no old key has,
+    /// which `BACKWARD` refuses). Old and new keys are then different identities that no
+    /// schema evolution can relate, and every reader decodes a key with the schema its id
+    /// names, so the subject's compatibility is set to `NONE` (the subject alone; value
+    /// subjects keep theirs) and the schema registered again, instead of sending every
+    /// later event of the table to the DLQ. `Ok((id, true))` when that happened.
+    pub async fn key_id_for(
+        &mut self,
+        subject: &str,
+        schema_json: &str,
+    ) -> Result<(u32, bool), StreamError> {
+        match self.id_for(subject, schema_json).await {
+            Err(StreamError::RegistryRefused { reason, .. }) if reason.contains("409") => {
+                self.set_compatibility(subject, "NONE").await.map_err(|e| {
+                    StreamError::RegistryRefused {
+                        subject: subject.to_owned(),
+                        reason: format!("{reason}; and setting the subject's compatibility to NONE failed ({e}): set it by hand (PUT /config/{subject} {{\"compatibility\": \"NONE\"}}) and the table's next change registers its key"),
+                    }
+                })?;
+                Ok((self.id_for(subject, schema_json).await?, true))
+            }
+            other => other.map(|id| (id, false)),
+        }
+    }
+
+    /// `PUT /config/{subject}` with `level` (Confluent's subject-level compatibility).
+    async fn set_compatibility(&self, subject: &str, level: &str) -> Result<(), String> {
+        let encoded: String = subject
+            .bytes()
+            .map(|b| match b {
+                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                    (b as char).to_string()
+                }
+                b => format!("%{b:02X}"),
+            })
+            .collect();
+        let response = self
+            .http
+            .put(format!("{}/config/{encoded}", self.url))
+            .header("Content-Type", "application/vnd.schemaregistry.v1+json")
+            .body(serde_json::json!({ "compatibility": level }).to_string())
+            .send()
+            .await
+            .map_err(|e| e.to_string())?;
+        if response.status().is_success() {
+            Ok(())
+        } else {
+            Err(format!("HTTP {}", response.status()))
+        }
     }
 
     /// The id of `schema_json` under `subject`, registering it if needed.

@@ -217,12 +217,15 @@ impl Publisher {
         let state = match table_schemas(&self.prefix, schema) {
             Err(e) => Err(e.to_string()),
             Ok(avro) => {
-                let ids = match self
+                let key = self
                     .registry
-                    .id_for(&key_subject(&topic), &avro.key_json)
-                    .await
-                {
-                    Ok(key_id) => self
+                    .key_id_for(&key_subject(&topic), &avro.key_json)
+                    .await;
+                if let Ok((_, true)) = key {
+                    tracing::warn!(table = %schema.table, subject = %key_subject(&topic), "the table's key changed shape (a primary key added, removed or changed) and the registry refused the new key schema as incompatible: the key subject's compatibility is now NONE (docs/capture.md, \"Schema changes\")");
+                }
+                let ids = match key {
+                    Ok((key_id, _)) => self
                         .registry
                         .id_for(&value_subject(&topic), &avro.value_json)
                         .await
