@@ -8,7 +8,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::lake::{duckdb, duckdb_pairs, rule_hits};
 use wal2delta_tests::{Scenario, Stack};
@@ -127,7 +127,11 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
         streamed.windows(2).all(|p| p[0].0 <= p[1].0),
         "{streamed:?}"
     );
-    ensure!(rule_hits(&lake)? == vec![(k(6), "big".to_owned())]);
+    // `rules/hits` follows the transitions within `[rules] hits_interval_ms`.
+    run.wait_for("the hits", &vec![(k(6), "big".to_owned())], || {
+        rule_hits(&lake)
+    })
+    .await?;
 
     // Rule edits, no restart: `big` changes (6 still matches: no transition), `eur` is
     // new (6 and 7 enter by backfill), `usd_big` is removed (no hits: nothing).
@@ -185,8 +189,8 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
         "the bad file is reported: {}",
         run.log_text()
     );
-    // The hits are what the running rules say about the final Silver rows (the rules
-    // tables commit just before the Silver commit of the same round: wait for it).
+    // The hits are what the running rules say about the final Silver rows (once
+    // `rules/hits` caught up with the transitions and Silver committed: wait for it).
     let silver = d.silver("payments");
     let fresh = || {
         duckdb_pairs(&format!(
@@ -194,9 +198,11 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
             p = silver.display()
         ))
     };
-    let want_hits = rule_hits(&lake)?;
-    run.wait_for("fresh evaluation equals the hits", &want_hits, fresh)
-        .await?;
+    run.wait_for("fresh evaluation equals the hits", &true, || {
+        Ok(rule_hits(&lake)? == fresh()?)
+    })
+    .await
+    .with_context(|| format!("hits {:?}\nfresh {:?}", rule_hits(&lake), fresh()))?;
     let list = d.command(&["rules", "list"])?;
     let text = String::from_utf8_lossy(&list.stdout);
     ensure!(list.status.success(), "{list:?}");

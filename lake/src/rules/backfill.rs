@@ -135,19 +135,23 @@ impl TableRules {
             .await?;
         let state = self.state.as_mut().expect("loaded in start");
         self.store
-            .commit(
+            .append(
                 &self.name,
                 seq,
                 ruleset,
                 before,
                 &transitions,
-                &changes,
                 Origin::Backfill,
             )
             .await?;
         state.seq = seq;
         state.progress = before.clone();
         state.ruleset = Some(ruleset);
+        // Committed now, with the changes pending before it: a rule's new version on a
+        // row that still matches changes the hits without a transition, which a roll
+        // forward from the transitions would not see.
+        self.add_pending(changes);
+        self.flush_hits(true).await?;
         tracing::info!(table = %self.name, rules = report.rules, rows = report.rows, transitions = transitions.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rules installed: backfilled over the current Silver rows");
         self.installed = Some(desired);
         Ok(report)

@@ -5,13 +5,13 @@
 //! The lake does not know where they go: the daemon implements [`RulesOutput`] (with a
 //! Kafka producer) and gives it to every Silver table's rules. [`super::TableRules`]
 //! calls [`RulesOutput::publish`] with the whole round **before** the round's
-//! `rules/transitions` and `rules/hits` commits (and so before the Silver commit), and
+//! `rules/transitions` commit (and so before the Silver commit), and
 //! goes on only when it returned `Ok`, i.e. when every message is acknowledged:
 //!
 //! - a failure fails the round: nothing of it is committed, and the Silver round runs
 //!   again later and publishes the same messages again;
 //! - a crash after publishing and before the commits also publishes them again;
-//! - a round repeated after a crash between the rules commits and the Silver commit skips
+//! - a round repeated after a crash between the transitions commit and the Silver commit skips
 //!   what the rules progress covers (those messages were published before that commit).
 //!
 //! At-least-once, then. A consumer drops repeats by the messages' identity: (rule_id,

@@ -1,12 +1,17 @@
 //! The rules tables: `rules/transitions` (append-only) and `rules/hits` (current state).
 //!
 //! Exactly once. Per source table, every commit of either table carries the `txn` action
-//! `wal2delta-rules/{table}/seq` = n, one more than the last: transitions are appended
-//! first, then hits are changed, then the Silver commit of the round records n too
-//! (`wal2delta-silver/{table}/rules`). Loading reads the hits and rolls them forward
-//! with the transitions of every later seq (a crash between the two commits), and the
-//! rules' progress (the Silver progress the last transitions were computed up to), so a
-//! Silver round repeated after a crash emits nothing for changes already tagged.
+//! `wal2delta-rules/{table}/seq` = n: each round appends its transitions as seq n, one
+//! more than the last, then the Silver commit of the round records n too
+//! (`wal2delta-silver/{table}/rules`). `rules/hits` follows: it is changed at most every
+//! `[rules] hits_interval_ms` (a MERGE rewrites every hits file a round touches, the
+//! costliest commit of a round), with every change since its last commit, recording the
+//! seq of the newest transitions it reflects. The transitions carry everything the hits
+//! need, so loading reads the hits and rolls them forward with the transitions of every
+//! later seq ([`RulesStore::read`]; whether the hits commit was not due yet or a crash
+//! came between), and the rules' progress (the Silver progress the last transitions were
+//! computed up to), so a Silver round repeated after a crash emits nothing for changes
+//! already tagged.
 
 use std::sync::Arc;
 
@@ -50,6 +55,9 @@ pub struct Loaded {
     pub hits: Hits,
     /// The last seq committed (0: none).
     pub seq: i64,
+    /// The seq `rules/hits` reflects (at most `seq`: the transitions of later seqs are
+    /// rolled forward into `hits`, and are still to be committed to `rules/hits`).
+    pub hits_seq: i64,
     /// The Silver progress the last transitions were computed up to.
     pub progress: Progress,
     /// The fingerprint of the rules the hits reflect ([`fingerprint`]), when recorded.
@@ -136,9 +144,28 @@ impl RulesStore {
         format!("{APP}/{table}/seq")
     }
 
-    /// The state of `table`'s rules: hits rolled forward to the last transitions.
+    /// The state of `table`'s rules: hits rolled forward to the last transitions, the
+    /// rolled-forward hits committed to `rules/hits`.
     pub async fn load(&self, table: &str) -> Result<Loaded, LakeError> {
+        let (mut out, missed) = self.read(table).await?;
+        if !missed.is_empty() {
+            self.merge_hits(table, out.seq, &changes_of(&missed)).await?;
+            tracing::info!(
+                table,
+                from_seq = out.hits_seq,
+                to_seq = out.seq,
+                "rules/hits rolled forward from rules/transitions"
+            );
+            out.hits_seq = out.seq;
+        }
+        Ok(out)
+    }
+
+    /// The state of `table`'s rules without changing anything: the hits rolled forward to
+    /// the last transitions, and the transitions `rules/hits` does not reflect yet.
+    pub async fn read(&self, table: &str) -> Result<(Loaded, Vec<Transition>), LakeError> {
         let mut out = Loaded::default();
+        let mut missed = Vec::new();
         let mut hits_seq = 0;
         if let Some(h) = delta::open("rules/hits", &self.hits).await? {
             hits_seq = delta::txn_version("rules/hits", &h, Self::seq_app(table))
@@ -164,6 +191,7 @@ impl RulesStore {
             }
         }
         out.seq = hits_seq;
+        out.hits_seq = hits_seq;
         if let Some(t) = delta::open("rules/transitions", &self.transitions).await? {
             let seq = delta::txn_version("rules/transitions", &t, Self::seq_app(table))
                 .await?
@@ -173,13 +201,11 @@ impl RulesStore {
                 delta::txn_version("rules/transitions", &t, format!("{APP}/{table}/ruleset"))
                     .await?;
             if seq > hits_seq {
-                // The hits commit of the last round did not happen: roll forward, and
-                // commit the hits of that round now (the next round changes only its own).
+                // Rounds whose hits are not committed yet: roll forward.
                 let sql = format!(
                     "SELECT key, rule_id, rule_version, transition, lsn, CAST(commit_ts AS BIGINT) FROM t WHERE \"table\" = {} AND seq > {hits_seq} ORDER BY seq, lsn",
                     literal(table)
                 );
-                let mut missed = Vec::new();
                 for b in delta::query("rules/transitions", &t, &sql).await? {
                     let int = |i: usize| {
                         b.column(i)
@@ -215,42 +241,27 @@ impl RulesStore {
                         }
                     }
                 }
-                self.merge_hits(table, seq, &changes_of(&missed)).await?;
-                tracing::info!(table, from_seq = hits_seq, to_seq = seq, "rules/hits rolled forward from rules/transitions (the last round stopped between the two commits)");
             }
             out.seq = seq.max(hits_seq);
         }
-        Ok(out)
+        Ok((out, missed))
     }
 
-    /// Commits one round of `table`'s rules as `seq`: the transitions, then the hits.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn commit(
+    /// Appends one round of `table`'s rules as `seq`: its transitions, the rule set they
+    /// were computed with and the Silver progress they cover. `rules/hits` follows with
+    /// [`Self::merge_hits`].
+    pub async fn append(
         &self,
         table: &str,
         seq: i64,
         ruleset: i64,
         progress: &Progress,
         transitions: &[Transition],
-        changes: &[HitChange],
         origin: Origin,
     ) -> Result<(), LakeError> {
         let mut txns = progress.transactions_as(APP, table);
         txns.push(Transaction::new(Self::seq_app(table), seq));
         txns.push(Transaction::new(format!("{APP}/{table}/ruleset"), ruleset));
-        self.append_transitions(table, seq, transitions, origin, txns)
-            .await?;
-        self.merge_hits(table, seq, changes).await
-    }
-
-    async fn append_transitions(
-        &self,
-        table: &str,
-        seq: i64,
-        transitions: &[Transition],
-        origin: Origin,
-        txns: Vec<Transaction>,
-    ) -> Result<(), LakeError> {
         let n = transitions.len();
         let batch = RecordBatch::try_new(
             transitions_schema(),
@@ -300,7 +311,9 @@ impl RulesStore {
         Ok(())
     }
 
-    async fn merge_hits(
+    /// Commits `changes` (in order: the last change of a (key, rule) decides) to
+    /// `rules/hits` as reflecting the transitions up to `seq`.
+    pub async fn merge_hits(
         &self,
         table: &str,
         seq: i64,
@@ -423,26 +436,27 @@ fn rows_error(table: &str, e: impl std::fmt::Display) -> LakeError {
     }
 }
 
-/// Hit counts per (table, rule id) in `rules/hits` (for `rules list`).
+/// Hit counts per (table, rule id) now (for `rules list`): `rules/hits` rolled forward
+/// with the transitions it does not reflect yet ([`RulesStore::read`]).
 pub async fn hit_counts(
     lake: &crate::Lake,
 ) -> Result<std::collections::BTreeMap<(String, String), i64>, LakeError> {
     let mut out = std::collections::BTreeMap::new();
-    let Some(h) = delta::open("rules/hits", &lake.rules_hits()).await? else {
+    // Every hit entered through a transition: the transitions name every table.
+    let Some(t) = delta::open("rules/transitions", &lake.rules_transitions()).await? else {
         return Ok(out);
     };
-    let sql = "SELECT \"table\", rule_id, COUNT(*) FROM t WHERE hit GROUP BY 1, 2";
-    for b in delta::query("rules/hits", &h, sql).await? {
-        let (t, r, c) = (
-            b.column(0).as_string::<i32>(),
-            b.column(1).as_string::<i32>(),
-            b.column(2)
-                .as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
-        );
-        for i in 0..b.num_rows() {
-            if t.is_valid(i) {
-                out.insert((t.value(i).to_owned(), r.value(i).to_owned()), c.value(i));
-            }
+    let mut tables = Vec::new();
+    let sql = "SELECT DISTINCT \"table\" FROM t";
+    for b in delta::query("rules/transitions", &t, sql).await? {
+        let names = b.column(0).as_string::<i32>();
+        tables.extend((0..b.num_rows()).map(|i| names.value(i).to_owned()));
+    }
+    let store = RulesStore::new(lake);
+    for table in tables {
+        let (loaded, _) = store.read(&table).await?;
+        for rule in loaded.hits.values().flat_map(|h| h.keys()) {
+            *out.entry((table.clone(), rule.clone())).or_insert(0) += 1;
         }
     }
     Ok(out)

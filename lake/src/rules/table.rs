@@ -4,9 +4,10 @@
 //! Silver round applies, so they run in the round, between the fold and the Silver commit
 //! ([`crate::silver::SilverTable::apply`]): per source transaction, the state of every
 //! changed key ([`crate::silver::versions`]) is evaluated against every rule at once and
-//! compared with the key's hits ([`super::walk`]). The rules tables are committed before
-//! the Silver commit, which records their seq; see [`super::store`] for why a crash
-//! anywhere repeats nothing and loses nothing.
+//! compared with the key's hits ([`super::walk`]). The transitions are appended before
+//! the Silver commit, which records their seq, and `rules/hits` follows every
+//! `hits_interval`; see [`super::store`] for why a crash anywhere repeats nothing and
+//! loses nothing.
 //!
 //! A new, changed or removed rule (and the first round after a start, and a Silver table
 //! rebuilt under the rules) is a backfill: the rules are evaluated over every current
@@ -72,7 +73,7 @@ pub struct RulesReport {
 /// How a round starts.
 pub struct Start {
     /// Changes at or below this progress are tagged already (a round repeated after a
-    /// crash between the rules commits and the Silver commit).
+    /// crash between the transitions commit and the Silver commit).
     pub covered: Option<Progress>,
     pub report: Option<RulesReport>,
 }
@@ -103,7 +104,24 @@ pub struct TableRules {
     compiled: Option<Compiled>,
     /// Where each round is published before its commits ([`super::output`]).
     pub(super) output: Option<Arc<dyn RulesOutput>>,
+    /// The table's primary-key columns (Silver's names), as the last round gave them.
+    pub(super) keys: Vec<String>,
+    /// How often `rules/hits` is committed ([`super::store`]); zero: every round.
+    hits_interval: Duration,
+    /// The hits changes of the rounds appended since the last `rules/hits` commit, the
+    /// last change per (key, rule), and when the first of them was appended.
+    pending: BTreeMap<(String, String), Option<(i64, i64, Option<i64>)>>,
+    pending_since: Option<Instant>,
 }
+
+/// The default `[rules] hits_interval_ms`: `rules/hits` trails `rules/transitions` by a
+/// few seconds, and its MERGE (which rewrites every hits file a round touches) runs once
+/// per interval, not once per Silver round.
+pub const DEFAULT_HITS_INTERVAL: Duration = Duration::from_secs(5);
+
+/// Pending hits changes that force a `rules/hits` commit before the interval ends (memory:
+/// about 100 bytes each).
+const MAX_PENDING: usize = 250_000;
 
 /// The Silver `txn` app id recording the rules seq a Silver commit follows.
 fn silver_app(table: &str) -> String {
@@ -128,7 +146,52 @@ impl TableRules {
             force_backfill: false,
             compiled: None,
             output: None,
+            keys: Vec::new(),
+            hits_interval: DEFAULT_HITS_INTERVAL,
+            pending: BTreeMap::new(),
+            pending_since: None,
         }
+    }
+
+    /// Commits `rules/hits` at most every `interval` ([`super::store`]); zero: every round.
+    pub fn with_hits_interval(mut self, interval: Duration) -> Self {
+        self.hits_interval = interval;
+        self
+    }
+
+    /// Adds a round's hits changes (appended as the state's seq) to those pending.
+    pub(super) fn add_pending(&mut self, changes: Vec<super::store::HitChange>) {
+        if changes.is_empty() {
+            return;
+        }
+        self.pending_since.get_or_insert_with(Instant::now);
+        for (key, rule, hit) in changes {
+            self.pending.insert((key, rule), hit);
+        }
+    }
+
+    /// Commits the pending hits changes to `rules/hits` when `force`, when the interval
+    /// has passed since the first of them, or when there are many.
+    pub(super) async fn flush_hits(&mut self, force: bool) -> Result<(), LakeError> {
+        let due = self
+            .pending_since
+            .is_some_and(|s| s.elapsed() >= self.hits_interval)
+            || self.pending.len() >= MAX_PENDING;
+        if self.pending.is_empty() || !(force || due) {
+            return Ok(());
+        }
+        let Some(state) = self.state.as_mut() else {
+            return Ok(());
+        };
+        let changes: Vec<_> = std::mem::take(&mut self.pending)
+            .into_iter()
+            .map(|((key, rule), hit)| (key, rule, hit))
+            .collect();
+        self.pending_since = None;
+        let seq = state.seq;
+        self.store.merge_hits(&self.name, seq, &changes).await?;
+        state.hits_seq = seq;
+        Ok(())
     }
 
     /// Publishes every round to `output` before committing it ([`super::output`]).
@@ -167,9 +230,12 @@ impl TableRules {
         Some(Transaction::new(silver_app(&self.name), seq))
     }
 
-    /// Forgets the loaded state (after a failure: the next round loads it again).
+    /// Forgets the loaded state (after a failure: the next round loads it again, the
+    /// pending hits changes rolled forward from the transitions).
     pub fn reset(&mut self) {
         self.state = None;
+        self.pending.clear();
+        self.pending_since = None;
     }
 
     /// The next round compares every rule with every Silver row (after a re-snapshot
@@ -191,6 +257,12 @@ impl TableRules {
             self.state = Some(self.store.load(&self.name).await?);
             self.installed = None;
         }
+        if !keys.is_empty() {
+            self.keys = keys.to_vec();
+        }
+        // Every round, with or without changes: a table that goes quiet still gets its
+        // hits committed once the interval has passed.
+        self.flush_hits(false).await?;
         let t_seq = self.state.as_ref().map_or(0, |s| s.seq);
         // A Silver table that does not exist yet follows seq 0: when the rules committed
         // seq 1 and the round's first Silver commit did not happen, the repeated round
@@ -426,23 +498,23 @@ impl TableRules {
             reason: "rules state not loaded".into(),
         })?;
         if !walked.transitions.is_empty() {
-            let changes = changes_of(&walked.transitions);
             let ruleset = state
                 .ruleset
                 .unwrap_or_else(|| fingerprint(&self.source.of(&self.name)));
             self.store
-                .commit(
+                .append(
                     &self.name,
                     seq,
                     ruleset,
                     after,
                     &walked.transitions,
-                    &changes,
                     Origin::Stream,
                 )
                 .await?;
             state.seq = seq;
             state.progress = after.clone();
+            self.add_pending(changes_of(&walked.transitions));
+            self.flush_hits(false).await?;
         }
         Ok(report)
     }

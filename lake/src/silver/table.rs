@@ -111,6 +111,13 @@ impl SilverTable {
         self
     }
 
+    /// Commits `rules/hits` at most every `interval` ([`TableRules::with_hits_interval`]);
+    /// no effect without [`Self::with_rules`].
+    pub fn with_hits_interval(mut self, interval: std::time::Duration) -> Self {
+        self.rules = self.rules.map(|r| r.with_hits_interval(interval));
+        self
+    }
+
     /// Publishes the rules' rounds to `output` before committing them (docs/rules.md,
     /// "Kafka outputs"); no effect without [`Self::with_rules`].
     pub fn with_rules_output(

@@ -30,6 +30,10 @@ pub struct RulesConfig {
     /// table as it is, counted in `wal2delta_rules_lookup_timeouts_total`. Default
     /// [`DEFAULT_LOOKUP_TIMEOUT_MS`].
     pub lookup_timeout_ms: Option<u64>,
+    /// How often `rules/hits` is committed, per table (docs/rules.md, "Exactly once"):
+    /// it trails `rules/transitions` by at most this much, and its MERGE runs once per
+    /// interval instead of once per Silver round. 0: every round. Default 5,000.
+    pub hits_interval_ms: Option<u64>,
 }
 
 /// The default `[rules] lookup_timeout_ms`: long enough for a related table's round after
@@ -41,6 +45,11 @@ impl RulesConfig {
         std::time::Duration::from_millis(
             self.lookup_timeout_ms.unwrap_or(DEFAULT_LOOKUP_TIMEOUT_MS),
         )
+    }
+
+    pub fn hits_interval(&self) -> std::time::Duration {
+        self.hits_interval_ms
+            .map_or(wal2delta_lake::rules::DEFAULT_HITS_INTERVAL, std::time::Duration::from_millis)
     }
 
     /// Whether a rule source is configured (`file` or `table`): the rules stage runs.

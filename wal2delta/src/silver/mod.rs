@@ -322,7 +322,9 @@ impl Stage<'_> {
         let t = match open_table(self.config, self.policies, self.lake, schema, table).await {
             Ok(t) => match &self.rules {
                 Some(rules) => {
-                    let t = t.with_rules(self.lake, rules.clone());
+                    let t = t
+                        .with_rules(self.lake, rules.clone())
+                        .with_hits_interval(self.config.rules.hits_interval());
                     match &self.output {
                         Some(o) => t.with_rules_output(o.clone()),
                         None => t,
