@@ -5,6 +5,7 @@
 //! delta extension, Spark and the `deltalake` Python package read as they are.
 
 pub mod bronze;
+mod conditions;
 mod delta;
 mod error;
 pub mod gold;

@@ -102,6 +102,13 @@ pub fn compile_with(
     let expr = ctx
         .parse_sql_expr(&when, &df_schema)
         .map_err(|e| refuse(rule, first_line(&e.to_string())))?;
+    if let Some(f) = crate::conditions::time_or_chance(&expr) {
+        return Err(refuse(
+            rule,
+            format!("`when` uses {f}(), whose result depends on when it runs: a rule's result must depend on the row alone (transitions are replayed and backfilled)"),
+        ));
+    }
+    let expr = crate::conditions::in_microseconds(expr, &df_schema);
     let ty = expr
         .get_type(&df_schema)
         .map_err(|e| refuse(rule, first_line(&e.to_string())))?;

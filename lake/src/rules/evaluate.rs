@@ -12,6 +12,7 @@ use deltalake::DeltaTable;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
+use crate::conditions::without_values;
 use super::walk::KeyHits;
 use super::{evaluate, CompiledRule, Evaluator};
 use crate::delta::{self, ident, literal};
@@ -124,13 +125,15 @@ impl TableRules {
                             Err(row_error) => {
                                 bits.push(false);
                                 *report.errors.entry(rule.rule.id.clone()).or_default() += 1;
-                                report
-                                    .quarantined
-                                    .push(self.failed(rule, &one, &row_error.reason));
+                                report.quarantined.push(self.failed(
+                                    rule,
+                                    &one,
+                                    &without_values(&row_error.reason),
+                                ));
                             }
                         }
                     }
-                    tracing::warn!(table = %self.name, rule = %rule.rule.id, error = %e.reason, "a rule failed on some rows: they are quarantined for that rule and count as no hit");
+                    tracing::warn!(table = %self.name, rule = %rule.rule.id, error = %without_values(&e.reason), "a rule failed on some rows: they are quarantined for that rule and count as no hit");
                     BooleanArray::from(bits)
                 }
             };
@@ -142,7 +145,8 @@ impl TableRules {
         Ok(hits)
     }
 
-    /// The quarantine record of a row a rule failed on.
+    /// The quarantine record of a row a rule failed on (`reason` holds no row value), with
+    /// the row's primary key as JSON text in `key`.
     pub(super) fn failed(
         &self,
         rule: &CompiledRule,
@@ -178,7 +182,10 @@ impl TableRules {
             source_lsn: lsn,
             commit_lsn: lsn,
             ordinal: ord,
-            key: None,
+            key: key_json(row, &self.keys)
+                .ok()
+                .and_then(|k| k.into_iter().next())
+                .map(String::into_bytes),
             raw: None,
             quarantined_at_us: wal2delta_model::clock::unix_us(),
             check: Some(rule.rule.id.clone()),

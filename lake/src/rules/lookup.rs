@@ -207,7 +207,9 @@ impl TableRules {
                         |j| match evaluate_expr(&rule.rule, &plan.full, &joined.slice(j, 1)) {
                             Ok(b) => b.value(0),
                             Err(e) => {
-                                failed.entry(rows[j]).or_insert(e.reason);
+                                failed
+                                    .entry(rows[j])
+                                    .or_insert(crate::conditions::without_values(&e.reason));
                                 false
                             }
                         },

@@ -65,6 +65,12 @@ fn compile<'a>(
     let expr = ctx
         .parse_sql_expr(&check.sql, &df_schema)
         .map_err(|e| fail(e.to_string()))?;
+    if let Some(f) = crate::conditions::time_or_chance(&expr) {
+        return Err(fail(format!(
+            "uses {f}(), whose result depends on when it runs: a check must give the same answer for a row whenever Silver applies it (a replay included)"
+        )));
+    }
+    let expr = crate::conditions::in_microseconds(expr, &df_schema);
     let columns = expr
         .column_refs()
         .into_iter()
