@@ -1,4 +1,6 @@
-//! What rule and check conditions share before DataFusion compiles them.
+//! What rule and check conditions share before DataFusion compiles them (a condition is
+//! compiled to a physical expression directly, without the optimizer that, in a whole
+//! query such as a Gold model, would unwrap a cast of a column compared with a literal).
 
 use deltalake::arrow::datatypes::{DataType, TimeUnit};
 use deltalake::datafusion::common::tree_node::{Transformed, TreeNode};

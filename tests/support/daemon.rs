@@ -254,6 +254,11 @@ impl StageProcess {
         }
     }
 
+    /// The process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// SIGKILL: no chance to flush or commit anything.
     pub fn kill9(&mut self) {
         if let Some(mut c) = self.child.take() {
