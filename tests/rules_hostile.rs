@@ -76,7 +76,10 @@ fn hits(lake: &Path) -> Result<BTreeSet<(String, String, String)>> {
         "SELECT \"table\", key, rule_id FROM delta_scan('{}')",
         path.display()
     ))?;
-    Ok(rows.iter().map(|r| (text(&r[0]), text(&r[1]), text(&r[2]))).collect())
+    Ok(rows
+        .iter()
+        .map(|r| (text(&r[0]), text(&r[1]), text(&r[2])))
+        .collect())
 }
 
 fn text(v: &serde_json::Value) -> String {
@@ -195,9 +198,12 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
         .into_iter()
         .flat_map(|i| casts.map(|r| (item(i), r.to_owned())))
         .collect();
-    wait_for(&mut run, "the rows the casts fail on, per rule", &want_failed, || {
-        failed(&lake)
-    })
+    wait_for(
+        &mut run,
+        "the rows the casts fail on, per rule",
+        &want_failed,
+        || failed(&lake),
+    )
     .await?;
     // The reasons say what failed, never with the values.
     let details = duckdb(&format!(
@@ -205,14 +211,21 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
         lake.join("quarantine/records").display()
     ))?;
     let log = std::fs::read_to_string(&run.log)?;
-    for value in ["'NaN'", "'Infinity'", "1000000000000000000", "999999999999999999999"] {
+    for value in [
+        "'NaN'",
+        "'Infinity'",
+        "1000000000000000000",
+        "999999999999999999999",
+    ] {
         ensure!(
             !log.contains(value) && details.iter().all(|d| !text(&d[0]).contains(value)),
             "a row value ({value}) in the log or in a quarantine record: {details:?}"
         );
     }
     ensure!(
-        details.iter().any(|d| text(&d[0]).contains("to value of Decimal128(")),
+        details
+            .iter()
+            .any(|d| text(&d[0]).contains("to value of Decimal128(")),
         "the reason names the type the cast failed to: {details:?}"
     );
 
@@ -263,7 +276,10 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
         hit(&late, &id(2), "late"),
         hit(&late, &id(3), "late"),
     ]);
-    wait_for(&mut run, "the hits after the changes", &want, || hits(&lake)).await?;
+    wait_for(&mut run, "the hits after the changes", &want, || {
+        hits(&lake)
+    })
+    .await?;
     // The key schema of `late` went from no field to `id`, which the registry's BACKWARD
     // check refuses: capture relaxed that key subject instead of sending the table's
     // events to the DLQ.
@@ -276,7 +292,8 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
     Ok(())
 }
 
-const BIG: &str = "CREATE TABLE {s}.big (id bigint PRIMARY KEY, status text NOT NULL, amount bigint NOT NULL);";
+const BIG: &str =
+    "CREATE TABLE {s}.big (id bigint PRIMARY KEY, status text NOT NULL, amount bigint NOT NULL);";
 
 /// Peak resident memory of a process, in MiB (`VmHWM`).
 fn peak_rss_mib(pid: u32) -> Result<u64> {
@@ -345,7 +362,15 @@ async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
         (2, "flagged", "left", q),
     ]
     .iter()
-    .map(|(tx, r, t, n)| vec![(*tx).into(), (*r).into(), (*t).into(), (*n).into(), (*n).into()])
+    .map(|(tx, r, t, n)| {
+        vec![
+            (*tx).into(),
+            (*r).into(),
+            (*t).into(),
+            (*n).into(),
+            (*n).into(),
+        ]
+    })
     .collect();
     let start = std::time::Instant::now();
     loop {
@@ -380,7 +405,10 @@ async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
     ];
     wait_for(&mut silver, "the hits after the update", &want_hits, wrong).await?;
     let source: i64 = pg
-        .query_one(&format!("SELECT count(*) FROM {s}.big WHERE status = 'flagged'"), &[])
+        .query_one(
+            &format!("SELECT count(*) FROM {s}.big WHERE status = 'flagged'"),
+            &[],
+        )
         .await?
         .get(0);
     ensure!(source == q);

@@ -225,13 +225,16 @@ mod tests {
             let df = DFSchema::try_from(schema).unwrap();
             SessionContext::new().parse_sql_expr(sql, &df).unwrap()
         };
-        assert_eq!(time_or_chance(&parse("n > 1 AND random() < 0.5")).as_deref(), Some("random"));
-        assert_eq!(time_or_chance(&parse("to_timestamp(n) < now()")).as_deref(), Some("now"));
+        assert_eq!(
+            time_or_chance(&parse("n > 1 AND random() < 0.5")).as_deref(),
+            Some("random")
+        );
+        assert_eq!(
+            time_or_chance(&parse("to_timestamp(n) < now()")).as_deref(),
+            Some("now")
+        );
         assert_eq!(time_or_chance(&parse("abs(n) > 1")), None);
         // Nothing else changes.
-        assert_eq!(
-            eval("ts IS NULL", true).unwrap(),
-            vec![Some(false); 4]
-        );
+        assert_eq!(eval("ts IS NULL", true).unwrap(), vec![Some(false); 4]);
     }
 }

@@ -61,20 +61,43 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
         .await
         .unwrap();
     store
-        .merge_hits(t, 1, &[
-            ("a".into(), "big".into(), Some((1, 10, None))),
-            ("b".into(), "big".into(), Some((1, 10, None))),
-        ])
+        .merge_hits(
+            t,
+            1,
+            &[
+                ("a".into(), "big".into(), Some((1, 10, None))),
+                ("b".into(), "big".into(), Some((1, 10, None))),
+            ],
+        )
         .await
         .unwrap();
     // Rounds 2 and 3 appended, their hits not committed: `a` leaves, `c` enters, and in
     // one transaction of round 3 `b` leaves `big` and enters `usd`.
     store
-        .append(t, 2, 7, &progress(20), &[tr(20, "a", "big", false), tr(20, "c", "big", true)], Origin::Stream)
+        .append(
+            t,
+            2,
+            7,
+            &progress(20),
+            &[tr(20, "a", "big", false), tr(20, "c", "big", true)],
+            Origin::Stream,
+        )
         .await
         .unwrap();
     store
-        .append(t, 3, 7, &progress(30), &[tr(30, "b", "big", false), tr(30, "b", "usd", true), tr(30, "c", "big", false), tr(31, "c", "big", true)], Origin::Stream)
+        .append(
+            t,
+            3,
+            7,
+            &progress(30),
+            &[
+                tr(30, "b", "big", false),
+                tr(30, "b", "usd", true),
+                tr(30, "c", "big", false),
+                tr(31, "c", "big", true),
+            ],
+            Origin::Stream,
+        )
         .await
         .unwrap();
     let want = vec![

@@ -12,9 +12,9 @@ use deltalake::DeltaTable;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
-use crate::conditions::without_values;
 use super::walk::KeyHits;
 use super::{evaluate, CompiledRule, Evaluator};
+use crate::conditions::without_values;
 use crate::delta::{self, ident, literal};
 use crate::silver::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED};
 use crate::LakeError;

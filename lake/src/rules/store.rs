@@ -149,7 +149,8 @@ impl RulesStore {
     pub async fn load(&self, table: &str) -> Result<Loaded, LakeError> {
         let (mut out, missed) = self.read(table).await?;
         if !missed.is_empty() {
-            self.merge_hits(table, out.seq, &changes_of(&missed)).await?;
+            self.merge_hits(table, out.seq, &changes_of(&missed))
+                .await?;
             tracing::info!(
                 table,
                 from_seq = out.hits_seq,

@@ -48,8 +48,10 @@ impl RulesConfig {
     }
 
     pub fn hits_interval(&self) -> std::time::Duration {
-        self.hits_interval_ms
-            .map_or(wal2delta_lake::rules::DEFAULT_HITS_INTERVAL, std::time::Duration::from_millis)
+        self.hits_interval_ms.map_or(
+            wal2delta_lake::rules::DEFAULT_HITS_INTERVAL,
+            std::time::Duration::from_millis,
+        )
     }
 
     /// Whether a rule source is configured (`file` or `table`): the rules stage runs.
