@@ -20,6 +20,7 @@ use anyhow::{ensure, Result};
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::lake::{rule_hits, transitions};
+use wal2delta_tests::metrics::{free_port, text};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.payments (id bigint PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL, note text);";
@@ -86,19 +87,10 @@ fn sorted(mut v: Vec<Transition>) -> Vec<Transition> {
     v
 }
 
-fn free_port() -> Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 /// `wal2delta_rules_reload_failures_total`, 0 while absent.
 async fn reload_failures(port: u16) -> Result<f64> {
-    let text = reqwest::get(format!("http://127.0.0.1:{port}/metrics"))
+    Ok(text(port)
         .await?
-        .text()
-        .await?;
-    Ok(text
         .lines()
         .find_map(|l| l.strip_prefix("wal2delta_rules_reload_failures_total "))
         .and_then(|v| v.trim().parse().ok())
