@@ -106,13 +106,9 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
     let stack = Stack::from_env();
     let w = Scenario::new(&stack, "rulescrash", TABLES)
         .toml(TOML)
-        .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
-        .without_setup()
-        .build()
+        .build_with_rules(rules)
         .await?;
     let (s, pg, d) = (w.name, w.pg, w.d);
-    std::fs::write(d.dir.join("rules.toml"), rules(&s))?;
-    d.setup()?;
     let lake = d.lake();
     let mut feed = d.spawn_stage("capture,bronze", "feed")?;
     let mut silver = d.spawn_stage("silver,rules", "silver-0")?;

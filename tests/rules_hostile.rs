@@ -132,13 +132,9 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
     let stack = Stack::from_env();
     let w = Scenario::new(&stack, "ruleshostile", TABLES)
         .toml(TOML)
-        .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
-        .without_setup()
-        .build()
+        .build_with_rules(rules)
         .await?;
     let (s, pg, d) = (w.name, w.pg, w.d);
-    std::fs::write(d.dir.join("rules.toml"), rules(&s))?;
-    d.setup()?;
     let lake = d.lake();
     let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
     let digits = "9".repeat(1000);
@@ -315,19 +311,14 @@ async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
     let stack = Stack::from_env();
     let w = Scenario::new(&stack, "rulesmillion", BIG)
         .toml(TOML)
-        .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
-        .without_setup()
-        .build()
+        .build_with_rules(|s| {
+            format!(
+                "[[rule]]\nid = \"flagged\"\ntable = \"{s}.big\"\nwhen = \"status = 'flagged'\"\n\n\
+                 [[rule]]\nid = \"large\"\ntable = \"{s}.big\"\nwhen = \"amount > 900\"\n"
+            )
+        })
         .await?;
     let (s, pg, d) = (w.name, w.pg, w.d);
-    std::fs::write(
-        d.dir.join("rules.toml"),
-        format!(
-            "[[rule]]\nid = \"flagged\"\ntable = \"{s}.big\"\nwhen = \"status = 'flagged'\"\n\n\
-             [[rule]]\nid = \"large\"\ntable = \"{s}.big\"\nwhen = \"amount > 900\"\n"
-        ),
-    )?;
-    d.setup()?;
     let lake = d.lake();
     let mut feed = d.spawn_stage("capture,bronze", "feed")?;
     let mut silver = d.spawn_stage("silver,rules", "silver")?;

@@ -191,6 +191,22 @@ impl<'a> Scenario<'a> {
         };
         Ok(World { name, pg, d, setup })
     }
+
+    /// [`Self::build`] for a rules test: `[rules] file` is `rules.toml` in the daemon's
+    /// directory, holding `rules(schema)`, written before `wal2delta setup`.
+    pub async fn build_with_rules(self, rules: impl FnOnce(&str) -> String) -> Result<World> {
+        let setup = self.setup;
+        let mut w = self
+            .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
+            .without_setup()
+            .build()
+            .await?;
+        std::fs::write(w.d.dir.join("rules.toml"), rules(&w.name))?;
+        if setup {
+            w.setup = w.d.setup()?;
+        }
+        Ok(w)
+    }
 }
 
 /// A database of a test's own (e.g. one that writes WAL the test's slot must not see),
