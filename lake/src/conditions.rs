@@ -65,6 +65,20 @@ pub(crate) fn time_or_chance(expr: &Expr) -> Option<String> {
     found
 }
 
+/// Arrow types written with parameters in messages; a number inside their parentheses is
+/// a parameter, not a value.
+const TYPES_WITH_PARAMETERS: [&str; 9] = [
+    "Decimal32",
+    "Decimal64",
+    "Decimal128",
+    "Decimal256",
+    "Timestamp",
+    "Time32",
+    "Time64",
+    "Duration",
+    "FixedSizeBinary",
+];
+
 /// `message` (an error of the engine that evaluated a condition on a row) without the
 /// row's values, which such messages quote (`Cannot cast string 'NaN' to …`, `1e30 is too
 /// large to store in …`): every quoted span becomes `'…'` and every number `…`, except the
@@ -75,8 +89,9 @@ pub(crate) fn time_or_chance(expr: &Expr) -> Option<String> {
 pub(crate) fn without_values(message: &str) -> String {
     let chars: Vec<char> = message.chars().collect();
     let mut out = String::with_capacity(message.len());
-    // Depth of parentheses opened right after an identifier (a type's parameters).
-    let mut type_params = 0usize;
+    // Per open parenthesis: whether it holds a type's parameters (`Decimal128(38, 10)`),
+    // as opposed to a value's (`Int64(5)`, `Some(5)`).
+    let mut parens: Vec<bool> = Vec::new();
     let mut i = 0;
     while i < chars.len() {
         let c = chars[i];
@@ -94,16 +109,21 @@ pub(crate) fn without_values(message: &str) -> String {
                 i = end + 1;
             }
             '(' => {
-                if i > 0 && (chars[i - 1].is_alphanumeric() || chars[i - 1] == '_') {
-                    type_params += 1;
-                } else if type_params > 0 {
-                    type_params += 1;
-                }
+                let word: String = out
+                    .chars()
+                    .rev()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect::<Vec<_>>()
+                    .into_iter()
+                    .rev()
+                    .collect();
+                let in_type = parens.last().is_none_or(|t| *t);
+                parens.push(in_type && TYPES_WITH_PARAMETERS.contains(&word.as_str()));
                 out.push(c);
                 i += 1;
             }
             ')' => {
-                type_params = type_params.saturating_sub(1);
+                parens.pop();
                 out.push(c);
                 i += 1;
             }
@@ -117,7 +137,7 @@ pub(crate) fn without_values(message: &str) -> String {
                 let word: String = chars[i..end].iter().collect();
                 let before: String = out.trim_end().chars().rev().take(9).collect();
                 let after_kind = before.starts_with("noisicerp") || before.starts_with("elacs");
-                if type_params > 0 || after_kind {
+                if parens.last().is_some_and(|t| *t) || after_kind {
                     out.push_str(&word);
                 } else {
                     if out.ends_with('-') {
@@ -200,6 +220,12 @@ mod tests {
                 "Cannot cast Timestamp(µs, \"…\") value … to Timestamp(ns)",
             ),
             ("unterminated 'secret", "unterminated '…"),
+            ("Cannot cast Int64(5) to UInt8", "Cannot cast Int64(…) to UInt8"),
+            (
+                "Decimal128(Some(1000),20,2) does not fit Decimal128(3, 0)",
+                "Decimal128(Some(…),20,2) does not fit Decimal128(3, 0)",
+            ),
+            ("value (42) out of range", "value (…) out of range"),
             ("", ""),
         ] {
             assert_eq!(without_values(message), want, "{message}");
