@@ -172,7 +172,7 @@ impl TableRules {
 
     /// Commits the pending hits changes to `rules/hits` when `force`, when the interval
     /// has passed since the first of them, or when there are many.
-    pub(super) async fn flush_hits(&mut self, force: bool) -> Result<(), LakeError> {
+    pub async fn flush_hits(&mut self, force: bool) -> Result<(), LakeError> {
         let due = self
             .pending_since
             .is_some_and(|s| s.elapsed() >= self.hits_interval)

@@ -118,6 +118,16 @@ impl SilverTable {
         self
     }
 
+    /// Commits the rules' pending `rules/hits` changes now (they are otherwise committed
+    /// every hits interval, or rolled forward at the next start): for a clean stop, and
+    /// for a benchmark that must count that commit.
+    pub async fn flush_rules_hits(&mut self) -> Result<(), LakeError> {
+        match &mut self.rules {
+            Some(r) => r.flush_hits(true).await,
+            None => Ok(()),
+        }
+    }
+
     /// Publishes the rules' rounds to `output` before committing them (docs/rules.md,
     /// "Kafka outputs"); no effect without [`Self::with_rules`].
     pub fn with_rules_output(
