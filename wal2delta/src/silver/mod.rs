@@ -97,6 +97,7 @@ pub async fn run(
             _ = tokio::time::sleep(rest) => {}
         }
     }
+    stage.flush_rules_hits().await;
     supervisor.stopped();
     tracing::info!("silver stage stopped");
     Ok(())
@@ -133,6 +134,19 @@ struct Stage<'a> {
     failing: HashMap<String, Retry>,
     /// Tables held for the tables their rules look up, and since when.
     held: HashMap<String, Instant>,
+}
+
+impl Stage<'_> {
+    /// On a clean stop: commits each table's pending `rules/hits` changes, so the lake's
+    /// hits are current while the daemon is down (a failure is only logged: the next
+    /// start rolls them forward from the transitions).
+    async fn flush_rules_hits(&mut self) {
+        for (name, t) in &mut self.tables {
+            if let Err(e) = t.table.flush_rules_hits().await {
+                tracing::warn!(table = %name, error = %e, "could not commit rules/hits at stop; the next start rolls it forward from rules/transitions");
+            }
+        }
+    }
 }
 
 /// When a failing table is tried again.
