@@ -23,6 +23,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::lake::duckdb;
+use wal2delta_tests::metrics::{self, free_port};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = r#"CREATE TABLE {s}."Mérchants ü" ("ID" bigint PRIMARY KEY, "Kategorie" text NOT NULL);
@@ -130,8 +131,10 @@ async fn wait_for<T: PartialEq + std::fmt::Debug>(
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()> {
     let stack = Stack::from_env();
+    let port = free_port()?;
     let w = Scenario::new(&stack, "ruleshostile", TABLES)
         .toml(TOML)
+        .env("WAL2DELTA__METRICS__LISTEN", &format!("127.0.0.1:{port}"))
         .build_with_rules(rules)
         .await?;
     let (s, pg, d) = (w.name, w.pg, w.d);
@@ -201,6 +204,33 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
         || failed(&lake),
     )
     .await?;
+    // Per-rule metrics: evaluations, transitions, errors, time; the table's rules lag.
+    let m = metrics::text(port).await?;
+    ensure!(
+        metrics::of(&m, "wal2delta_rules_errors_total", "rule", "big") == Some(4.0),
+        "four rows failed `big`: {m}"
+    );
+    ensure!(
+        metrics::of(&m, "wal2delta_rules_rule_evaluations_total", "rule", "big")
+            .is_some_and(|n| n >= 8.0),
+        "`big` was evaluated on the eight rows: {m}"
+    );
+    ensure!(
+        m.lines()
+            .any(|l| l.starts_with("wal2delta_rules_transitions_total{")
+                && l.contains("rule=\"big\"")
+                && l.contains("origin=\"stream\"")
+                && l.ends_with(" 3")),
+        "`big` entered three rows: {m}"
+    );
+    ensure!(
+        m.contains("wal2delta_rules_rule_evaluation_seconds"),
+        "the rules' evaluation time is exported: {m}"
+    );
+    ensure!(
+        metrics::of_table(&m, "wal2delta_rules_lag_seconds", &items).is_some_and(|s| s >= 0.0),
+        "the rules lag of the table is exported: {m}"
+    );
     // The reasons say what failed, never with the values.
     let details = duckdb(&format!(
         "SELECT detail FROM delta_scan('{}') WHERE reason_code = 'rule_failed'",
