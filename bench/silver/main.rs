@@ -29,7 +29,7 @@ mod synth;
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::{Parser, Subcommand};
@@ -101,6 +101,9 @@ enum Command {
         /// Evaluate this many rules (and the backfill rule) in the rounds.
         #[arg(long, default_value_t = 0)]
         rules: usize,
+        /// `[rules] hits_interval_ms` (0: `rules/hits` committed every round).
+        #[arg(long, default_value_t = 5_000)]
+        hits_interval_ms: u64,
     },
     /// The rules stage alone: RULES rules over ROWS merged Silver rows.
     RulesEval {
@@ -530,11 +533,17 @@ fn silver_dir(lake: &Path) -> PathBuf {
     lake.join("silver").join(synth::SCHEMA).join(synth::TABLE)
 }
 
-async fn apply(path: &Path, window: i64, rules: usize) -> anyhow::Result<Value> {
+async fn apply(
+    path: &Path,
+    window: i64,
+    rules: usize,
+    hits_interval: Duration,
+) -> anyhow::Result<Value> {
     let lake = lake_of(path)?;
     let dir = silver_dir(path);
     let before_version = table_version(&dir);
-    let mut table = rules::silver_with_rules(&lake, window, rules);
+    let mut table =
+        rules::silver_with_rules(&lake, window, rules).with_hits_interval(hits_interval);
     // As the stage does once per table when it starts.
     let mut watermark = table.progress().await?.watermark;
     let started = Instant::now();
@@ -996,7 +1005,16 @@ fn main() -> anyhow::Result<()> {
                 lake,
                 window,
                 rules,
-            } => apply(&lake, window, rules).await,
+                hits_interval_ms,
+            } => {
+                apply(
+                    &lake,
+                    window,
+                    rules,
+                    Duration::from_millis(hits_interval_ms),
+                )
+                .await
+            }
             Command::RulesEval { lake, rules, rows } => rules::eval(&lake, rules, rows).await,
             Command::RulesBackfill { lake, rules } => rules::backfill(&lake, rules).await,
             Command::Floor {
