@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
+use wal2delta_tests::daemon::peak_rss_kib;
 use wal2delta_tests::{current_wal_lsn, streamed_transactions, Scenario, Stack, World};
 
 const ROWS: i64 = 5_000_000;
@@ -31,18 +32,6 @@ fn messages_in(brokers: &str, topic: &str) -> Result<i64> {
         }
     }
     Ok(n)
-}
-
-fn peak_rss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("VmHWM:"))
-                .map(str::to_owned)
-        })
-        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
-        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -81,7 +70,7 @@ async fn five_million_row_transaction_with_bounded_memory() -> Result<()> {
     let mut peak = 0;
     loop {
         d.assert_running()?;
-        peak = peak.max(peak_rss_kib(pid));
+        peak = peak.max(peak_rss_kib(pid)?);
         let c: Option<String> = pg
             .query_one(
                 "SELECT confirmed_flush_lsn::text FROM pg_replication_slots WHERE slot_name = $1",
@@ -103,7 +92,7 @@ async fn five_million_row_transaction_with_bounded_memory() -> Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(250)).await;
     }
-    peak = peak.max(peak_rss_kib(pid));
+    peak = peak.max(peak_rss_kib(pid)?);
     let streamed = streamed_transactions(&pg, &d.slot).await?;
     let published = messages_in(&stack.brokers, &topic)?;
     eprintln!(

@@ -21,7 +21,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
-use wal2delta_tests::daemon::StageProcess;
+use wal2delta_tests::daemon::peak_rss_kib;
 use wal2delta_tests::lake::duckdb;
 use wal2delta_tests::metrics::{self, free_port};
 use wal2delta_tests::{Scenario, Stack};
@@ -105,28 +105,8 @@ fn hit(table: &str, key: &str, rule: &str) -> (String, String, String) {
     (table.to_owned(), key.to_owned(), rule.to_owned())
 }
 
-/// Waits (3 minutes at most) until `get` gives `want`, checking the process runs.
-async fn wait_for<T: PartialEq + std::fmt::Debug>(
-    run: &mut StageProcess,
-    what: &str,
-    want: &T,
-    mut get: impl FnMut() -> Result<T>,
-) -> Result<()> {
-    let start = std::time::Instant::now();
-    loop {
-        run.assert_running()?;
-        let got = get()?;
-        if &got == want {
-            return Ok(());
-        }
-        ensure!(
-            start.elapsed() < Duration::from_secs(180),
-            "{what}:\nwant {want:#?}\ngot  {got:#?}\n{}",
-            run.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-}
+/// How long a step may take (the key added to `late` is noticed within a minute).
+const STEP: Duration = Duration::from_secs(180);
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()> {
@@ -189,7 +169,8 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
     ]
     .into_iter()
     .collect();
-    wait_for(&mut run, "the first hits", &want, || hits(&lake)).await?;
+    run.wait_for_within("the first hits", &want, STEP, || hits(&lake))
+        .await?;
     // Rows 2, 3, 4 and 8 hold amounts no DECIMAL(20, 2) holds: each rule that casts the
     // amount failed on them (risky in its first phase), the other rules tagged them.
     let casts = ["big", "negative", "risky"];
@@ -197,10 +178,10 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
         .into_iter()
         .flat_map(|i| casts.map(|r| (item(i), r.to_owned())))
         .collect();
-    wait_for(
-        &mut run,
+    run.wait_for_within(
         "the rows the casts fail on, per rule",
         &want_failed,
+        STEP,
         || failed(&lake),
     )
     .await?;
@@ -302,10 +283,8 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
         hit(&late, &id(2), "late"),
         hit(&late, &id(3), "late"),
     ]);
-    wait_for(&mut run, "the hits after the changes", &want, || {
-        hits(&lake)
-    })
-    .await?;
+    run.wait_for_within("the hits after the changes", &want, STEP, || hits(&lake))
+        .await?;
     // The key schema of `late` went from no field to `id`, which the registry's BACKWARD
     // check refuses: capture relaxed that key subject instead of sending the table's
     // events to the DLQ.
@@ -320,20 +299,6 @@ async fn rules_tag_hostile_names_and_values_and_a_key_added_later() -> Result<()
 
 const BIG: &str =
     "CREATE TABLE {s}.big (id bigint PRIMARY KEY, status text NOT NULL, amount bigint NOT NULL);";
-
-/// Peak resident memory of a process, in MiB (`VmHWM`).
-fn peak_rss_mib(pid: u32) -> Result<u64> {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmHWM:"))
-        .context("no VmHWM")?
-        .trim()
-        .trim_end_matches("kB")
-        .trim()
-        .parse()?;
-    Ok(kb / 1024)
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
@@ -409,7 +374,7 @@ async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
     let pid = silver.pid().context("the silver process runs")?;
-    let peak = peak_rss_mib(pid)?;
+    let peak = peak_rss_kib(pid)? / 1024;
     eprintln!("silver + rules over a 1,000,000-row transaction and update: peak RSS {peak} MiB");
     // The hits: exactly the rows the source says, read from the lake.
     let hits = lake.join("rules/hits");
@@ -424,7 +389,9 @@ async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
         vec!["flagged".into(), q.into(), 0.into()],
         vec!["large".into(), (ROWS / 1000 * 99).into(), 0.into()],
     ];
-    wait_for(&mut silver, "the hits after the update", &want_hits, wrong).await?;
+    silver
+        .wait_for_within("the hits after the update", &want_hits, STEP, wrong)
+        .await?;
     let source: i64 = pg
         .query_one(
             &format!("SELECT count(*) FROM {s}.big WHERE status = 'flagged'"),

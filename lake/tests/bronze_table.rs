@@ -1,6 +1,8 @@
 //! The Bronze table on the real local filesystem: offsets in the commit, stale batches
 //! refused, schema evolution by merge, a type change refused, quarantine de-duplication.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -16,15 +18,7 @@ use wal2delta_model::bronze;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 fn lake() -> (Lake, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!(
-        "w2d-bronze-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    (Lake::new(dir.to_str().unwrap()).unwrap(), dir)
+    common::temp_lake("w2d-bronze")
 }
 
 /// A batch shaped like Bronze's: op, after{...}, kafka_offset, ingest_date-free.

@@ -3,6 +3,8 @@
 //! rolled forward from the transitions, by `read` (nothing written), `load` (committed)
 //! and `hit_counts` (what `rules list` shows).
 
+mod common;
+
 use wal2delta_lake::rules::hit_counts;
 use wal2delta_lake::rules::store::{Origin, RulesStore};
 use wal2delta_lake::rules::walk::Transition;
@@ -10,15 +12,7 @@ use wal2delta_lake::silver::Progress;
 use wal2delta_lake::Lake;
 
 fn lake() -> (Lake, std::path::PathBuf) {
-    let dir = std::env::temp_dir().join(format!(
-        "w2d-rules-store-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap()
-            .as_nanos()
-    ));
-    (Lake::new(dir.to_str().unwrap()).unwrap(), dir)
+    common::temp_lake("w2d-rules-store")
 }
 
 fn tr(lsn: i64, key: &str, rule: &str, entered: bool) -> Transition {

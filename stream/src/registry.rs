@@ -72,18 +72,10 @@ impl Registry {
 
     /// `PUT /config/{subject}` with `level` (Confluent's subject-level compatibility).
     async fn set_compatibility(&self, subject: &str, level: &str) -> Result<(), String> {
-        let encoded: String = subject
-            .bytes()
-            .map(|b| match b {
-                b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
-                    (b as char).to_string()
-                }
-                b => format!("%{b:02X}"),
-            })
-            .collect();
+        let url = config_url(&self.url, subject)?;
         let response = self
             .http
-            .put(format!("{}/config/{encoded}", self.url))
+            .put(url)
             .header("Content-Type", "application/vnd.schemaregistry.v1+json")
             .body(serde_json::json!({ "compatibility": level }).to_string())
             .send()
@@ -126,6 +118,16 @@ impl Registry {
     }
 }
 
+/// `{base}/config/{subject}`, the subject percent-encoded as one path segment.
+fn config_url(base: &str, subject: &str) -> Result<reqwest::Url, String> {
+    let mut url = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
+    url.path_segments_mut()
+        .map_err(|()| format!("{base} cannot take a path"))?
+        .pop_if_empty()
+        .extend(["config", subject]);
+    Ok(url)
+}
+
 /// Frames a value in the Confluent wire format.
 pub fn frame(schema_id: u32, schema: &Schema, value: Value) -> Result<Vec<u8>, apache_avro::Error> {
     let writer = GenericDatumWriter::builder(schema).build()?;
@@ -159,6 +161,22 @@ pub fn unframe(payload: &[u8]) -> Option<(u32, &[u8])> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn config_urls_take_the_subject_as_one_segment() {
+        assert_eq!(
+            config_url("http://127.0.0.1:8081", "w2d.public.-4frder-20-49tems-key")
+                .unwrap()
+                .as_str(),
+            "http://127.0.0.1:8081/config/w2d.public.-4frder-20-49tems-key"
+        );
+        assert_eq!(
+            config_url("http://r:1/registry/", "a/b c-key")
+                .unwrap()
+                .as_str(),
+            "http://r:1/registry/config/a%2Fb%20c-key"
+        );
+    }
 
     #[test]
     fn frame_and_unframe() {

@@ -225,6 +225,18 @@ listen = "127.0.0.1:0"
     }
 }
 
+/// The peak resident memory of process `pid` (`VmHWM` of `/proc/{pid}/status`), KiB.
+pub fn peak_rss_kib(pid: u32) -> Result<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .with_context(|| format!("process {pid} is not running"))?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .with_context(|| format!("no VmHWM in /proc/{pid}/status"))
+}
+
 /// A `wal2delta run` process started with [`Daemon::spawn_stage`].
 pub struct StageProcess {
     child: Option<Child>,
@@ -238,6 +250,18 @@ impl StageProcess {
         &mut self,
         what: &str,
         want: &T,
+        get: impl FnMut() -> Result<T>,
+    ) -> Result<()> {
+        self.wait_for_within(what, want, Duration::from_secs(120), get)
+            .await
+    }
+
+    /// [`Self::wait_for`], `timeout` at most.
+    pub async fn wait_for_within<T: PartialEq + std::fmt::Debug>(
+        &mut self,
+        what: &str,
+        want: &T,
+        timeout: Duration,
         mut get: impl FnMut() -> Result<T>,
     ) -> Result<()> {
         let start = Instant::now();
@@ -247,7 +271,7 @@ impl StageProcess {
             if &got == want {
                 return Ok(());
             }
-            if start.elapsed() > Duration::from_secs(120) {
+            if start.elapsed() > timeout {
                 bail!("{what}: want {want:?}\ngot {got:?}\n{}", self.log_text());
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
