@@ -177,16 +177,25 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     }
     ensure!(row[13] == false, "not a snapshot row: {row:?}");
 
-    // Maintenance compacted and checkpointed the table while it was written.
+    // Maintenance compacts and checkpoints the table beside ingestion, every 2 s here:
+    // the rows can land before its next pass, so wait for it (bounded).
     let log_dir = table.join("_delta_log");
-    let checkpointed = std::fs::read_dir(&log_dir)?.flatten().any(|e| {
-        e.file_name()
-            .to_string_lossy()
-            .ends_with(".checkpoint.parquet")
-    });
+    let has_checkpoint = || {
+        std::fs::read_dir(&log_dir).is_ok_and(|entries| {
+            entries.flatten().any(|e| {
+                e.file_name()
+                    .to_string_lossy()
+                    .ends_with(".checkpoint.parquet")
+            })
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !has_checkpoint() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     ensure!(
-        checkpointed,
-        "a checkpoint in {}: {}",
+        has_checkpoint(),
+        "a checkpoint in {} within 60 s: {}",
         log_dir.display(),
         run.log_text()
     );
