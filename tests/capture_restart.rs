@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
-use wal2delta_tests::kafka::read_topic;
-use wal2delta_tests::{scenario, Stack};
+use anyhow::{ensure, Context, Result};
+use wal2delta_tests::kafka::{read_topic, read_topic_to_end};
+use wal2delta_tests::{ops_stack, scenario, slot_confirmed, Stack};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
@@ -73,5 +73,59 @@ async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
     tokio::time::sleep(Duration::from_secs(2)).await;
     d.assert_running()?;
     d.stop()?;
+    Ok(())
+}
+
+/// PostgreSQL 15 writes a slot's confirmed position to disk only when its `restart_lsn`
+/// or `catalog_xmin` moves too, so a restart rewinds the slot. Capture resumes from the
+/// position log instead, which it writes only once Kafka holds everything before it: a
+/// transaction Kafka already has is not published again.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_postgres_restart_does_not_publish_again_what_kafka_holds() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "rewind",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, note text);",
+        "",
+        1,
+    )
+    .await?;
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t SELECT g, 'n' || g FROM generate_series(1, 500) g"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    ensure!(d.stop()?.success(), "clean stop: {}", d.last_log());
+    let before = slot_confirmed(&pg, &d.slot).await?.context("slot")?;
+    drop(pg);
+
+    // A crash of PostgreSQL: no shutdown checkpoint, the slot is read back from disk.
+    ops_stack(&["restart-pg", "immediate"])?;
+    let pg = stack.connect().await?;
+    let rewound = slot_confirmed(&pg, &d.slot).await?.context("slot")?;
+    ensure!(
+        rewound < before,
+        "the restart was meant to rewind the slot (it is at {rewound}, was {before}); \
+         without a rewind this test shows nothing"
+    );
+
+    d.start()?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (501, 'after')"))
+        .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    let log = d.last_log();
+    ensure!(d.stop()?.success(), "clean stop: {log}");
+    ensure!(
+        log.contains("resuming at the recorded position"),
+        "capture resumed from the position log: {log}"
+    );
+    let events = read_topic_to_end(&stack.brokers, &format!("{name}.{name}.t"))?;
+    ensure!(
+        events.len() == 501,
+        "each of the 501 inserts published once, not {} events (the 500 again after the restart?)",
+        events.len()
+    );
     Ok(())
 }

@@ -36,7 +36,7 @@ use crate::daemon::Daemon;
 use crate::kafka::read_topic_to_end;
 use crate::lake::{duckdb, scan};
 use crate::proxy::Proxy;
-use crate::{connect, current_wal_lsn, unique, wait_confirmed, Stack};
+use crate::{connect, current_wal_lsn, ops_stack, unique, wait_confirmed, Stack};
 
 /// What one chaos run does.
 #[derive(Debug, Clone)]
@@ -222,22 +222,6 @@ fn log_tail(path: &PathBuf, n: usize) -> String {
         .find(|i| text.is_char_boundary(*i))
         .unwrap_or(0);
     text[start..].replace('\n', " | ")
-}
-
-fn ops_stack(args: &[&str]) -> Result<()> {
-    let script = crate::repo_root().join("ops/stack");
-    let out = Command::new(script)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "ops/stack {} failed: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }
 
 /// How many times the broker's log shows tansu 0.6's storage panic after a restart
@@ -985,10 +969,12 @@ async fn drain(
     start: Instant,
     panics: &mut usize,
 ) -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(DRAIN_SECS);
+    let mut progress = DrainProgress::new();
+    let mut last_confirmed = None;
     loop {
         pipe.supervise(d, sched, start)?;
         restart_panicked_broker(stack, sched, start, panics)?;
+        let deadline = progress.deadline();
         let pg = match stack.connect().await {
             Ok(pg) => pg,
             Err(e) => {
@@ -999,6 +985,11 @@ async fn drain(
                 continue;
             }
         };
+        let confirmed = crate::slot_confirmed(&pg, &d.slot).await.ok().flatten();
+        if confirmed > last_confirmed {
+            last_confirmed = confirmed;
+            progress.moved();
+        }
         let target = current_wal_lsn(&pg).await?;
         match wait_confirmed(&pg, &d.slot, target, Duration::from_secs(20)).await {
             Ok(_) => break,
@@ -1008,7 +999,7 @@ async fn drain(
                     .iter()
                     .map(|p| format!("{}: {}", p.label(), log_tail(&p.log, 2000)))
                     .collect();
-                bail!("{e:#}; logs: {}", tails.join(" || "))
+                bail!("{e:#} ({}); logs: {}", progress.why(), tails.join(" || "))
             }
             Err(_) => {}
         }
@@ -1019,6 +1010,8 @@ async fn drain(
     );
     // Bronze must hold every partition up to its high watermark before the checks, so a
     // slow or starved Bronze is reported as such rather than as a reconcile difference.
+    let mut progress = DrainProgress::new();
+    let mut least_behind = i64::MAX;
     loop {
         pipe.supervise(d, sched, start)?;
         restart_panicked_broker(stack, sched, start, panics)?;
@@ -1035,21 +1028,68 @@ async fn drain(
             {
                 return Ok(())
             }
-            Ok(lags) => lags,
+            Ok(lags) => {
+                let behind = lags.iter().map(|(_, l)| *l).sum::<i64>();
+                if behind < least_behind {
+                    least_behind = behind;
+                    progress.moved();
+                }
+                lags
+            }
             Err(e) => vec![(format!("status failed: {e:#}"), -1)],
         };
-        if Instant::now() > deadline {
+        if Instant::now() > progress.deadline() {
             bail!(
-                "Bronze did not reach Kafka's end within the drain's {} s: events behind per table {last:?}",
-                DRAIN_SECS
+                "Bronze did not reach Kafka's end: {}; events behind per table {last:?}",
+                progress.why()
             );
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
     }
 }
 
-/// How long the drain may take: capture catching up, then Bronze reaching Kafka's end.
-const DRAIN_SECS: u64 = 1200;
+/// How long each phase of the drain (capture catching up, then Bronze reaching Kafka's
+/// end) may go without progress: the slot's confirmed position moving, or fewer events
+/// behind in Bronze than ever before in the phase. A long run re-sends and stores a
+/// 1,000,000-row transaction for as long as that takes, while a stage that stopped moving
+/// fails the run after this long.
+const DRAIN_STALL_SECS: u64 = 600;
+/// The most a drain phase may take, progress or not.
+const DRAIN_MAX_SECS: u64 = 3 * 3600;
+
+/// A drain phase's deadline: [`DRAIN_STALL_SECS`] after its last progress, at most
+/// [`DRAIN_MAX_SECS`] after it began.
+struct DrainProgress {
+    began: Instant,
+    last_moved: Instant,
+}
+
+impl DrainProgress {
+    fn new() -> Self {
+        let now = Instant::now();
+        DrainProgress {
+            began: now,
+            last_moved: now,
+        }
+    }
+
+    fn moved(&mut self) {
+        self.last_moved = Instant::now();
+    }
+
+    fn deadline(&self) -> Instant {
+        (self.last_moved + Duration::from_secs(DRAIN_STALL_SECS))
+            .min(self.began + Duration::from_secs(DRAIN_MAX_SECS))
+    }
+
+    fn why(&self) -> String {
+        if self.began.elapsed() >= Duration::from_secs(DRAIN_MAX_SECS) {
+            format!("still moving after the drain's limit of {DRAIN_MAX_SECS} s")
+        } else {
+            format!("no progress for {DRAIN_STALL_SECS} s")
+        }
+    }
+}
 
 /// Per Bronze table (and the transactions table): events in Kafka not yet in Bronze,
 /// from `wal2delta status --json` (high watermark minus the offsets the table holds).

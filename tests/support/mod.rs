@@ -252,6 +252,22 @@ pub fn unique(prefix: &str) -> String {
 
 /// The WAL insert position: at or after the end of everything committed so far (the
 /// stack runs with synchronous_commit = off, so the *write* position may lag behind).
+/// Runs `ops/stack ARGS` (e.g. `restart-pg immediate`) on the stack the tests use.
+pub fn ops_stack(args: &[&str]) -> Result<()> {
+    let out = std::process::Command::new(repo_root().join("ops/stack"))
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()?;
+    if !out.status.success() {
+        anyhow::bail!(
+            "ops/stack {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
+}
+
 pub async fn current_wal_lsn(client: &Client) -> Result<Lsn> {
     let s: String = client
         .query_one("SELECT pg_current_wal_insert_lsn()::text", &[])

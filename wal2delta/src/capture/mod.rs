@@ -114,6 +114,6 @@ use wal2delta_model::clock::unix_ms as now_ms;
 
 use startup::{
     check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
-    recorded_position, report_slot_health,
+    recorded_position, report_slot_health, resume_point,
 };
 use state::State;

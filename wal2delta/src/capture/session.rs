@@ -144,8 +144,9 @@ impl<'a> Setup<'a> {
                 recorded,
                 allow_slot_ahead,
             )?;
+            let start = resume_point(&self.catalog, slot_name, confirmed, recorded).await?;
             return Ok(SlotStart {
-                start: confirmed,
+                start,
                 exported: None,
                 reset_progress: false,
             });

@@ -115,6 +115,49 @@ pub(super) fn check_slot_position(
     Ok(())
 }
 
+/// Where streaming resumes on an existing slot: the slot's confirmed position, or the
+/// position log's when that is further on.
+///
+/// PostgreSQL 15 and older write a slot's confirmed position to disk only when its
+/// `restart_lsn` or `catalog_xmin` moves too, so any restart (even `-m fast`) can rewind
+/// the slot to a position capture confirmed long ago; streaming from there would publish
+/// again, at new offsets, every transaction Kafka already holds (a 1,000,000-row
+/// transaction included). The position log records a position only once Kafka
+/// acknowledged every event of every transaction committed before it, so starting there
+/// is safe: PostgreSQL skips the transactions whose commit lies before the start it is
+/// given, and still decodes from the slot's `restart_lsn`, so a transaction open across
+/// the position arrives whole. The one case where the recorded position is not used:
+/// when it lies beyond the WAL the server has flushed (a server restored from a backup, or
+/// WAL lost with its host), transactions there would be new ones under old positions, so
+/// capture starts at the slot's own position and publishes copies rather than skip them.
+pub(super) async fn resume_point(
+    catalog: &tokio_postgres::Client,
+    slot_name: &str,
+    confirmed: Lsn,
+    recorded: Option<Lsn>,
+) -> Result<Lsn, SessionError> {
+    let Some(recorded) = recorded.filter(|r| *r > confirmed) else {
+        return Ok(confirmed);
+    };
+    let flushed: String = catalog
+        .query_one(
+            "SELECT (CASE WHEN pg_is_in_recovery() THEN pg_last_wal_replay_lsn() \
+             ELSE pg_current_wal_flush_lsn() END)::text",
+            &[],
+        )
+        .await
+        .map_err(CdcError::from)?
+        .get(0);
+    let flushed: Option<Lsn> = flushed.parse().ok();
+    if flushed.is_some_and(|f| recorded <= f) {
+        tracing::info!(slot = %slot_name, slot_confirmed = %confirmed, recorded = %recorded, "the slot's confirmed position is behind the position log (PostgreSQL rewinds it on a restart); resuming at the recorded position, since Kafka holds every transaction committed before it");
+        Ok(recorded)
+    } else {
+        tracing::warn!(slot = %slot_name, slot_confirmed = %confirmed, recorded = %recorded, server_flushed = ?flushed.map(|f| f.to_string()), "the position log is beyond the WAL this server has flushed (restored from a backup?); resuming at the slot's position, so transactions after it may be published again");
+        Ok(confirmed)
+    }
+}
+
 pub(super) fn quote_literal(s: &str) -> String {
     format!("'{}'", s.replace('\'', "''"))
 }
