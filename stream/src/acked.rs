@@ -19,7 +19,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 
-use crate::producer::{create_topic, is_too_large, RECORD_OVERHEAD_BYTES};
+use crate::producer::{create_topic, is_too_large, TopicSettings, RECORD_OVERHEAD_BYTES};
 use crate::StreamError;
 
 /// Settings of an [`AckedProducer`].
@@ -29,8 +29,8 @@ pub struct AckedSettings {
     /// How long one message may wait for its acknowledgement (librdkafka's
     /// `message.timeout.ms`).
     pub delivery_timeout: Duration,
-    /// Partitions of the topics it creates.
-    pub topic_partitions: i32,
+    /// How the topics it creates are made.
+    pub topics: TopicSettings,
     /// The producer's `message.max.bytes`.
     pub message_max_bytes: usize,
     /// Extra librdkafka properties (`[kafka] producer`).
@@ -99,7 +99,8 @@ impl AckedProducer {
         if known(topic) {
             return Ok(());
         }
-        create_topic(&self.admin, topic, self.settings.topic_partitions, false).await?;
+        let topics = &self.settings.topics;
+        create_topic(&self.admin, topics, topic, topics.partitions, false).await?;
         self.known_topics
             .lock()
             .unwrap_or_else(|e| e.into_inner())
@@ -186,7 +187,7 @@ mod tests {
         let s = AckedSettings {
             brokers: "127.0.0.1:1".into(),
             delivery_timeout: Duration::from_secs(10),
-            topic_partitions: 1,
+            topics: TopicSettings::default(),
             message_max_bytes: 1_000_000,
             extra: BTreeMap::new(),
             client_id: "test".into(),

@@ -124,7 +124,8 @@ pub struct ProducerSettings {
     /// How long capture lets Kafka acknowledge nothing before it ends the session (it is
     /// enforced by capture, not by librdkafka: see the module docs).
     pub delivery_timeout: Duration,
-    pub topic_partitions: i32,
+    /// How the topics it creates are made.
+    pub topics: TopicSettings,
     /// The producer's `message.max.bytes`: larger messages are refused before sending
     /// ([`EventProducer::fits`]) and go to the DLQ instead.
     pub message_max_bytes: usize,
@@ -189,7 +190,7 @@ impl EventProducer {
 
     /// Creates the topic if it does not exist yet (once per process and topic).
     pub async fn ensure_topic(&mut self, topic: &str) -> Result<(), StreamError> {
-        let partitions = self.settings.topic_partitions;
+        let partitions = self.settings.topics.partitions;
         self.create_topic(topic, partitions, false).await
     }
 
@@ -207,7 +208,14 @@ impl EventProducer {
         if self.known_topics.contains(topic) {
             return Ok(());
         }
-        create_topic(&self.admin, topic, partitions, compacted).await?;
+        create_topic(
+            &self.admin,
+            &self.settings.topics,
+            topic,
+            partitions,
+            compacted,
+        )
+        .await?;
         self.known_topics.insert(topic.to_owned());
         Ok(())
     }
@@ -338,14 +346,46 @@ impl EventProducer {
     }
 }
 
+/// How wal2delta creates the topics it writes (`[kafka] topic_partitions`,
+/// `topic_replication_factor`, `topic_config`). Topics that exist already are left as
+/// they are.
+#[derive(Debug, Clone)]
+pub struct TopicSettings {
+    /// Partitions of table and output topics (the position and snapshot logs have one).
+    pub partitions: i32,
+    /// Replicas of every topic; -1 leaves it to the broker's `default.replication.factor`.
+    pub replication_factor: i32,
+    /// Topic-level configs (`retention.ms`, `min.insync.replicas`, ...) set on every topic
+    /// created; `cleanup.policy` is wal2delta's own (compact for the logs, delete else).
+    pub config: BTreeMap<String, String>,
+}
+
+impl Default for TopicSettings {
+    fn default() -> Self {
+        TopicSettings {
+            partitions: 1,
+            replication_factor: 1,
+            config: BTreeMap::new(),
+        }
+    }
+}
+
 /// Creates `topic` with `partitions` partitions (compacted or not) unless it exists.
 pub(crate) async fn create_topic(
     admin: &AdminClient<DefaultClientContext>,
+    settings: &TopicSettings,
     topic: &str,
     partitions: i32,
     compacted: bool,
 ) -> Result<(), StreamError> {
-    let mut new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+    let mut new = NewTopic::new(
+        topic,
+        partitions,
+        TopicReplication::Fixed(settings.replication_factor),
+    );
+    for (k, v) in &settings.config {
+        new = new.set(k, v);
+    }
     if compacted {
         new = new.set("cleanup.policy", "compact");
     }
@@ -373,7 +413,7 @@ mod tests {
         ProducerSettings {
             brokers: "127.0.0.1:1".into(),
             delivery_timeout: Duration::from_secs(10),
-            topic_partitions: 1,
+            topics: TopicSettings::default(),
             message_max_bytes: DEFAULT_MESSAGE_MAX_BYTES,
             extra: BTreeMap::new(),
         }

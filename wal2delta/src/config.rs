@@ -289,6 +289,42 @@ uri = "file:///tmp/lake"
     }
 
     #[test]
+    fn topic_settings_default_to_the_broker_and_refuse_the_cleanup_policy() {
+        let c = load(MINIMAL, &[]).unwrap();
+        let t = c.kafka.topic_settings();
+        assert_eq!((t.replication_factor, t.config.len()), (-1, 0));
+        let c = load(
+            MINIMAL,
+            &[
+                ("WAL2DELTA__KAFKA__TOPIC_REPLICATION_FACTOR", "3"),
+                (
+                    "WAL2DELTA__KAFKA__TOPIC_CONFIG",
+                    r#"{ "min.insync.replicas" = "2" }"#,
+                ),
+            ],
+        )
+        .unwrap();
+        let t = c.kafka.topic_settings();
+        assert_eq!(t.replication_factor, 3);
+        assert_eq!(t.config["min.insync.replicas"], "2");
+        for (var, value, field) in [
+            (
+                "WAL2DELTA__KAFKA__TOPIC_REPLICATION_FACTOR",
+                "0",
+                "kafka.topic_replication_factor",
+            ),
+            (
+                "WAL2DELTA__KAFKA__TOPIC_CONFIG",
+                r#"{ "cleanup.policy" = "compact" }"#,
+                "cleanup.policy",
+            ),
+        ] {
+            let err = load(MINIMAL, &[(var, value)]).unwrap_err();
+            assert!(err.to_string().contains(field), "{err}");
+        }
+    }
+
+    #[test]
     fn invalid_values_name_the_field() {
         let err = load(&MINIMAL.replace("file:///tmp/lake", "/tmp/lake"), &[]).unwrap_err();
         assert!(err.to_string().contains("lake.uri"), "{err}");

@@ -89,7 +89,7 @@ impl<'a> Setup<'a> {
         let (producer, deliveries) = EventProducer::new(ProducerSettings {
             brokers: config.kafka.brokers.clone(),
             delivery_timeout: Duration::from_millis(config.kafka.delivery_timeout_ms),
-            topic_partitions: config.kafka.topic_partitions,
+            topics: config.kafka.topic_settings(),
             message_max_bytes: limits.message_max_bytes,
             extra: config.kafka.producer.clone(),
         })?;

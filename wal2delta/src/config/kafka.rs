@@ -16,6 +16,16 @@ pub struct KafkaConfig {
     /// Partitions of topics wal2delta creates. Keys (primary keys) keep per-row order.
     #[serde(default = "KafkaConfig::default_partitions")]
     pub topic_partitions: i32,
+    /// Replicas of every topic wal2delta creates. Default -1: the broker's
+    /// `default.replication.factor` (3 on managed services; 1 on a single local broker).
+    /// Existing topics are left as they are.
+    #[serde(default = "KafkaConfig::default_replication_factor")]
+    pub topic_replication_factor: i32,
+    /// Topic-level configs set on every topic wal2delta creates (`retention.ms`,
+    /// `min.insync.replicas`, `max.message.bytes`, ...). `cleanup.policy` is refused: the
+    /// position and snapshot logs must be compacted and the event topics must not be.
+    #[serde(default)]
+    pub topic_config: BTreeMap<String, String>,
     /// Dead-letter topic for events capture cannot encode; default `{topic_prefix}.dlq`.
     #[serde(default)]
     pub dlq_topic: Option<String>,
@@ -52,6 +62,9 @@ impl KafkaConfig {
     }
     fn default_partitions() -> i32 {
         1
+    }
+    fn default_replication_factor() -> i32 {
+        -1
     }
     fn default_delivery_timeout_ms() -> u64 {
         30_000
@@ -95,6 +108,26 @@ impl KafkaConfig {
                 "must be between 1 and 10000",
             ));
         }
+        if self.topic_replication_factor != -1
+            && !(1..=100).contains(&self.topic_replication_factor)
+        {
+            return Err(invalid(
+                "kafka.topic_replication_factor",
+                "must be -1 (the broker's default.replication.factor) or between 1 and 100",
+            ));
+        }
+        if self.topic_config.contains_key("cleanup.policy") {
+            return Err(invalid(
+                "kafka.topic_config.\"cleanup.policy\"",
+                "is wal2delta's own: the position and snapshot logs are compacted, the event topics keep every event until Bronze stored it",
+            ));
+        }
+        if let Some(k) = self.topic_config.keys().find(|k| k.trim().is_empty()) {
+            return Err(invalid(
+                &format!("kafka.topic_config.\"{k}\""),
+                "a topic config name must not be empty",
+            ));
+        }
         if self.delivery_timeout_ms < 1_000 {
             return Err(invalid(
                 "kafka.delivery_timeout_ms",
@@ -127,6 +160,15 @@ impl KafkaConfig {
             }
         }
         Ok(())
+    }
+
+    /// How wal2delta creates its topics.
+    pub fn topic_settings(&self) -> wal2delta_stream::producer::TopicSettings {
+        wal2delta_stream::producer::TopicSettings {
+            partitions: self.topic_partitions,
+            replication_factor: self.topic_replication_factor,
+            config: self.topic_config.clone(),
+        }
     }
 
     /// The compacted topic holding snapshot progress.

@@ -47,7 +47,7 @@ pub fn from_config(config: &Config) -> Result<Option<Arc<dyn RulesOutput>>, Stre
     let producer = AckedProducer::new(AckedSettings {
         brokers: k.brokers.clone(),
         delivery_timeout: Duration::from_millis(k.delivery_timeout_ms),
-        topic_partitions: k.topic_partitions,
+        topics: k.topic_settings(),
         message_max_bytes: k.message_max_bytes,
         extra: k.producer.clone(),
         client_id: "wal2delta-rules".into(),
