@@ -16,7 +16,11 @@ pub(super) async fn report_slot_health(
                 tracing::error!(slot = %slot_name, "replication slot invalidated (wal_status = lost)");
             }
         }
-        Ok(None) => tracing::error!(slot = %slot_name, "replication slot disappeared"),
+        Ok(None) => {
+            // Nothing serves a slot that is not there.
+            metrics::gauge!(m::SLOT_ACTIVE).set(0.0);
+            tracing::error!(slot = %slot_name, "replication slot disappeared");
+        }
         Err(error) => tracing::warn!(error = %error, "cannot read slot health"),
     }
 }
