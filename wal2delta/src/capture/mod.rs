@@ -115,6 +115,7 @@ pub async fn watch_slot(config: &Config) -> std::convert::Infallible {
     let mut rate = slot::WalRate::default();
     let mut catalog: Option<tokio_postgres::Client> = None;
     let mut reachable = true;
+    let mut seen = SlotSeen::default();
     loop {
         every.tick().await;
         if catalog
@@ -138,7 +139,7 @@ pub async fn watch_slot(config: &Config) -> std::convert::Infallible {
             reachable = catalog.is_some();
         }
         if let Some(client) = &catalog {
-            report_slot_health(client, &config.source.slot, &mut rate).await;
+            report_slot_health(client, &config.source.slot, &mut rate, &mut seen).await;
         }
     }
 }
@@ -156,6 +157,6 @@ use wal2delta_model::clock::unix_ms as now_ms;
 
 use startup::{
     check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
-    recorded_position, report_slot_health,
+    recorded_position, report_slot_health, SlotSeen,
 };
 use state::State;
