@@ -256,7 +256,20 @@ async fn run_daemon(
             _ => Ok(()),
         }
     };
-    let (c, b, s, g, r) = tokio::join!(capture, bronze, silver, gold, rules_stage);
+    let all = async { tokio::join!(capture, bronze, silver, gold, rules_stage) };
+    // The slot is watched for as long as the process runs the capture stage, also while
+    // capture is down; the watch ends with the stages.
+    let watch = async {
+        if stages.contains(&Stage::Capture) {
+            capture::watch_slot(config).await
+        } else {
+            std::future::pending::<std::convert::Infallible>().await
+        }
+    };
+    let (c, b, s, g, r) = tokio::select! {
+        ended = all => ended,
+        never = watch => match never {},
+    };
     let failed: Vec<String> = [c, b, s, g, r]
         .into_iter()
         .filter_map(Result::err)

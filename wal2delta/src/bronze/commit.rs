@@ -75,7 +75,17 @@ impl Session<'_> {
             let mut table = match self.tables.remove(&topic) {
                 Some(t) => t,
                 None => match LakeOffsets::table_for(self.lake, &self.topics, &topic) {
-                    Some(t) => t,
+                    Some(t) => {
+                        // At 0 from the start, so an alert or a panel on their increase
+                        // sees the first.
+                        for kind in ["error", "panic"] {
+                            metrics::counter!(m::BRONZE_TABLE_FAILURES, "table" => t.name().to_owned(), "kind" => kind)
+                                .increment(0);
+                        }
+                        metrics::counter!(m::BRONZE_COMMIT_CONFLICTS, "table" => t.name().to_owned())
+                            .increment(0);
+                        t
+                    }
                     None => continue, // not a table topic; the subscription excludes these
                 },
             };

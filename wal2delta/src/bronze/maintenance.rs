@@ -46,6 +46,10 @@ pub fn spawn(
                     Ok(r) => {
                         metrics::counter!(m::LAKE_FILES_COMPACTED, "table" => name.clone())
                             .increment(r.files_removed);
+                        // At 0 once the table was maintained, so an alert on its increase
+                        // sees the first failure.
+                        metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "table" => name.clone())
+                            .increment(0);
                         tracing::info!(table = %name, files_removed = r.files_removed, files_added = r.files_added, checkpoint = ?r.checkpoint_version, ms = started.elapsed().as_millis() as u64, "Bronze table compacted and checkpointed");
                     }
                     Err(e) => {

@@ -101,6 +101,49 @@ pub async fn run(
     }
 }
 
+/// How often [`watch_slot`] samples the slot.
+const SLOT_HEALTH_EVERY: Duration = Duration::from_secs(10);
+
+/// Samples the slot's health ([`crate::health`]) every [`SLOT_HEALTH_EVERY`] for as long as
+/// the daemon runs the capture stage, whether a session runs or not: a slot nobody reads
+/// (capture retrying, or stopped for an operator) shows as inactive
+/// (`wal2delta_slot_active` 0) while its lag and retained WAL keep growing in the metrics.
+/// Its own connection, so a session's failure never stops it.
+pub async fn watch_slot(config: &Config) -> std::convert::Infallible {
+    let mut every = tokio::time::interval(SLOT_HEALTH_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut rate = slot::WalRate::default();
+    let mut catalog: Option<tokio_postgres::Client> = None;
+    let mut reachable = true;
+    let mut seen = SlotSeen::default();
+    loop {
+        every.tick().await;
+        if catalog
+            .as_ref()
+            .is_none_or(tokio_postgres::Client::is_closed)
+        {
+            let connected = match config.source.effective_dsn() {
+                Ok(dsn) => source::connect(&dsn).await.map_err(anyhow::Error::from),
+                Err(e) => Err(e.into()),
+            };
+            catalog = match connected {
+                Ok(client) => Some(client),
+                Err(error) => {
+                    // Said once per outage: the slot metrics keep their last values meanwhile.
+                    if reachable {
+                        tracing::warn!(error = %error, "cannot read slot health: the slot metrics are not updated until the source is reachable");
+                    }
+                    None
+                }
+            };
+            reachable = catalog.is_some();
+        }
+        if let Some(client) = &catalog {
+            report_slot_health(client, &config.source.slot, &mut rate, &mut seen).await;
+        }
+    }
+}
+
 /// Limits a session runs under that earlier sessions of this process may have lowered.
 #[derive(Debug, Clone, Copy)]
 struct Limits {
@@ -114,6 +157,6 @@ use wal2delta_model::clock::unix_ms as now_ms;
 
 use startup::{
     check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
-    recorded_position, report_slot_health, resume_point,
+    recorded_position, report_slot_health, resume_point, SlotSeen,
 };
 use state::State;

@@ -330,8 +330,7 @@ impl Session<'_> {
     async fn run(&mut self, shutdown: &mut watch::Receiver<bool>) -> Result<(), SessionError> {
         let config = self.config;
         let mut ticker = tokio::time::interval(self.status_every);
-        let mut health = tokio::time::interval(Duration::from_secs(10));
-        let mut wal_rate = slot::WalRate::default();
+        let mut progress = tokio::time::interval(Duration::from_secs(10));
         // Heartbeats: a non-transactional logical message in the captured database, so the
         // slot has something to confirm even when the database is idle and others are busy.
         let heartbeat_on = config.capture.heartbeat_interval_ms > 0;
@@ -360,8 +359,7 @@ impl Session<'_> {
                     self.state.record_position(&self.publisher).await?;
                     self.state.status(&mut self.stream, false, self.status_every).await?;
                 }
-                _ = health.tick() => {
-                    report_slot_health(&self.catalog, &self.state.slot, &mut wal_rate).await;
+                _ = progress.tick() => {
                     let (at, n) = progress_at;
                     let rate = (self.state.events - n) as f64 / at.elapsed().as_secs_f64().max(0.001);
                     tracing::info!(confirmed_lsn = %self.state.acks.confirmed(), in_flight = self.state.acks.in_flight(), events = self.state.events, events_per_s = rate as u64, "capture progress");

@@ -3,22 +3,55 @@
 
 use super::*;
 
+/// What the slot watch saw last, so each change is logged once, not every sample.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(super) enum SlotSeen {
+    #[default]
+    NotYet,
+    Present,
+    Lost,
+    Missing,
+}
+
 pub(super) async fn report_slot_health(
     catalog: &tokio_postgres::Client,
     slot_name: &str,
     rate: &mut slot::WalRate,
+    seen: &mut SlotSeen,
 ) {
-    match slot::slot_info(catalog, slot_name).await {
+    let now = match slot::slot_info(catalog, slot_name).await {
         Ok(Some(info)) => {
             let wal_rate = rate.sample(Instant::now(), info.current_wal);
             crate::health::export(&info, wal_rate);
             if info.is_lost() {
-                tracing::error!(slot = %slot_name, "replication slot invalidated (wal_status = lost)");
+                SlotSeen::Lost
+            } else {
+                SlotSeen::Present
             }
         }
-        Ok(None) => tracing::error!(slot = %slot_name, "replication slot disappeared"),
-        Err(error) => tracing::warn!(error = %error, "cannot read slot health"),
+        Ok(None) => {
+            // Nothing serves a slot that is not there.
+            metrics::gauge!(m::SLOT_ACTIVE).set(0.0);
+            SlotSeen::Missing
+        }
+        Err(error) => {
+            tracing::warn!(error = %error, "cannot read slot health");
+            return;
+        }
+    };
+    match (*seen, now) {
+        (before, SlotSeen::Lost) if before != SlotSeen::Lost => {
+            tracing::error!(slot = %slot_name, "replication slot invalidated (wal_status = lost)")
+        }
+        (SlotSeen::Present | SlotSeen::Lost, SlotSeen::Missing) => {
+            tracing::error!(slot = %slot_name, "replication slot disappeared")
+        }
+        (SlotSeen::NotYet, SlotSeen::Missing) => {
+            tracing::info!(slot = %slot_name, "the replication slot does not exist yet (capture creates it)")
+        }
+        _ => {}
     }
+    *seen = now;
 }
 
 /// The last position capture recorded for this slot in the position log.

@@ -52,6 +52,10 @@ pub async fn run(
     };
     let every = Duration::from_millis(config.gold.interval_ms);
     let mut failing: HashMap<String, Failing> = HashMap::new();
+    // At 0 from the start, so an alert on their increase sees a model's first failure.
+    for model in models.iter() {
+        metrics::counter!(m::GOLD_FAILURES, "model" => model.name.clone()).increment(0);
+    }
     supervisor.started();
     tracing::info!("gold stage started");
     loop {

@@ -326,6 +326,8 @@ pub async fn run(
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
     let Startup { source, seen } = startup;
+    // At 0 from the start, so an alert on its increase sees the first failed reload.
+    metrics::counter!(m::RULES_RELOAD_FAILURES).increment(0);
     if let Some(t) = config.rules.table_name() {
         return table::run(config, t, source, seen, supervisor, shutdown).await;
     }

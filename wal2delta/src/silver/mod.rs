@@ -353,6 +353,11 @@ impl Stage<'_> {
                 return Ok(false);
             }
         };
+        // At 0 once the table is held, so an alert on their increase sees the first.
+        for class in ["transient", "record", "operator"] {
+            metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => class)
+                .increment(0);
+        }
         self.watermarks
             .insert(name.to_owned(), t.progress().await?.watermark);
         self.tables.insert(

@@ -101,6 +101,14 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn new(stage: Stage, stages: &Stages) -> Self {
+        // The failure counters exist from the start, at 0: Prometheus's `increase()` sees
+        // no rise in a series whose first sample is already 1, so an alert on the first
+        // failure needs the 0 before it.
+        let name = status::stage_name(stage);
+        metrics::counter!(m::STAGE_RESTARTS, "stage" => name).increment(0);
+        for class in ["transient", "record", "operator"] {
+            metrics::counter!(m::STAGE_FAILURES, "stage" => name, "class" => class).increment(0);
+        }
         Supervisor {
             stage,
             stages: stages.clone(),
