@@ -11,7 +11,7 @@ use wal2delta_tests::daemon::{psql, Daemon};
 use wal2delta_tests::kafka::read_topic;
 use wal2delta_tests::{unique, Scenario, Stack, World};
 
-const PASSWORD: &str = "least-Priv-9dX2";
+const PASSWORD: &str = wal2delta_tests::secrets::LEAST_PRIVILEGE_PASSWORD;
 
 /// A login role of the test's own, dropped with everything granted to it in `Drop`
 /// (declare it before the daemon guard, so it goes after the slot and publication).

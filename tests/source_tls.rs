@@ -20,7 +20,7 @@ const TLS_ROLE: &str = "wal2delta_tls";
 /// The role the stack logs in by client certificate (CN = role name), TLS only.
 const CERT_ROLE: &str = "wal2delta_cert";
 /// Distinctive, so a leak into any log or error is found.
-const PASSWORD: &str = "tls-Pw-7f3kQz";
+const PASSWORD: &str = wal2delta_tests::secrets::TLS_PASSWORD;
 
 fn tls_dir() -> String {
     std::env::var("WAL2DELTA_STACK_TLS_DIR")
