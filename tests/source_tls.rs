@@ -204,6 +204,14 @@ async fn sslmodes_mean_what_they_mean_to_libpq() -> Result<()> {
         ssl_in_use(&format!("{base} sslmode=verify-ca sslrootcert={t}/ca.crt")).await?,
         [true, true]
     );
+    // As in libpq, require with an sslrootcert checks the chain (it is verify-ca).
+    let [q, r] = both_refused(&format!(
+        "{base} sslmode=require sslrootcert={t}/other-ca.crt"
+    ))
+    .await?;
+    for e in [q, r] {
+        assert!(e.contains("not signed by a CA in sslrootcert="), "{e}");
+    }
     // verify-ca checks the CA, not the name: a host name the certificate does not list.
     assert_eq!(
         ssl_in_use(&format!(

@@ -58,6 +58,17 @@ fn classify_connect(params: &ConnectParams, e: tokio_postgres::Error) -> CdcErro
     // (with the certificate verification result) to its source.
     let text = e.to_string();
     if text.contains("TLS") {
+        // The network failing mid-handshake is transient, not a TLS setting to fix.
+        let mut cause: Option<&(dyn std::error::Error + 'static)> = std::error::Error::source(&e);
+        while let Some(c) = cause {
+            if let Some(io) = c.downcast_ref::<std::io::Error>() {
+                return CdcError::Connect {
+                    target: params.target(),
+                    source: std::io::Error::new(io.kind(), io.to_string()),
+                };
+            }
+            cause = c.source();
+        }
         let detail = std::error::Error::source(&e)
             .map(|s| s.to_string())
             .unwrap_or(text);

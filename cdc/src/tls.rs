@@ -236,6 +236,15 @@ impl Tls {
         let mut stream = SslStream::new(ssl, socket).map_err(setup)?;
         if let Err(e) = Pin::new(&mut stream).connect().await {
             let verify = stream.ssl().verify_result();
+            // The network failing mid-handshake is transient, not a TLS setting to fix.
+            if verify.as_raw() == 0 {
+                if let Some(io) = e.io_error() {
+                    return Err(CdcError::Connect {
+                        target: target.to_owned(),
+                        source: std::io::Error::new(io.kind(), io.to_string()),
+                    });
+                }
+            }
             let detail = if verify.as_raw() != 0 {
                 verify.error_string().to_owned()
             } else {
@@ -310,4 +319,82 @@ fn first_reason(e: &openssl::error::ErrorStack) -> String {
                 .unwrap_or_else(|| err.to_string())
         })
         .unwrap_or_else(|| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(mode: SslMode, root: Option<RootCert>, cert: bool, key: bool) -> Result<Tls, CdcError> {
+        Tls::load(TlsSettings {
+            mode,
+            root_cert: root,
+            client_cert: cert.then(|| "/nonexistent/client.crt".into()),
+            client_key: key.then(|| "/nonexistent/client.key".into()),
+        })
+    }
+
+    fn message(r: Result<Tls, CdcError>) -> String {
+        match r {
+            Ok(_) => panic!("accepted"),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused_naming_the_parameter() {
+        let e = message(load(SslMode::VerifyCa, None, false, false));
+        assert!(e.contains("sslmode=verify-ca needs sslrootcert"), "{e}");
+        let e = message(load(SslMode::Require, Some(RootCert::System), false, false));
+        assert!(
+            e.contains("sslrootcert=system needs sslmode=verify-full"),
+            "{e}"
+        );
+        let e = message(load(SslMode::Require, None, true, false));
+        assert!(e.contains("sslcert and sslkey go together"), "{e}");
+        let e = message(load(SslMode::Require, None, true, true));
+        assert!(
+            e.contains("sslcert=/nonexistent/client.crt cannot be read"),
+            "{e}"
+        );
+        let e = message(load(
+            SslMode::VerifyFull,
+            Some(RootCert::File("/nonexistent/ca.pem".into())),
+            false,
+            false,
+        ));
+        assert!(
+            e.contains("sslrootcert=/nonexistent/ca.pem cannot be read"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn modes_without_files_load() {
+        for mode in [SslMode::Disable, SslMode::Prefer, SslMode::Require] {
+            let tls = load(mode, None, false, false).unwrap();
+            assert_eq!(tls.make_connector().is_none(), mode == SslMode::Disable);
+        }
+        assert!(load(SslMode::VerifyFull, Some(RootCert::System), false, false).is_ok());
+    }
+
+    #[test]
+    fn failures_point_at_the_fix() {
+        let tls = load(SslMode::Require, None, false, false).unwrap();
+        let e = tls
+            .failure("h:5432/d", "h", "hostname mismatch")
+            .to_string();
+        assert!(e.contains("sslmode=verify-ca"), "{e}");
+        let e = tls
+            .failure("h:5432/d", "h", "unable to get local issuer certificate")
+            .to_string();
+        assert!(
+            e.contains("not signed by a CA in sslrootcert=(not set)"),
+            "{e}"
+        );
+        let e = tls
+            .failure("h:5432/d", "h", "certificate has expired")
+            .to_string();
+        assert!(e.contains("validity period"), "{e}");
+    }
 }
