@@ -334,3 +334,33 @@ async fn require_refuses_a_server_without_tls_and_prefer_falls_back() -> Result<
     );
     Ok(())
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_server_that_never_answers_times_out_on_both_connections() -> Result<()> {
+    // Accepts TCP, then says nothing: neither the SSLRequest nor the handshake is answered.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    let dsn = format!(
+        "host=127.0.0.1 port={port} dbname=app user=u password={PASSWORD} sslmode=require connect_timeout=1"
+    );
+    let started = Instant::now();
+    for e in both_refused(&dsn).await? {
+        assert!(
+            e.contains("Cannot connect to PostgreSQL at 127.0.0.1"),
+            "{e}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    holder.abort();
+    Ok(())
+}

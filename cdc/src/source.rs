@@ -10,10 +10,19 @@ use crate::CdcError;
 /// never reads product tables. TLS follows the DSN's `sslmode` as for replication.
 pub async fn connect(dsn: &str) -> Result<Client, CdcError> {
     let params = ConnectParams::from_dsn(dsn)?;
-    let client = match params.tls.make_connector() {
-        Some(tls) => open(&params, tls).await?,
-        None => open(&params, NoTls).await?,
+    // The whole connection (TCP, TLS, login) within connect_timeout, as for replication:
+    // a server that accepts TCP and then says nothing must not hang the caller.
+    let opened = match params.tls.make_connector() {
+        Some(tls) => tokio::time::timeout(params.connect_timeout, open(&params, tls)).await,
+        None => tokio::time::timeout(params.connect_timeout, open(&params, NoTls)).await,
     };
+    let client = opened.map_err(|_| CdcError::Connect {
+        target: params.target(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            "no answer within connect_timeout",
+        ),
+    })??;
     // The same output settings as the replication session, so text renderings agree.
     client
         .batch_execute("SET DateStyle = 'ISO, MDY'; SET IntervalStyle = iso_8601; SET TimeZone = 'UTC'; SET extra_float_digits = 3; SET bytea_output = hex; SET application_name = 'wal2delta'")

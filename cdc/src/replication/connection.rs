@@ -1,5 +1,6 @@
 //! Opening a walsender connection and running replication commands on it.
 
+use std::net::IpAddr;
 use std::time::Duration;
 
 use bytes::{BufMut, BytesMut};
@@ -10,8 +11,6 @@ use postgres_protocol::message::frontend;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio_postgres::config::{ChannelBinding as CbMode, Host};
-
-use std::net::IpAddr;
 
 use super::frame::{server_error, take_frame, Frame};
 use super::socket::Socket;
@@ -153,7 +152,22 @@ impl ReplicationConnection {
                 source,
             })?;
         tcp.set_nodelay(true)?;
-        let socket = negotiate_tls(tcp, params, &target).await?;
+        // TLS and login within the same bound: a server that accepts TCP and then says
+        // nothing must not hang the stage.
+        tokio::time::timeout(params.connect_timeout, Self::start(tcp, params, &target))
+            .await
+            .map_err(|_| CdcError::Connect {
+                target: target.clone(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    "no answer to the TLS negotiation or login within connect_timeout",
+                ),
+            })?
+    }
+
+    /// TLS as `sslmode` says, the startup message, and authentication.
+    async fn start(tcp: TcpStream, params: &ConnectParams, target: &str) -> Result<Self, CdcError> {
+        let socket = negotiate_tls(tcp, params, target).await?;
         let mut conn = ReplicationConnection {
             socket,
             buf: BytesMut::with_capacity(64 * 1024),
