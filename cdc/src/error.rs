@@ -11,6 +11,9 @@ pub enum CdcError {
         #[source]
         source: std::io::Error,
     },
+    /// TLS could not be set up as `sslmode` asks; the message says why and the fix.
+    #[error("TLS to PostgreSQL at {target} failed: {message}")]
+    Tls { target: String, message: String },
     #[error("PostgreSQL rejected the login of role {user:?}: {message}")]
     Auth { user: String, message: String },
     #[error("PostgreSQL error {code}: {message}{}", detail.as_deref().map(|d| format!(" ({d})")).unwrap_or_default())]

@@ -3,6 +3,7 @@
 
 pub mod catalog;
 pub mod decoder;
+pub mod dsn;
 mod error;
 #[doc(hidden)]
 pub mod fuzz;
@@ -13,6 +14,7 @@ pub mod slot;
 pub mod snapshot;
 pub mod source;
 pub mod stream_buffer;
+pub mod tls;
 pub mod value;
 
 pub use error::CdcError;

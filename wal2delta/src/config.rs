@@ -474,4 +474,69 @@ uri = "file:///tmp/lake"
         let c = load(&MINIMAL.replace("replicator@", "replicator:s3cret@"), &[]).unwrap();
         assert!(!format!("{c:?}").contains("s3cret"));
     }
+
+    #[test]
+    fn tls_settings_are_checked_at_startup_naming_the_field() {
+        let with_dsn = |dsn: &str| MINIMAL.replace("postgres://replicator@127.0.0.1:5432/app", dsn);
+        let err = load(
+            &with_dsn("postgres://replicator:s3cret@h/app?sslmode=verify-full"),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("source.dsn") && err.contains("sslrootcert"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+        let err = load(
+            &with_dsn(
+                "host=h user=u password=s3cret sslmode=verify-ca sslrootcert=/nonexistent/ca.pem",
+            ),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("sslrootcert=/nonexistent/ca.pem cannot be read"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+        let err = load(&with_dsn("postgres://u@h/app?sslmode=allow"), &[]).unwrap_err();
+        assert!(err.to_string().contains("sslmode"), "{err}");
+    }
+
+    #[test]
+    fn a_password_file_keeps_the_dsn_tls_parameters() {
+        let dir = std::env::temp_dir().join(format!("w2d-pw-{}", std::process::id()));
+        std::fs::write(&dir, "pa ss'word\n").unwrap();
+        for dsn in [
+            "postgres://replicator@127.0.0.1:5432/app?sslmode=require&options=-c%20x%3D1",
+            "host=127.0.0.1 user=replicator dbname=app sslmode=require options='-c x=1'",
+        ] {
+            let c = load(
+                &MINIMAL.replace("postgres://replicator@127.0.0.1:5432/app", dsn),
+                &[],
+            )
+            .unwrap();
+            let mut source = c.source.clone();
+            source.password_file = Some(dir.clone());
+            let params = wal2delta_cdc::replication::ConnectParams::from_dsn(
+                &source.effective_dsn().unwrap(),
+            )
+            .unwrap();
+            assert_eq!(
+                params.password.as_deref(),
+                Some(&b"pa ss'word"[..]),
+                "{dsn}"
+            );
+            assert_eq!(
+                params.tls.mode(),
+                wal2delta_cdc::tls::SslMode::Require,
+                "{dsn}"
+            );
+            assert_eq!(params.options.as_deref(), Some("-c x=1"), "{dsn}");
+        }
+        let _ = std::fs::remove_file(dir);
+    }
 }

@@ -6,6 +6,7 @@
 
 mod connection;
 mod frame;
+mod socket;
 mod stream;
 
 pub use connection::{ConnectParams, ReplicationConnection};

@@ -2,11 +2,11 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use wal2delta_model::Lsn;
 
 use super::connection::copy_data;
 use super::frame::{server_error, take_frame};
+use super::socket::Socket;
 use crate::CdcError;
 
 /// Microseconds between the Unix epoch and PostgreSQL's epoch (2000-01-01).
@@ -28,12 +28,12 @@ pub enum ReplicationMessage {
 
 /// A connection streaming logical replication messages.
 pub struct ReplicationStream {
-    socket: TcpStream,
+    socket: Socket,
     buf: BytesMut,
 }
 
 impl ReplicationStream {
-    pub(super) fn new(socket: TcpStream, buf: BytesMut) -> Self {
+    pub(super) fn new(socket: Socket, buf: BytesMut) -> Self {
         ReplicationStream { socket, buf }
     }
 

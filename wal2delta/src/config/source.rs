@@ -4,6 +4,9 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+use wal2delta_cdc::replication::ConnectParams;
+use wal2delta_cdc::CdcError;
+
 use super::{invalid, secret, ConfigError};
 
 /// `[source]`: the PostgreSQL database to capture.
@@ -57,13 +60,17 @@ impl SourceConfig {
                 "must not be empty (e.g. postgres://replicator@127.0.0.1:5432/app)",
             ));
         }
-        let pg: tokio_postgres::Config = self
-            .dsn
-            .parse()
-            .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
-        if pg.get_user().is_none() {
-            return Err(invalid("source.dsn", "must name a user"));
-        }
+        // Parses both DSN forms and loads sslrootcert/sslcert/sslkey, so a wrong sslmode
+        // or an unreadable certificate fails here, before any stage starts.
+        ConnectParams::from_dsn(&self.dsn).map_err(|e| match e {
+            CdcError::Dsn(m) if m.contains("names no user") => {
+                invalid("source.dsn", "must name a user")
+            }
+            CdcError::Dsn(m) => {
+                invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {m}"))
+            }
+            other => invalid("source.dsn", other.to_string()),
+        })?;
         for (field, name) in [
             ("source.slot", &self.slot),
             ("source.publication", &self.publication),
@@ -112,37 +119,15 @@ impl SourceConfig {
                 format!("cannot be read ({}): it is not UTF-8", path.display()),
             )
         })?;
-        let password = text.lines().next().unwrap_or("").to_owned();
-        let mut config: tokio_postgres::Config = self
-            .dsn
-            .parse()
+        let password = text.lines().next().unwrap_or("");
+        let params = ConnectParams::from_dsn(&self.dsn)
             .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
-        if config.get_password().is_none() {
-            config.password(password);
+        if params.password.is_some() {
+            return Ok(self.dsn.clone());
         }
-        Ok(dsn_from_config(&config))
+        // Added in the DSN's own form, so every other parameter (sslmode, options...) stays.
+        Ok(wal2delta_cdc::dsn::with_password(&self.dsn, password))
     }
-}
-
-fn dsn_from_config(c: &tokio_postgres::Config) -> String {
-    let quote = |s: &str| format!("'{}'", s.replace('\\', "\\\\").replace('\'', "\\'"));
-    let mut parts = Vec::new();
-    if let Some(tokio_postgres::config::Host::Tcp(h)) = c.get_hosts().first() {
-        parts.push(format!("host={}", quote(h)));
-    }
-    if let Some(p) = c.get_ports().first() {
-        parts.push(format!("port={p}"));
-    }
-    if let Some(u) = c.get_user() {
-        parts.push(format!("user={}", quote(u)));
-    }
-    if let Some(d) = c.get_dbname() {
-        parts.push(format!("dbname={}", quote(d)));
-    }
-    if let Some(pw) = c.get_password() {
-        parts.push(format!("password={}", quote(&String::from_utf8_lossy(pw))));
-    }
-    parts.join(" ")
 }
 
 /// `[source] on_slot_lost`: what capture does when its slot is invalidated or was dropped.

@@ -7,6 +7,8 @@ use wal2delta_model::TableName;
 
 use crate::CdcError;
 
+mod privileges;
+
 /// What setup found and did.
 #[derive(Debug, Default)]
 pub struct SetupReport {
@@ -94,7 +96,17 @@ pub async fn run(client: &Client, opts: &SetupOptions<'_>) -> Result<SetupReport
             ));
         }
     }
-    ensure_publication(client, opts.publication, &tables, &mut report).await?;
+    let change = publication_change(client, opts.publication, &tables).await?;
+    // Every missing privilege at once, each with the statement that grants it, before
+    // anything is changed.
+    let problems = privileges::check(client, opts.publication, &tables, change.as_ref()).await?;
+    if !problems.is_empty() {
+        return Err(CdcError::Check(problems.join("\n")));
+    }
+    if let Some(change) = change {
+        client.batch_execute(&change.sql).await?;
+        report.changed.push(change.summary);
+    }
     if opts.create_slot {
         ensure_slot(client, opts.slot, &mut report).await?;
     } else if client
@@ -119,16 +131,6 @@ async fn check_prerequisites(client: &Client, report: &mut SetupReport) -> Resul
     if wal_level != "logical" {
         return Err(CdcError::Check(format!(
             "wal_level is {wal_level:?}, logical replication needs \"logical\": run ALTER SYSTEM SET wal_level = logical and restart PostgreSQL"
-        )));
-    }
-    let row = client
-        .query_one("SELECT rolreplication OR rolsuper, current_user::text FROM pg_roles WHERE rolname = current_user", &[])
-        .await?;
-    let (can_replicate, user): (bool, String) = (row.get(0), row.get(1));
-    if !can_replicate {
-        return Err(CdcError::Check(format!(
-            "role {user:?} lacks the REPLICATION attribute: run ALTER ROLE {} REPLICATION",
-            quote_ident(&user)
         )));
     }
     let keep: i64 = client
@@ -218,12 +220,23 @@ pub async fn resolve_tables(
     Ok(out)
 }
 
-async fn ensure_publication(
+/// What it takes to bring the publication to the captured tables.
+pub struct PublicationChange {
+    /// `CREATE PUBLICATION ...` or `ALTER PUBLICATION ... SET TABLE ...`.
+    pub sql: String,
+    /// True for CREATE (needs CREATE on the database), false for ALTER (needs ownership of
+    /// the publication).
+    pub creates: bool,
+    /// What the report says once it ran.
+    pub summary: String,
+}
+
+/// The statement that makes the publication cover `tables`, or `None` when it does.
+async fn publication_change(
     client: &Client,
     publication: &str,
     tables: &[CapturedTable],
-    report: &mut SetupReport,
-) -> Result<(), CdcError> {
+) -> Result<Option<PublicationChange>, CdcError> {
     let exists = client
         .query_opt(
             "SELECT 1 FROM pg_publication WHERE pubname = $1",
@@ -239,12 +252,14 @@ async fn ensure_publication(
         } else {
             format!("CREATE PUBLICATION {pubname} FOR TABLE {} WITH (publish_via_partition_root = true)", list.join(", "))
         };
-        client.batch_execute(&sql).await?;
-        report.changed.push(format!(
-            "created publication {publication} for {} table(s)",
-            list.len()
-        ));
-        return Ok(());
+        return Ok(Some(PublicationChange {
+            sql,
+            creates: true,
+            summary: format!(
+                "created publication {publication} for {} table(s)",
+                list.len()
+            ),
+        }));
     }
     let current: Vec<String> = client
         .query("SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1, 2", &[&publication])
@@ -256,20 +271,18 @@ async fn ensure_publication(
     wanted.sort();
     let mut have = current.clone();
     have.sort();
-    if wanted != have && !list.is_empty() {
-        client
-            .batch_execute(&format!(
-                "ALTER PUBLICATION {pubname} SET TABLE {}",
-                list.join(", ")
-            ))
-            .await?;
-        report.changed.push(format!(
+    if wanted == have || list.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(PublicationChange {
+        sql: format!("ALTER PUBLICATION {pubname} SET TABLE {}", list.join(", ")),
+        creates: false,
+        summary: format!(
             "updated publication {publication}: now {} table(s), was {}",
             list.len(),
             current.len()
-        ));
-    }
-    Ok(())
+        ),
+    }))
 }
 
 async fn ensure_slot(

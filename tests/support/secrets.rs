@@ -1,0 +1,26 @@
+//! The secrets the suite hands the daemon, listed so `tests/secrets_in_logs.rs` can look
+//! for each in every log the suite wrote. A test that gives the daemon a new secret (a
+//! password, a token or mask key) takes it from here or adds it here.
+
+/// Password of the TLS-only role (`tests/source_tls.rs`).
+pub const TLS_PASSWORD: &str = "tls-Pw-7f3kQz";
+/// Password of the roles `tests/setup_privileges.rs` makes.
+pub const LEAST_PRIVILEGE_PASSWORD: &str = "least-Priv-9dX2";
+/// Password, token key and mask key of `tests/secrets_in_logs.rs` itself.
+pub const REDACTION_PASSWORD: &str = "redact-Pw-4hT8w";
+pub const REDACTION_TOKEN_KEY: &str = "redaction token key 5Gq1-never-logged";
+pub const REDACTION_MASK_KEY: &str = "redaction mask key 8Lp3-never-logged";
+
+/// Every secret above, and the keys other tests pass literally.
+pub const ALL: &[&str] = &[
+    TLS_PASSWORD,
+    LEAST_PRIVILEGE_PASSWORD,
+    REDACTION_PASSWORD,
+    REDACTION_TOKEN_KEY,
+    REDACTION_MASK_KEY,
+    // tests/capture_tokenize.rs
+    "a secret key for the test, 32b!",
+    // tests/silver_reconcile.rs
+    "masking key of the reconcile test",
+    "token key of the reconcile test!",
+];
