@@ -166,23 +166,28 @@ pub fn read_topic_to_end(brokers: &str, topic: &str) -> Result<Vec<Record>> {
     }
     consumer.assign(&tpl)?;
     let mut out = Vec::with_capacity(expected);
-    let deadline = Instant::now() + Duration::from_secs(60);
+    // Gives up after 60 s without a message, however long the whole read takes (the
+    // long chaos run reads millions).
+    let mut deadline = Instant::now() + Duration::from_secs(60);
     while out.len() < expected {
         if Instant::now() > deadline {
             return Err(anyhow!(
-                "read {} of {expected} messages of {topic} within 60 s",
+                "read {} of {expected} messages of {topic}, then none for 60 s",
                 out.len()
             ));
         }
         match consumer.poll(Duration::from_millis(200)) {
-            Some(Ok(m)) => out.push(Record {
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(<[u8]>::to_vec),
-                payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                tombstone: m.payload().is_none(),
-                headers: headers_of(&m),
-            }),
+            Some(Ok(m)) => {
+                deadline = Instant::now() + Duration::from_secs(60);
+                out.push(Record {
+                    partition: m.partition(),
+                    offset: m.offset(),
+                    key: m.key().map(<[u8]>::to_vec),
+                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+                    tombstone: m.payload().is_none(),
+                    headers: headers_of(&m),
+                })
+            }
             Some(Err(e)) => return Err(anyhow!("consuming {topic}: {e}")),
             None => {}
         }
