@@ -13,32 +13,13 @@ use std::process::{Child, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Result};
-use wal2delta_tests::daemon::{psql, Daemon};
+use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::read_topic;
+use wal2delta_tests::roles::TempRole;
 use wal2delta_tests::secrets::{ALL, REDACTION_MASK_KEY, REDACTION_PASSWORD, REDACTION_TOKEN_KEY};
-use wal2delta_tests::{unique, Scenario, Stack, World};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const SECRETS: [&str; 3] = [REDACTION_PASSWORD, REDACTION_TOKEN_KEY, REDACTION_MASK_KEY];
-
-/// A capture role with the test's password, dropped in `Drop` after the daemon guard
-/// (declare it first).
-struct Role {
-    name: String,
-    admin_dsn: String,
-}
-
-impl Drop for Role {
-    fn drop(&mut self) {
-        let sql = format!("DROP OWNED BY {r}; DROP ROLE IF EXISTS {r}", r = self.name);
-        for _ in 0..50 {
-            if psql(&self.admin_dsn, &sql).is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        eprintln!("could not drop role {} after the test", self.name);
-    }
-}
 
 /// A daemon process at debug level, SIGKILLed in `Drop`.
 struct Running(Child);
@@ -73,23 +54,13 @@ fn run(d: &Daemon, what: &str, args: &[&str], env: &[(&str, &str)]) -> Result<(b
 #[tokio::test(flavor = "multi_thread")]
 async fn daemon_status_setup_and_errors_never_show_secrets() -> Result<()> {
     let stack = Stack::from_env();
-    let role = Role {
-        name: unique("redact"),
-        admin_dsn: stack.admin_dsn.clone(),
-    };
-    let create = format!(
-        "CREATE ROLE {} LOGIN REPLICATION PASSWORD '{REDACTION_PASSWORD}' IN ROLE replicator",
-        role.name
-    );
-    if psql(&stack.admin_dsn, &create).is_none() {
-        bail!("could not create role {}", role.name);
-    }
-    let cfg: tokio_postgres::Config = stack.dsn.parse()?;
-    let port = cfg.get_ports().first().copied().unwrap_or(5432);
-    let dsn = format!(
-        "postgres://{}:{REDACTION_PASSWORD}@localhost:{port}/app?sslmode=require",
-        role.name
-    );
+    let role = TempRole::new(
+        &stack,
+        "redact",
+        "REPLICATION IN ROLE replicator",
+        REDACTION_PASSWORD,
+    )?;
+    let dsn = role.dsn(&stack, "localhost", "?sslmode=require");
     let World { name, pg, d, setup } = Scenario::new(
         &stack,
         "redact",

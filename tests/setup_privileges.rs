@@ -6,60 +6,13 @@
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use anyhow::{bail, Result};
+use anyhow::Result;
 use wal2delta_tests::daemon::{psql, Daemon};
 use wal2delta_tests::kafka::read_topic;
-use wal2delta_tests::{unique, Scenario, Stack, World};
+use wal2delta_tests::roles::TempRole;
+use wal2delta_tests::{Scenario, Stack, World};
 
 const PASSWORD: &str = wal2delta_tests::secrets::LEAST_PRIVILEGE_PASSWORD;
-
-/// A login role of the test's own, dropped with everything granted to it in `Drop`
-/// (declare it before the daemon guard, so it goes after the slot and publication).
-struct TempRole {
-    name: String,
-    admin_dsn: String,
-}
-
-impl TempRole {
-    fn new(stack: &Stack, prefix: &str, attributes: &str) -> Result<TempRole> {
-        let name = unique(prefix);
-        let sql = format!("CREATE ROLE {name} LOGIN {attributes} PASSWORD '{PASSWORD}'");
-        if psql(&stack.admin_dsn, &sql).is_none() {
-            bail!("could not create role {name}");
-        }
-        Ok(TempRole {
-            name,
-            admin_dsn: stack.admin_dsn.clone(),
-        })
-    }
-
-    /// The stack's DSN as this role.
-    fn dsn(&self, stack: &Stack) -> String {
-        let cfg: tokio_postgres::Config = stack.dsn.parse().expect("stack DSN");
-        let port = cfg.get_ports().first().copied().unwrap_or(5432);
-        format!("postgres://{}:{PASSWORD}@127.0.0.1:{port}/app", self.name)
-    }
-
-    fn admin(&self, sql: &str) -> Result<()> {
-        if psql(&self.admin_dsn, sql).is_none() {
-            bail!("as admin: {sql} failed");
-        }
-        Ok(())
-    }
-}
-
-impl Drop for TempRole {
-    fn drop(&mut self) {
-        let sql = format!("DROP OWNED BY {r}; DROP ROLE IF EXISTS {r}", r = self.name);
-        for _ in 0..50 {
-            if psql(&self.admin_dsn, &sql).is_some() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(200));
-        }
-        eprintln!("could not drop role {} after the test", self.name);
-    }
-}
 
 /// `wal2delta setup`'s exit status and stderr.
 fn setup(d: &Daemon) -> Result<(bool, String)> {
@@ -75,7 +28,7 @@ fn setup(d: &Daemon) -> Result<(bool, String)> {
 #[tokio::test(flavor = "multi_thread")]
 async fn the_migration_grants_enough_to_snapshot_and_stream() -> Result<()> {
     let stack = Stack::from_env();
-    let role = TempRole::new(&stack, "lp", "")?;
+    let role = TempRole::new(&stack, "lp", "", PASSWORD)?;
     let World {
         name, pg, mut d, ..
     } = Scenario::new(
@@ -84,7 +37,7 @@ async fn the_migration_grants_enough_to_snapshot_and_stream() -> Result<()> {
         "CREATE TABLE {s}.a (id int PRIMARY KEY, v text); CREATE TABLE {s}.b (id int PRIMARY KEY);",
     )
     .toml("[snapshot]\nmode = \"initial\"")
-    .env("WAL2DELTA__SOURCE__DSN", &role.dsn(&stack))
+    .env("WAL2DELTA__SOURCE__DSN", &role.dsn(&stack, "127.0.0.1", ""))
     .without_setup()
     .build()
     .await?;
@@ -94,35 +47,23 @@ async fn the_migration_grants_enough_to_snapshot_and_stream() -> Result<()> {
     .await?;
     // The migration, as the operator runs it: psql, as a superuser.
     let migration = wal2delta_tests::repo_root().join("migrations/least_privilege.sql");
-    let out = Command::new("psql")
-        .args(["-X", "-q", "-d", &stack.admin_dsn])
-        .args(["-v", &format!("role={}", role.name)])
-        .args(["-v", &format!("schema={name}")])
-        .args(["-v", &format!("publication={name}")])
-        .arg("-f")
-        .arg(&migration)
-        .stdin(Stdio::null())
-        .output()?;
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    // Idempotent: a second run changes nothing and fails on nothing.
-    let again = Command::new("psql")
-        .args(["-X", "-q", "-d", &stack.admin_dsn])
-        .args(["-v", &format!("role={}", role.name)])
-        .args(["-v", &format!("schema={name}")])
-        .args(["-v", &format!("publication={name}")])
-        .arg("-f")
-        .arg(&migration)
-        .stdin(Stdio::null())
-        .output()?;
-    assert!(
-        again.status.success(),
-        "{}",
-        String::from_utf8_lossy(&again.stderr)
-    );
+    // Applied twice: idempotent, the second run changes nothing and fails on nothing.
+    for _ in 0..2 {
+        let out = Command::new("psql")
+            .args(["-X", "-q", "-d", &stack.admin_dsn])
+            .args(["-v", &format!("role={}", role.name)])
+            .args(["-v", &format!("schema={name}")])
+            .args(["-v", &format!("publication={name}")])
+            .arg("-f")
+            .arg(&migration)
+            .stdin(Stdio::null())
+            .output()?;
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     // Exactly the privileges the migration promises: no write, no ownership, no superuser.
     let facts = psql(
         &stack.admin_dsn,
@@ -159,14 +100,14 @@ async fn the_migration_grants_enough_to_snapshot_and_stream() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn setup_names_each_missing_privilege_and_the_grant() -> Result<()> {
     let stack = Stack::from_env();
-    let role = TempRole::new(&stack, "np", "")?;
+    let role = TempRole::new(&stack, "np", "", PASSWORD)?;
     let r = &role.name;
     let World { name: s, d, .. } = Scenario::new(
         &stack,
         "lpmiss",
         "CREATE TABLE {s}.t1 (id int PRIMARY KEY); CREATE TABLE {s}.t2 (id int PRIMARY KEY);",
     )
-    .env("WAL2DELTA__SOURCE__DSN", &role.dsn(&stack))
+    .env("WAL2DELTA__SOURCE__DSN", &role.dsn(&stack, "127.0.0.1", ""))
     .without_setup()
     .build()
     .await?;

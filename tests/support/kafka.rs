@@ -106,14 +106,7 @@ pub fn read_topic(
         }
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
-                out.push(Record {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                    tombstone: m.payload().is_none(),
-                    headers: headers_of(&m),
-                });
+                out.push(Record::of(&m));
                 last = Instant::now();
             }
             Some(Err(e)) => return Err(anyhow!("consuming {topic}: {e}")),
@@ -143,6 +136,19 @@ pub async fn schema_versions(registry: &str, subject: &str) -> Result<Vec<i64>> 
             .json()
             .await?,
     )
+}
+
+impl Record {
+    fn of<M: Message>(m: &M) -> Record {
+        Record {
+            partition: m.partition(),
+            offset: m.offset(),
+            key: m.key().map(<[u8]>::to_vec),
+            payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
+            tombstone: m.payload().is_none(),
+            headers: headers_of(m),
+        }
+    }
 }
 
 /// Reads every message currently in `topic` (up to each partition's high watermark at
@@ -179,14 +185,7 @@ pub fn read_topic_to_end(brokers: &str, topic: &str) -> Result<Vec<Record>> {
         match consumer.poll(Duration::from_millis(200)) {
             Some(Ok(m)) => {
                 deadline = Instant::now() + Duration::from_secs(60);
-                out.push(Record {
-                    partition: m.partition(),
-                    offset: m.offset(),
-                    key: m.key().map(<[u8]>::to_vec),
-                    payload: m.payload().map(<[u8]>::to_vec).unwrap_or_default(),
-                    tombstone: m.payload().is_none(),
-                    headers: headers_of(&m),
-                })
+                out.push(Record::of(&m))
             }
             Some(Err(e)) => return Err(anyhow!("consuming {topic}: {e}")),
             None => {}

@@ -10,6 +10,7 @@ pub mod kafka;
 pub mod lake;
 pub mod metrics;
 pub mod proxy;
+pub mod roles;
 pub mod secrets;
 
 use std::path::PathBuf;
