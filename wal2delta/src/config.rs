@@ -1,7 +1,8 @@
 //! The configuration file, its environment overrides and its validation.
 //!
 //! Loaded once at startup: TOML from `--config`, then every `WAL2DELTA__SECTION__KEY`
-//! environment variable overrides `[section] key`, then [`Config::validate`] checks each
+//! environment variable overrides `[section] key` (`WAL2DELTA__KAFKA__PRODUCER__LINGER_MS`
+//! reaches the nested `[kafka.producer] "linger.ms"`), then [`Config::validate`] checks each
 //! field. Unknown keys, in the file or the environment, are errors that name the key.
 
 use std::path::{Path, PathBuf};
@@ -118,24 +119,27 @@ impl Config {
             let Some(rest) = var.strip_prefix(ENV_PREFIX) else {
                 continue;
             };
-            let (section, key) = rest
-                .split_once("__")
-                .filter(|(s, k)| !s.is_empty() && !k.is_empty() && !k.contains("__"))
-                .ok_or_else(|| ConfigError::Env {
-                    var: var.clone(),
-                    message: "expected WAL2DELTA__SECTION__KEY".into(),
-                })?;
-            let (section, key) = (section.to_ascii_lowercase(), key.to_ascii_lowercase());
-            let table = root
-                .entry(section.clone())
-                .or_insert_with(|| toml::Value::Table(Default::default()))
-                .as_table_mut()
-                .ok_or_else(|| ConfigError::Env {
-                    var: var.clone(),
-                    message: format!("[{section}] is not a table"),
-                })?;
-            table.insert(key.clone(), env_value(&value));
-            overridden.push((section, key, var.clone()));
+            let path = env_path(&var, rest)?;
+            let (key, parents) = path.split_last().expect("env_path returns two or more parts");
+            let mut table = &mut root;
+            for (depth, part) in parents.iter().enumerate() {
+                table = table
+                    .entry(part.clone())
+                    .or_insert_with(|| toml::Value::Table(Default::default()))
+                    .as_table_mut()
+                    .ok_or_else(|| ConfigError::Env {
+                        var: var.clone(),
+                        message: format!("[{}] is not a table", parents[..=depth].join(".")),
+                    })?;
+            }
+            let value = if is_property_map(parents) {
+                // Client and topic properties are strings (`"5"`, not 5).
+                toml::Value::String(value.clone())
+            } else {
+                env_value(&value)
+            };
+            table.insert(key.clone(), value);
+            overridden.push((parents.join("."), key.clone(), var.clone()));
         }
         let config: Config =
             toml::Value::Table(root)
@@ -199,6 +203,41 @@ fn env_value(raw: &str) -> toml::Value {
             .unwrap_or_else(|| toml::Value::String(raw.to_owned())),
         Err(_) => toml::Value::String(raw.to_owned()),
     }
+}
+
+/// Maps of librdkafka client or topic properties, whose names are dotted (`linger.ms`). A
+/// shell variable cannot hold a dot, so below these `_` stands for `.`:
+/// `WAL2DELTA__KAFKA__PRODUCER__LINGER_MS` sets `[kafka.producer] "linger.ms"` (no
+/// librdkafka or Kafka topic property has an underscore in its name).
+const PROPERTY_MAPS: [&[&str]; 3] = [
+    &["kafka", "producer"],
+    &["kafka", "topic_config"],
+    &["bronze", "consumer"],
+];
+
+fn is_property_map(parents: &[String]) -> bool {
+    PROPERTY_MAPS
+        .iter()
+        .any(|m| m.len() == parents.len() && m.iter().zip(parents).all(|(a, b)| a == b))
+}
+
+/// The key path an override names: `KAFKA__SECURITY__PROTOCOL` is `kafka.security.protocol`
+/// (lower case). At least a section and a key; no empty part.
+fn env_path(var: &str, rest: &str) -> Result<Vec<String>, ConfigError> {
+    let parts: Vec<String> = rest.split("__").map(|p| p.to_ascii_lowercase()).collect();
+    if parts.len() < 2 || parts.iter().any(|p| p.is_empty()) {
+        return Err(ConfigError::Env {
+            var: var.to_owned(),
+            message: "expected WAL2DELTA__SECTION__KEY (or WAL2DELTA__SECTION__TABLE__KEY for a nested table such as [kafka.producer])".into(),
+        });
+    }
+    let (key, parents) = parts.split_last().expect("two or more parts");
+    if is_property_map(parents) {
+        let mut parts = parents.to_vec();
+        parts.push(key.replace('_', "."));
+        return Ok(parts);
+    }
+    Ok(parts)
 }
 
 /// The dotted key (`bronze.assignment`) a deserialization error arose in. toml records it
@@ -272,6 +311,39 @@ uri = "file:///tmp/lake"
         assert_eq!(c.kafka.brokers, "10.0.0.1:9092");
         assert_eq!(c.source.tables, vec!["app.*", "public.t"]);
         assert_eq!(c.capture.max_in_flight, 10);
+    }
+
+    #[test]
+    fn environment_overrides_reach_nested_tables() {
+        let c = load(
+            MINIMAL,
+            &[
+                ("WAL2DELTA__KAFKA__PRODUCER__LINGER_MS", "50"),
+                ("WAL2DELTA__KAFKA__PRODUCER__COMPRESSION_TYPE", "lz4"),
+                ("WAL2DELTA__KAFKA__TOPIC_CONFIG__MIN_INSYNC_REPLICAS", "2"),
+                ("WAL2DELTA__BRONZE__CONSUMER__FETCH_MAX_BYTES", "1048576"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.producer["linger.ms"], "50");
+        assert_eq!(c.kafka.producer["compression.type"], "lz4");
+        assert_eq!(c.kafka.topic_config["min.insync.replicas"], "2");
+        assert_eq!(c.bronze.consumer["fetch.max.bytes"], "1048576");
+        // A fixed property is refused under the variable's own key.
+        let err = load(MINIMAL, &[("WAL2DELTA__KAFKA__PRODUCER__ACKS", "1")]).unwrap_err();
+        assert!(err.to_string().contains("kafka.producer.\"acks\""), "{err}");
+        // A scalar cannot be descended into; an empty part is refused.
+        let err = load(MINIMAL, &[("WAL2DELTA__KAFKA__BROKERS__X", "1")]).unwrap_err();
+        assert!(
+            err.to_string().contains("WAL2DELTA__KAFKA__BROKERS__X")
+                && err.to_string().contains("[kafka.brokers] is not a table"),
+            "{err}"
+        );
+        let err = load(MINIMAL, &[("WAL2DELTA__KAFKA____X", "1")]).unwrap_err();
+        assert!(err.to_string().contains("WAL2DELTA__KAFKA____X"), "{err}");
+        // An unknown nested key is named.
+        let err = load(MINIMAL, &[("WAL2DELTA__SILVER__BOGUS__X", "1")]).unwrap_err();
+        assert!(err.to_string().contains("bogus"), "{err}");
     }
 
     #[test]
