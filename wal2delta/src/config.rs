@@ -120,7 +120,9 @@ impl Config {
                 continue;
             };
             let path = env_path(&var, rest)?;
-            let (key, parents) = path.split_last().expect("env_path returns two or more parts");
+            let (key, parents) = path
+                .split_last()
+                .expect("env_path returns two or more parts");
             let mut table = &mut root;
             for (depth, part) in parents.iter().enumerate() {
                 table = table
