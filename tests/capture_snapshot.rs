@@ -76,7 +76,7 @@ fn progress(
     table: &str,
 ) -> Result<Option<wal2delta_stream::snapshots::SnapshotProgress>> {
     let all = wal2delta_stream::snapshots::load(
-        &stack.brokers,
+        &wal2delta_stream::connection::KafkaConnection::plain(&stack.brokers),
         &format!("{}.snapshots", d.prefix),
         &d.slot,
     )?;

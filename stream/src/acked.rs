@@ -25,7 +25,8 @@ use crate::StreamError;
 /// Settings of an [`AckedProducer`].
 #[derive(Debug, Clone)]
 pub struct AckedSettings {
-    pub brokers: String,
+    /// The brokers and how to reach them.
+    pub connection: crate::connection::KafkaConnection,
     /// How long one message may wait for its acknowledgement (librdkafka's
     /// `message.timeout.ms`).
     pub delivery_timeout: Duration,
@@ -56,9 +57,8 @@ pub struct AckedProducer {
 }
 
 fn client_config(s: &AckedSettings) -> ClientConfig {
-    let mut config = ClientConfig::new();
+    let mut config = s.connection.client_config();
     config
-        .set("bootstrap.servers", &s.brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set(
@@ -77,9 +77,8 @@ fn client_config(s: &AckedSettings) -> ClientConfig {
 impl AckedProducer {
     pub fn new(settings: AckedSettings) -> Result<Self, StreamError> {
         let producer: FutureProducer = client_config(&settings).create()?;
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
-            .create()?;
+        let admin: AdminClient<DefaultClientContext> =
+            settings.connection.client_config().create()?;
         Ok(AckedProducer {
             producer,
             admin,
@@ -185,7 +184,7 @@ mod tests {
     #[test]
     fn the_producer_is_idempotent_and_waits_for_all_replicas() {
         let s = AckedSettings {
-            brokers: "127.0.0.1:1".into(),
+            connection: crate::connection::KafkaConnection::plain("127.0.0.1:1"),
             delivery_timeout: Duration::from_secs(10),
             topics: TopicSettings::default(),
             message_max_bytes: 1_000_000,

@@ -28,7 +28,6 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::base_consumer::PartitionQueue;
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::error::KafkaResult;
@@ -72,7 +71,8 @@ impl std::fmt::Debug for Assignment {
 /// Consumer settings.
 #[derive(Debug, Clone)]
 pub struct ConsumerSettings {
-    pub brokers: String,
+    /// The brokers and how to reach them.
+    pub connection: crate::connection::KafkaConnection,
     pub group_id: String,
     pub assignment: Assignment,
     /// A librdkafka subscription pattern (starts with `^`) or plain topic names (group
@@ -333,7 +333,7 @@ impl ChangeConsumer {
             high_watermarks: high_watermarks.clone(),
             splits: Mutex::default(),
         };
-        let mut config = ClientConfig::new();
+        let mut config = settings.connection.client_config();
         // Defaults the operator may override: a killed member's partitions move to the
         // others after 10 s instead of librdkafka's 45 s.
         config
@@ -343,7 +343,6 @@ impl ChangeConsumer {
             config.set(k, v);
         }
         config
-            .set("bootstrap.servers", &settings.brokers)
             .set("group.id", &settings.group_id)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
@@ -769,12 +768,12 @@ fn poll_loop(
 
 /// The high watermark of every partition of `topics` (for `status`).
 pub fn high_watermarks(
-    brokers: &str,
+    connection: &crate::connection::KafkaConnection,
     topics: &[String],
     timeout: Duration,
 ) -> Result<Vec<(String, i32, i64)>, StreamError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = connection
+        .client_config()
         .set("group.id", crate::reader_group("wal2delta-status"))
         .set("enable.auto.commit", "false")
         .create()?;
@@ -793,12 +792,12 @@ pub fn high_watermarks(
 
 /// Every topic whose name matches `is_wanted`.
 pub fn list_topics(
-    brokers: &str,
+    connection: &crate::connection::KafkaConnection,
     is_wanted: impl Fn(&str) -> bool,
     timeout: Duration,
 ) -> Result<Vec<String>, StreamError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = connection
+        .client_config()
         .set("group.id", crate::reader_group("wal2delta-status"))
         .create()?;
     let metadata = consumer.fetch_metadata(None, timeout)?;

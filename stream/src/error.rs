@@ -24,6 +24,10 @@ pub enum StreamError {
     },
     #[error("Cannot create topic {topic}: {reason}")]
     Topic { topic: String, reason: String },
+    /// The brokers refused the client's credentials or the client refused the brokers'
+    /// certificate: retrying cannot help, an operator must fix `[kafka.security]`.
+    #[error("Kafka refused the connection ({what}): {reason}")]
+    Refused { what: &'static str, reason: String },
 }
 
 impl StreamError {
@@ -37,6 +41,16 @@ impl StreamError {
                 ErrorClass::Transient
             }
             StreamError::Topic { .. } => ErrorClass::Transient,
+            StreamError::Refused { .. } => ErrorClass::Operator,
+        }
+    }
+
+    /// What an operator should do, for errors that need one.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            StreamError::Refused { what: "authentication", .. } => Some("check [kafka.security] username, sasl_mechanism and the password its password_env or password_file names"),
+            StreamError::Refused { .. } => Some("check [kafka.security] protocol and ca_file (the authority that signed the brokers' certificates) and that the broker address matches its certificate"),
+            _ => None,
         }
     }
 }

@@ -5,6 +5,7 @@
 pub mod ack;
 pub mod acked;
 pub mod avro;
+pub mod connection;
 pub mod consumer;
 pub mod decode;
 pub mod dlq;

@@ -11,7 +11,7 @@
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 use wal2delta_model::Lsn;
 
@@ -45,9 +45,13 @@ impl PositionRecord {
 const TAIL: i64 = 10_000;
 
 /// The last position recorded for `slot`, or `None` when the log has none (first start).
-pub fn last_position(brokers: &str, topic: &str, slot: &str) -> Result<Option<Lsn>, StreamError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+pub fn last_position(
+    connection: &crate::connection::KafkaConnection,
+    topic: &str,
+    slot: &str,
+) -> Result<Option<Lsn>, StreamError> {
+    let consumer: BaseConsumer = connection
+        .client_config()
         // A group of its own for every read: the consumer only assigns partitions, and a
         // reused group id can make a broker hand a second reader nothing.
         .set(

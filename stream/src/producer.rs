@@ -120,7 +120,8 @@ impl ProducerContext for AckContext {
 /// Producer settings.
 #[derive(Debug, Clone)]
 pub struct ProducerSettings {
-    pub brokers: String,
+    /// The brokers and how to reach them.
+    pub connection: crate::connection::KafkaConnection,
     /// How long capture lets Kafka acknowledge nothing before it ends the session (it is
     /// enforced by capture, not by librdkafka: see the module docs).
     pub delivery_timeout: Duration,
@@ -136,9 +137,8 @@ pub struct ProducerSettings {
 /// The producer's librdkafka configuration (see the module docs for why each fixed
 /// setting is what it is).
 fn client_config(settings: &ProducerSettings) -> ClientConfig {
-    let mut config = ClientConfig::new();
+    let mut config = settings.connection.client_config();
     config
-        .set("bootstrap.servers", &settings.brokers)
         .set("enable.idempotence", "true")
         .set("acks", "all")
         .set("enable.gapless.guarantee", "true")
@@ -173,9 +173,8 @@ impl EventProducer {
         let config = client_config(&settings);
         let producer: ThreadedProducer<AckContext> =
             config.create_with_context(AckContext { deliveries: tx })?;
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", &settings.brokers)
-            .create()?;
+        let admin: AdminClient<DefaultClientContext> =
+            settings.connection.client_config().create()?;
         Ok((
             EventProducer {
                 producer,
@@ -411,7 +410,7 @@ mod tests {
 
     fn settings() -> ProducerSettings {
         ProducerSettings {
-            brokers: "127.0.0.1:1".into(),
+            connection: crate::connection::KafkaConnection::plain("127.0.0.1:1"),
             delivery_timeout: Duration::from_secs(10),
             topics: TopicSettings::default(),
             message_max_bytes: DEFAULT_MESSAGE_MAX_BYTES,

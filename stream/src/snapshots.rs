@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use rdkafka::{Message, Offset, TopicPartitionList};
 use serde::{Deserialize, Serialize};
 
 use crate::StreamError;
@@ -59,12 +59,12 @@ impl SnapshotProgress {
 
 /// The latest progress of every table of `slot`, by `schema.table`.
 pub fn load(
-    brokers: &str,
+    connection: &crate::connection::KafkaConnection,
     topic: &str,
     slot: &str,
 ) -> Result<HashMap<String, SnapshotProgress>, StreamError> {
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
+    let consumer: BaseConsumer = connection
+        .client_config()
         // A group of its own for every read: the consumer only assigns partitions, and a
         // reused group id can make a broker hand a second reader nothing.
         .set(

@@ -11,7 +11,9 @@ pub mod lake;
 pub mod metrics;
 pub mod proxy;
 pub mod roles;
+pub mod sasl_broker;
 pub mod secrets;
+pub mod tls_proxy;
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -10,6 +10,10 @@ pub const LEAST_PRIVILEGE_PASSWORD: &str = "least-Priv-9dX2";
 pub const REDACTION_PASSWORD: &str = "redact-Pw-4hT8w";
 pub const REDACTION_TOKEN_KEY: &str = "redaction token key 5Gq1-never-logged";
 pub const REDACTION_MASK_KEY: &str = "redaction mask key 8Lp3-never-logged";
+/// The SCRAM password of the private Kafka broker (`tests/kafka_security.rs`) and the
+/// wrong one it is refused with.
+pub const KAFKA_PASSWORD: &str = "kafka-Pw-2mR9vZ";
+pub const KAFKA_WRONG_PASSWORD: &str = "kafka-Wrong-6nB1";
 
 /// Every secret above, and the keys other tests pass literally.
 pub const ALL: &[&str] = &[
@@ -18,6 +22,8 @@ pub const ALL: &[&str] = &[
     REDACTION_PASSWORD,
     REDACTION_TOKEN_KEY,
     REDACTION_MASK_KEY,
+    KAFKA_PASSWORD,
+    KAFKA_WRONG_PASSWORD,
     // tests/capture_tokenize.rs
     "a secret key for the test, 32b!",
     // tests/silver_reconcile.rs

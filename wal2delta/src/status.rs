@@ -465,13 +465,13 @@ async fn quarantine_counts(config: &Config) -> Result<BTreeMap<String, u64>, Str
 pub async fn snapshot_progress(
     config: &Config,
 ) -> Result<HashMap<String, SnapshotProgress>, String> {
-    let (brokers, topic, slot) = (
-        config.kafka.brokers.clone(),
+    let (kafka, topic, slot) = (
+        config.kafka.connection().map_err(|e| e.to_string())?,
         config.kafka.snapshots_topic(),
         config.source.slot.clone(),
     );
     let read = tokio::task::spawn_blocking(move || {
-        wal2delta_stream::snapshots::load(&brokers, &topic, &slot)
+        wal2delta_stream::snapshots::load(&kafka, &topic, &slot)
     });
     match tokio::time::timeout(Duration::from_secs(20), read).await {
         Ok(Ok(Ok(p))) => Ok(p),

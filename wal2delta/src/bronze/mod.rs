@@ -48,6 +48,9 @@ enum SessionError {
     Stream(#[from] StreamError),
     #[error(transparent)]
     Decode(#[from] DecodeError),
+    /// The Kafka password cannot be read any more (its file or variable changed).
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
     /// librdkafka reported the consumer unusable (the reason is its error text).
     #[error("the Kafka consumer failed: {reason}")]
     ConsumerFailed { reason: String },
@@ -61,6 +64,7 @@ impl StageError for SessionError {
             SessionError::Lake(e) => e.class(),
             SessionError::Stream(e) => e.class(),
             SessionError::Decode(e) => e.class(),
+            SessionError::Config(_) => ErrorClass::Operator,
             SessionError::ConsumerFailed { .. } | SessionError::ConsumerEnded => {
                 ErrorClass::Transient
             }
@@ -70,6 +74,7 @@ impl StageError for SessionError {
     fn hint(&self) -> Option<String> {
         match self {
             SessionError::Lake(e) => e.hint(),
+            SessionError::Stream(e) => e.hint().map(str::to_owned),
             _ => None,
         }
     }
@@ -213,8 +218,10 @@ async fn session(
             wanted: std::sync::Arc::new(move |topic: &str| t.table_name(topic).is_some()),
         }
     };
+    let kafka = config.kafka.connection()?;
+    kafka.check_async().await?;
     let settings = ConsumerSettings {
-        brokers: config.kafka.brokers.clone(),
+        connection: kafka,
         group_id: b.group_id.clone(),
         assignment,
         subscription: vec![

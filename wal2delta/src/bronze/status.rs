@@ -37,12 +37,12 @@ pub fn stalled_after(config: &Config) -> Duration {
 pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
     let lake = Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
     let topics = super::bronze_topics(config);
-    let brokers = config.kafka.brokers.clone();
+    let kafka = config.kafka.connection().map_err(|e| e.to_string())?;
     let t = topics.clone();
     let marks = tokio::task::spawn_blocking(move || {
         let timeout = Duration::from_secs(10);
-        let topics = list_topics(&brokers, |name| t.table_name(name).is_some(), timeout)?;
-        high_watermarks(&brokers, &topics, timeout)
+        let topics = list_topics(&kafka, |name| t.table_name(name).is_some(), timeout)?;
+        high_watermarks(&kafka, &topics, timeout)
     })
     .await
     .map_err(|e| e.to_string())?

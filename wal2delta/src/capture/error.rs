@@ -120,6 +120,7 @@ impl StageError for SessionError {
             SessionError::SlotAhead { .. } => Some("check, then start once with `wal2delta run --allow-slot-ahead` to accept the gap".into()),
             SessionError::SlotLost { .. } | SessionError::SlotDropped { .. } => Some(recreate.into()),
             SessionError::SlotMissing { .. } => Some("run `wal2delta setup` first".into()),
+            SessionError::Stream(e) => e.hint().map(str::to_owned),
             SessionError::SpillDir { .. } => Some("point [capture] spill_dir at a writable directory with room for the largest transactions".into()),
             _ => None,
         }

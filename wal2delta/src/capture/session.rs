@@ -86,8 +86,10 @@ impl<'a> Setup<'a> {
             status_every = status_every
                 .min(Duration::from_millis(sender_timeout_ms / 3).max(Duration::from_millis(100)));
         }
+        let kafka = config.kafka.connection()?;
+        kafka.check_async().await?;
         let (producer, deliveries) = EventProducer::new(ProducerSettings {
-            brokers: config.kafka.brokers.clone(),
+            connection: kafka,
             delivery_timeout: Duration::from_millis(config.kafka.delivery_timeout_ms),
             topics: config.kafka.topic_settings(),
             message_max_bytes: limits.message_max_bytes,

@@ -59,13 +59,13 @@ pub(super) async fn recorded_position(
     config: &Config,
     topic: &str,
 ) -> Result<Option<Lsn>, SessionError> {
-    let (brokers, t, slot) = (
-        config.kafka.brokers.clone(),
+    let (kafka, t, slot) = (
+        config.kafka.connection()?,
         topic.to_owned(),
         config.source.slot.clone(),
     );
     Ok(tokio::task::spawn_blocking(move || {
-        wal2delta_stream::positions::last_position(&brokers, &t, &slot)
+        wal2delta_stream::positions::last_position(&kafka, &t, &slot)
     })
     .await
     .map_err(SessionError::task("position check"))??)
@@ -76,13 +76,13 @@ pub(super) async fn load_snapshot_progress(
     config: &Config,
     topic: &str,
 ) -> Result<HashMap<String, SnapshotProgress>, SessionError> {
-    let (brokers, t, slot) = (
-        config.kafka.brokers.clone(),
+    let (kafka, t, slot) = (
+        config.kafka.connection()?,
         topic.to_owned(),
         config.source.slot.clone(),
     );
     Ok(
-        tokio::task::spawn_blocking(move || wal2delta_stream::snapshots::load(&brokers, &t, &slot))
+        tokio::task::spawn_blocking(move || wal2delta_stream::snapshots::load(&kafka, &t, &slot))
             .await
             .map_err(SessionError::task("snapshot progress"))??,
     )

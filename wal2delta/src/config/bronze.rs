@@ -99,7 +99,6 @@ impl BronzeConfig {
         }
         for fixed in [
             "group.id",
-            "bootstrap.servers",
             "enable.auto.commit",
             "enable.auto.offset.store",
             "auto.offset.reset",
@@ -112,6 +111,10 @@ impl BronzeConfig {
                 ));
             }
         }
+        super::kafka_security::refuse_connection_properties(
+            "bronze.consumer",
+            self.consumer.keys(),
+        )?;
         Ok(())
     }
 }

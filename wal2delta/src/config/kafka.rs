@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
+use super::kafka_security::{refuse_connection_properties, KafkaSecurityConfig};
 use super::{invalid, ConfigError};
 
 /// `[kafka]`.
@@ -54,6 +55,9 @@ pub struct KafkaConfig {
     /// `acks`, `enable.idempotence` and `bootstrap.servers` are fixed and refused here.
     #[serde(default)]
     pub producer: BTreeMap<String, String>,
+    /// TLS and SASL to the brokers (`[kafka.security]`), for every client.
+    #[serde(default)]
+    pub security: KafkaSecurityConfig,
 }
 
 impl KafkaConfig {
@@ -159,7 +163,15 @@ impl KafkaConfig {
                 ));
             }
         }
+        refuse_connection_properties("kafka.producer", self.producer.keys())?;
+        self.security.validate()?;
         Ok(())
+    }
+
+    /// The brokers and how every client reaches them (TLS, SASL; the password read from
+    /// its source).
+    pub fn connection(&self) -> Result<wal2delta_stream::connection::KafkaConnection, ConfigError> {
+        self.security.connection(&self.brokers)
     }
 
     /// How wal2delta creates its topics.

@@ -46,6 +46,36 @@ pub(super) fn load_key(
     Ok(key)
 }
 
+/// Reads a password from the environment variable `env` names or the first line of
+/// `file` (at most one of them; `None` when neither is set). `field` is the key's name
+/// without its `_env`/`_file` suffix.
+pub(super) fn load_password(
+    field: &str,
+    env: Option<&str>,
+    file: Option<&Path>,
+) -> Result<Option<String>, ConfigError> {
+    match (env, file) {
+        (None, None) => Ok(None),
+        (Some(var), None) => std::env::var(var).map(Some).map_err(|_| {
+            invalid(
+                &format!("{field}_env"),
+                format!("names {var:?}, which is not set"),
+            )
+        }),
+        (None, Some(path)) => {
+            let f = format!("{field}_file");
+            let bytes = read_small_file(path, &f)?;
+            let text = String::from_utf8(bytes)
+                .map_err(|_| invalid(&f, format!("{} is not UTF-8", path.display())))?;
+            Ok(Some(text.lines().next().unwrap_or("").to_owned()))
+        }
+        (Some(_), Some(_)) => Err(invalid(
+            &format!("{field}_env"),
+            format!("and {field}_file are exclusive: set one"),
+        )),
+    }
+}
+
 /// The most a key or password file may hold. Keys and passwords are short; the bound
 /// keeps a config naming the wrong file (a log, a device such as `/dev/zero`) from
 /// reading without end.

@@ -38,14 +38,14 @@ pub struct KafkaOutput {
 
 /// The output `[rules]` configures: `None` without `transitions_topic` and
 /// `filter_topic`.
-pub fn from_config(config: &Config) -> Result<Option<Arc<dyn RulesOutput>>, StreamError> {
+pub fn from_config(config: &Config) -> anyhow::Result<Option<Arc<dyn RulesOutput>>> {
     let r = &config.rules;
     if r.transitions_topic.is_none() && r.filter_topic.is_none() {
         return Ok(None);
     }
     let k = &config.kafka;
     let producer = AckedProducer::new(AckedSettings {
-        brokers: k.brokers.clone(),
+        connection: k.connection()?,
         delivery_timeout: Duration::from_millis(k.delivery_timeout_ms),
         topics: k.topic_settings(),
         message_max_bytes: k.message_max_bytes,
