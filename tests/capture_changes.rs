@@ -406,6 +406,58 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
     Ok(())
 }
 
+/// `[capture] skip_truncate`: no `t` event reaches the topic, the END records count only
+/// what was published (a TRUNCATE alone yields no END), each skip is logged, and the
+/// changes around it flow as usual.
+#[tokio::test(flavor = "multi_thread")]
+async fn skip_truncate_publishes_everything_but_the_truncate() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "skiptrunc",
+        "CREATE TABLE {s}.a (id int PRIMARY KEY);",
+        "[capture]\nskip_truncate = true\n",
+        2,
+    )
+    .await?;
+    d.start()?;
+    pg.batch_execute(&format!("INSERT INTO {name}.a VALUES (1), (2)"))
+        .await?;
+    pg.batch_execute(&format!("TRUNCATE {name}.a")).await?;
+    pg.batch_execute(&format!(
+        "BEGIN; INSERT INTO {name}.a VALUES (3); TRUNCATE {name}.a; INSERT INTO {name}.a VALUES (4); COMMIT;"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    let got = events(&stack, &format!("{name}.{name}.a"), 4)?;
+    let ops: Vec<&str> = got.iter().map(|e| e.op.as_str()).collect();
+    anyhow::ensure!(ops == ["c", "c", "c", "c"], "no t event: {ops:?}");
+    let ends = read_topic(
+        &stack.brokers,
+        &format!("{name}.transactions"),
+        Some(2),
+        Duration::from_secs(10),
+    )?;
+    let counts: Vec<u64> = ends
+        .iter()
+        .map(|r| serde_json::from_slice::<serde_json::Value>(&r.payload))
+        .collect::<Result<Vec<_>, _>>()?
+        .iter()
+        .map(|e| e["event_count"].as_u64().unwrap_or(0))
+        .collect();
+    anyhow::ensure!(
+        counts == [2, 2],
+        "END records count published events: {counts:?}"
+    );
+    let log = d.last_log();
+    anyhow::ensure!(
+        log.matches("TRUNCATE not published").count() == 2,
+        "each skip is logged: {log}"
+    );
+    d.stop()?;
+    Ok(())
+}
+
 /// A value over the Kafka message size (a 2 MB jsonb against librdkafka's 1 MB default)
 /// goes to the DLQ with its key, columns and sizes; the rows around it, in the same
 /// transaction and after it, reach the topic; the END record counts only what the topic

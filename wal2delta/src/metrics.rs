@@ -15,6 +15,8 @@ pub const STAGE_FAILING_TABLES: &str = "wal2delta_stage_failing_tables";
 pub const CAPTURE_EVENTS: &str = "wal2delta_capture_events_total";
 /// Events sent to the dead-letter topic, by table and reason kind.
 pub const CAPTURE_DLQ_EVENTS: &str = "wal2delta_capture_dlq_events_total";
+/// TRUNCATEs not published because `[capture] skip_truncate` is set, by table.
+pub const CAPTURE_TRUNCATES_SKIPPED: &str = "wal2delta_capture_truncates_skipped_total";
 /// Transactions whose every event Kafka acknowledged.
 pub const CAPTURE_TRANSACTIONS: &str = "wal2delta_capture_transactions_total";
 /// Events sent and not yet acknowledged by Kafka.

@@ -305,6 +305,7 @@ impl<'a> Setup<'a> {
             snapshots_topic: self.snapshots_topic,
             decoder: Decoder::new(),
             tokenizer: self.tokenizer,
+            skip_truncate: config.capture.skip_truncate,
             slot: slot_name.clone(),
             positions_topic: self.positions_topic,
             received: start,

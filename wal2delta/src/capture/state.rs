@@ -14,6 +14,8 @@ pub(super) struct State {
     pub(super) decoder: Decoder,
     /// Replaces sensitive values before anything is encoded (promise 5).
     pub(super) tokenizer: Option<Tokenizer>,
+    /// `[capture] skip_truncate`: TRUNCATEs are counted and logged, not published.
+    pub(super) skip_truncate: bool,
     pub(super) slot: String,
     pub(super) positions_topic: String,
     pub(super) snapshots_topic: String,
@@ -52,6 +54,13 @@ impl State {
                 let token = self.acks.open_token()?;
                 for change in [delete, create] {
                     self.publish(token, &schema, change, publisher).await?;
+                }
+            }
+            Decoded::Truncate(changes) if self.skip_truncate => {
+                for (schema, _) in changes {
+                    let table = schema.table.to_string();
+                    tracing::warn!(table = %table, "TRUNCATE not published ([capture] skip_truncate): Silver keeps the table's rows");
+                    metrics::counter!(m::CAPTURE_TRUNCATES_SKIPPED, "table" => table).increment(1);
                 }
             }
             Decoded::Truncate(changes) => {

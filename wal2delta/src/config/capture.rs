@@ -33,6 +33,12 @@ pub struct CaptureConfig {
     /// Memory for buffered streamed transactions before they go to `spill_dir`.
     #[serde(default = "CaptureConfig::default_stream_memory_bytes")]
     pub stream_memory_bytes: usize,
+    /// Publish no `t` (TRUNCATE) events, for consumers that reject them (Flink's
+    /// Debezium format). Default false. **Silver then keeps the rows a TRUNCATE removed
+    /// at the source** (it never sees the TRUNCATE) and `reconcile` reports them; each
+    /// skipped TRUNCATE is logged and counted (`wal2delta_capture_truncates_skipped_total`).
+    #[serde(default)]
+    pub skip_truncate: bool,
 }
 
 impl CaptureConfig {
@@ -83,6 +89,7 @@ impl Default for CaptureConfig {
             stream_in_progress: Self::default_stream_in_progress(),
             spill_dir: None,
             stream_memory_bytes: Self::default_stream_memory_bytes(),
+            skip_truncate: false,
         }
     }
 }
