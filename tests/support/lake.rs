@@ -8,7 +8,7 @@ use anyhow::{bail, Context, Result};
 use serde_json::Value;
 
 /// The virtualenv's python: `$WAL2DELTA_PYTHON` (set by `ops/test`), else `ops/pyenv`.
-fn python() -> Result<PathBuf> {
+pub fn python() -> Result<PathBuf> {
     if let Ok(p) = std::env::var("WAL2DELTA_PYTHON") {
         return Ok(PathBuf::from(p));
     }

@@ -76,6 +76,9 @@ pub enum Command {
         #[command(subcommand)]
         action: RulesAction,
     },
+    /// Load and validate the config file with its environment overrides, print what is in
+    /// effect (no secrets) and exit: 0 valid, 1 not. Connects to nothing.
+    CheckConfig,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

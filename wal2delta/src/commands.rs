@@ -25,6 +25,10 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
     };
     telemetry::init(&config.log);
     match cli.command {
+        Command::CheckConfig => {
+            print!("{}", config.summary(&cli.config));
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Setup => run_setup(&config).await,
         Command::Run {
             stage,

@@ -176,6 +176,35 @@ impl Config {
         Ok(config)
     }
 
+    /// What `wal2delta check-config` prints: the addresses and choices in effect, without
+    /// the DSN (it may hold a password) or any secret.
+    pub fn summary(&self, path: &Path) -> String {
+        let k = &self.kafka;
+        let gold = self
+            .gold
+            .models_dir
+            .as_ref()
+            .map_or("off".to_owned(), |d| d.display().to_string());
+        let rules = match (&self.rules.file, &self.rules.table) {
+            (Some(f), _) => format!("file {}", f.display()),
+            (None, Some(t)) => format!("table {t}"),
+            (None, None) => "off".to_owned(),
+        };
+        format!(
+            "config OK: {}\nsource: slot {}, publication {}, tables {:?}\nkafka: {} ({:?}), topic prefix {}\nschema registry: {}\nlake: {}\nmetrics: {}\ngold models: {gold}\nrules: {rules}\n",
+            path.display(),
+            self.source.slot,
+            self.source.publication,
+            self.source.tables,
+            k.brokers,
+            k.security.protocol,
+            k.topic_prefix,
+            without_userinfo(&self.schema_registry.url),
+            self.lake.uri,
+            self.metrics.listen,
+        )
+    }
+
     /// Checks every field once, so that a bad value fails at startup with its name. Each
     /// section checks its own fields; values that can only be one of a few words (such as
     /// `[snapshot] mode`) are enums, refused already while the file is read.
@@ -194,6 +223,17 @@ impl Config {
         self.rules
             .validate(&self.kafka, &self.silver, &self.tokenize)?;
         Ok(())
+    }
+}
+
+/// `scheme://user:password@host/...` without `user:password@` (URLs may carry credentials).
+fn without_userinfo(url: &str) -> String {
+    match (url.split_once("://"), url.rfind('@')) {
+        (Some((scheme, rest)), Some(_)) => match rest.rsplit_once('@') {
+            Some((_, host)) => format!("{scheme}://***@{host}"),
+            None => url.to_owned(),
+        },
+        _ => url.to_owned(),
     }
 }
 

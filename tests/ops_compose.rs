@@ -1,0 +1,111 @@
+//! docker-compose.yml, the Dockerfile and ops/wal2delta.service, checked statically (no
+//! Docker engine here; `tests/py/compose_check.py` does the checks): the YAML parses, every
+//! mounted file exists, service names, ports and wal2delta's addresses agree, Prometheus
+//! and Grafana find their files. Then the daemon itself loads the mounted config with the
+//! compose environment, finding it through `WAL2DELTA_CONFIG` as `docker compose run
+//! wal2delta setup` does.
+
+use std::path::Path;
+use std::process::Command;
+
+use anyhow::{ensure, Context, Result};
+use serde_json::Value;
+use wal2delta_tests::daemon::binary;
+use wal2delta_tests::lake::python;
+use wal2delta_tests::repo_root;
+
+fn check(root: &Path) -> Result<Value> {
+    let out = Command::new(python()?)
+        .arg(repo_root().join("tests/py/compose_check.py"))
+        .arg(root)
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "compose_check.py: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+#[test]
+fn the_compose_file_the_image_and_the_unit_agree() -> Result<()> {
+    let report = check(&repo_root())?;
+    let problems = report["problems"].as_array().context("problems")?;
+    ensure!(problems.is_empty(), "{problems:#?}");
+
+    // The daemon finds the config through WAL2DELTA_CONFIG alone and accepts it with the
+    // compose environment (container paths mapped to the repository's files).
+    let mut cmd = Command::new(binary());
+    for (k, _) in std::env::vars() {
+        if k.starts_with("WAL2DELTA") {
+            cmd.env_remove(k);
+        }
+    }
+    for (k, v) in report["wal2delta_env"].as_object().context("env")? {
+        cmd.env(k, v.as_str().unwrap_or_default());
+    }
+    let out = cmd.arg("check-config").output()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "check-config: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for line in [
+        "kafka: kafka:9092",
+        "schema registry: http://schema-registry:8081",
+        "lake: file:///var/lib/wal2delta/lake",
+        "metrics: 0.0.0.0:9187",
+    ] {
+        ensure!(text.contains(line), "{line:?} in {text}");
+    }
+    ensure!(
+        !text.contains("replicator:replicator"),
+        "no password: {text}"
+    );
+    Ok(())
+}
+
+/// The checker finds what it is there to find: a broker address no listener advertises and
+/// a mounted file that does not exist.
+#[test]
+fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
+    let dir = std::env::temp_dir().join(format!("compose-check-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let copy = |rel: &str| -> Result<()> {
+        let to = dir.join(rel);
+        std::fs::create_dir_all(to.parent().context("parent")?)?;
+        std::fs::copy(repo_root().join(rel), to)?;
+        Ok(())
+    };
+    let result = (|| {
+        for f in [
+            "Dockerfile",
+            "ops/wal2delta.example.toml",
+            "ops/wal2delta.service",
+            "ops/prometheus/prometheus.yml",
+            "ops/prometheus/alerts.yml",
+            "ops/prometheus/dashboard.json",
+            "ops/grafana/datasource.yml",
+            "ops/grafana/dashboards.yml",
+        ] {
+            copy(f)?;
+        }
+        std::fs::create_dir_all(dir.join("ops/models"))?;
+        let compose = std::fs::read_to_string(repo_root().join("docker-compose.yml"))?.replace(
+            "WAL2DELTA__KAFKA__BROKERS: kafka:9092",
+            "WAL2DELTA__KAFKA__BROKERS: kafka:9093",
+        );
+        std::fs::write(dir.join("docker-compose.yml"), compose)?;
+        std::fs::remove_file(dir.join("ops/grafana/datasource.yml"))?;
+        let report = check(&dir)?;
+        let problems = report["problems"].to_string();
+        ensure!(
+            problems.contains("broker kafka:9093") && problems.contains("datasource.yml"),
+            "{problems}"
+        );
+        Ok(())
+    })();
+    let _ = std::fs::remove_dir_all(&dir);
+    result
+}
