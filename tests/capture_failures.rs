@@ -9,7 +9,9 @@ use anyhow::{ensure, Result};
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::binary;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
-use wal2delta_tests::{current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Stack};
+use wal2delta_tests::{
+    current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Scenario, Stack,
+};
 
 fn stack_script(action: &str) -> Result<()> {
     let script = wal2delta_tests::repo_root().join("ops/stack");
@@ -230,5 +232,42 @@ fn rules_and_gold_without_their_config_say_so() -> Result<()> {
             "{args:?}: {stderr}"
         );
     }
+    Ok(())
+}
+
+/// `[source] failover_slot` on a server older than PostgreSQL 17 (the stack runs 15):
+/// `setup` refuses naming the setting and the version, and creates no slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_failover_slot_is_refused_before_postgresql_17() -> Result<()> {
+    let stack = Stack::from_env();
+    let world = Scenario::new(
+        &stack,
+        "failover",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
+    )
+    .env("WAL2DELTA__SOURCE__FAILOVER_SLOT", "true")
+    .without_setup()
+    .build()
+    .await?;
+    let out = world.d.command(&["setup"])?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    ensure!(!out.status.success(), "setup must refuse: {text}");
+    ensure!(
+        text.contains("failover_slot needs PostgreSQL 17") && text.contains("this server is 15."),
+        "{text}"
+    );
+    let slots: i64 = world
+        .pg
+        .query_one(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name = $1",
+            &[&world.name],
+        )
+        .await?
+        .get(0);
+    ensure!(slots == 0, "no slot created");
     Ok(())
 }

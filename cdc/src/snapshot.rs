@@ -52,11 +52,13 @@ pub struct ExportedSlot {
 }
 
 /// Creates the slot and exports its snapshot (`CREATE_REPLICATION_SLOT ... (SNAPSHOT 'export')`).
+/// `failover` makes it a failover slot (PostgreSQL 17; `setup` has checked the version).
 pub async fn create_slot_exporting_snapshot(
     params: &ConnectParams,
     slot: &str,
+    failover: bool,
 ) -> Result<ExportedSlot, CdcError> {
-    create_exporting(params, slot, "").await
+    create_exporting(params, slot, "", if failover { ", FAILOVER" } else { "" }).await
 }
 
 /// Like [`create_slot_exporting_snapshot`], with a `TEMPORARY` slot: PostgreSQL drops it
@@ -67,18 +69,19 @@ pub async fn create_temporary_slot_exporting_snapshot(
     params: &ConnectParams,
     slot: &str,
 ) -> Result<ExportedSlot, CdcError> {
-    create_exporting(params, slot, " TEMPORARY").await
+    create_exporting(params, slot, " TEMPORARY", "").await
 }
 
 async fn create_exporting(
     params: &ConnectParams,
     slot: &str,
     temporary: &str,
+    options: &str,
 ) -> Result<ExportedSlot, CdcError> {
     let mut connection = ReplicationConnection::connect(params).await?;
     let rows = connection
         .simple_query(&format!(
-            "CREATE_REPLICATION_SLOT {}{temporary} LOGICAL pgoutput (SNAPSHOT 'export')",
+            "CREATE_REPLICATION_SLOT {}{temporary} LOGICAL pgoutput (SNAPSHOT 'export'{options})",
             quote_ident(slot)
         ))
         .await?;

@@ -94,6 +94,7 @@ async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
             publication: &config.source.publication,
             table_patterns: &config.source.tables,
             create_slot: config.snapshot.mode != crate::config::SnapshotMode::Initial,
+            failover: config.source.failover_slot,
         },
     )
     .await

@@ -61,6 +61,9 @@ pub struct SetupOptions<'a> {
     /// Create the slot here. False when capture creates it itself, together with the
     /// snapshot it exports for the initial snapshot.
     pub create_slot: bool,
+    /// A failover slot (PostgreSQL 17's `FAILOVER`): standbys with `sync_replication_slots`
+    /// keep a copy, so capture continues on the promoted standby after a failover.
+    pub failover: bool,
 }
 
 /// Runs every check, then creates or updates the publication and creates the slot.
@@ -107,8 +110,11 @@ pub async fn run(client: &Client, opts: &SetupOptions<'_>) -> Result<SetupReport
         client.batch_execute(&change.sql).await?;
         report.changed.push(change.summary);
     }
+    if opts.failover {
+        failover_supported(client).await?;
+    }
     if opts.create_slot {
-        ensure_slot(client, opts.slot, &mut report).await?;
+        ensure_slot(client, opts.slot, opts.failover, &mut report).await?;
     } else if client
         .query_opt(
             "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1",
@@ -285,9 +291,27 @@ async fn publication_change(
     }))
 }
 
+/// Failover slots exist from PostgreSQL 17 on.
+async fn failover_supported(client: &Client) -> Result<(), CdcError> {
+    let v: String = client
+        .query_one("SELECT current_setting('server_version_num')", &[])
+        .await?
+        .get(0);
+    let num: i32 = v.trim().parse().unwrap_or(0);
+    if num < 170_000 {
+        return Err(CdcError::Check(format!(
+            "[source] failover_slot needs PostgreSQL 17 or later (this server is {}.{}): set failover_slot = false, or upgrade to keep the slot across a failover",
+            num / 10_000,
+            num % 10_000 / 100
+        )));
+    }
+    Ok(())
+}
+
 async fn ensure_slot(
     client: &Client,
     slot: &str,
+    failover: bool,
     report: &mut SetupReport,
 ) -> Result<(), CdcError> {
     let row = client
@@ -310,12 +334,26 @@ async fn ensure_slot(
                     "slot {slot:?} is invalidated (wal_status = lost): changes were lost on the server; drop it and re-snapshot"
                 )));
             }
+            if failover {
+                let is_failover: Option<bool> = client
+                    .query_one(
+                        "SELECT failover FROM pg_replication_slots WHERE slot_name = $1",
+                        &[&slot],
+                    )
+                    .await?
+                    .get(0);
+                if is_failover != Some(true) {
+                    report.warnings.push(format!(
+                        "slot {slot} is not a failover slot: run `ALTER_REPLICATION_SLOT {slot} (FAILOVER true)` on a replication connection while capture is stopped"
+                    ));
+                }
+            }
         }
         None => {
             let lsn: String = client
                 .query_one(
-                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
-                    &[&slot],
+                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, $2)",
+                    &[&slot, &failover],
                 )
                 .await?
                 .get(0);

@@ -179,7 +179,9 @@ impl<'a> Setup<'a> {
         if existed {
             tracing::warn!(slot = %slot_name, "re-creating the replication slot; every table is snapshotted again");
         }
-        let e = create_slot_exporting_snapshot(&self.params, slot_name).await?;
+        let e =
+            create_slot_exporting_snapshot(&self.params, slot_name, config.source.failover_slot)
+                .await?;
         tracing::info!(slot = %slot_name, consistent_point = %e.consistent_point, "created replication slot with an exported snapshot");
         let point = e.consistent_point;
         record_new_slot(

@@ -29,6 +29,11 @@ pub struct SourceConfig {
     /// What capture does when its slot is invalidated or was dropped ([`OnSlotLost`]).
     #[serde(default)]
     pub on_slot_lost: OnSlotLost,
+    /// Create the slot as a failover slot (PostgreSQL 17 and later; `setup` refuses it on
+    /// older servers): standbys with `sync_replication_slots = on` keep a synchronized copy,
+    /// so capture continues on the promoted standby (docs/operations.md). Default false.
+    #[serde(default)]
+    pub failover_slot: bool,
 }
 
 impl std::fmt::Debug for SourceConfig {
