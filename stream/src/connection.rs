@@ -129,8 +129,8 @@ impl RefusalWatch {
 impl ClientContext for RefusalWatch {
     fn error(&self, error: KafkaError, reason: &str) {
         let what = match error.rdkafka_error_code() {
-            Some(RDKafkaErrorCode::Authentication) => "authentication",
-            Some(RDKafkaErrorCode::SSL) => "TLS",
+            Some(RDKafkaErrorCode::Authentication) => "Kafka authentication",
+            Some(RDKafkaErrorCode::SSL) => "Kafka TLS",
             _ => {
                 tracing::warn!(error = %error, reason, "Kafka client error");
                 return;

@@ -1,11 +1,9 @@
 //! Decoding Confluent-framed Avro events with the writer schema from the registry.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use apache_avro::types::Value;
 use schema_registry_converter::async_impl::avro::AvroDecoder;
-use schema_registry_converter::async_impl::schema_registry::SrSettings;
 pub use schema_registry_converter::avro_common::AvroSchema;
 use wal2delta_model::ErrorClass;
 
@@ -27,12 +25,17 @@ pub enum DecodeError {
     /// The registry is unreachable: nothing is wrong with the event.
     #[error("the schema registry is unavailable: {reason}")]
     RegistryUnavailable { reason: String },
+    /// The registry refused the credentials: no event can be decoded until an operator
+    /// fixes `[schema_registry]`, so none may be quarantined for it.
+    #[error("the schema registry refused the credentials: {reason}")]
+    RegistryRefused { reason: String },
 }
 
 impl DecodeError {
     pub fn class(&self) -> ErrorClass {
         match self {
             DecodeError::RegistryUnavailable { .. } => ErrorClass::Transient,
+            DecodeError::RegistryRefused { .. } => ErrorClass::Operator,
             _ => ErrorClass::Record,
         }
     }
@@ -44,6 +47,7 @@ impl DecodeError {
             DecodeError::UnknownSchema { .. } => "unknown_schema",
             DecodeError::Corrupt { .. } => "corrupt_payload",
             DecodeError::RegistryUnavailable { .. } => "registry_unavailable",
+            DecodeError::RegistryRefused { .. } => "registry_refused",
         }
     }
 }
@@ -60,13 +64,11 @@ pub struct EventDecoder {
 }
 
 impl EventDecoder {
-    pub fn new(registry_url: &str) -> Result<Self, StreamError> {
-        let settings = SrSettings::new_builder(registry_url.trim_end_matches('/').to_owned())
-            .set_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| StreamError::RegistryUnavailable { reason: e.error })?;
+    pub fn new(
+        registry: &crate::registry_connection::RegistryConnection,
+    ) -> Result<Self, StreamError> {
         Ok(EventDecoder {
-            decoder: AvroDecoder::new(settings),
+            decoder: AvroDecoder::new(registry.sr_settings()?),
         })
     }
 
@@ -79,7 +81,9 @@ impl EventDecoder {
                 Some(c) => format!("{}: {c}", e.error),
                 None => e.error.clone(),
             };
-            if e.retriable {
+            if crate::registry_connection::is_auth_refusal(&reason) {
+                DecodeError::RegistryRefused { reason }
+            } else if e.retriable {
                 DecodeError::RegistryUnavailable { reason }
             } else {
                 DecodeError::UnknownSchema { id, reason }

@@ -24,9 +24,10 @@ pub enum StreamError {
     },
     #[error("Cannot create topic {topic}: {reason}")]
     Topic { topic: String, reason: String },
-    /// The brokers refused the client's credentials or the client refused the brokers'
-    /// certificate: retrying cannot help, an operator must fix `[kafka.security]`.
-    #[error("Kafka refused the connection ({what}): {reason}")]
+    /// The brokers or the registry refused the credentials, or wal2delta refused their
+    /// certificate: retrying cannot help, an operator must fix `[kafka.security]` or
+    /// `[schema_registry]`.
+    #[error("Connection refused ({what}): {reason}")]
     Refused { what: &'static str, reason: String },
 }
 
@@ -48,8 +49,10 @@ impl StreamError {
     /// What an operator should do, for errors that need one.
     pub fn hint(&self) -> Option<&'static str> {
         match self {
-            StreamError::Refused { what: "authentication", .. } => Some("check [kafka.security] username, sasl_mechanism and the password its password_env or password_file names"),
-            StreamError::Refused { .. } => Some("check [kafka.security] protocol and ca_file (the authority that signed the brokers' certificates) and that the broker address matches its certificate"),
+            StreamError::Refused { what: "Kafka authentication", .. } => Some("check [kafka.security] username, sasl_mechanism and the password its password_env or password_file names"),
+            StreamError::Refused { what: "Kafka TLS", .. } => Some("check [kafka.security] protocol and ca_file (the authority that signed the brokers' certificates) and that the broker address matches its certificate"),
+            StreamError::Refused { what: "registry authentication", .. } => Some("check [schema_registry] username and the password its password_env or password_file names"),
+            StreamError::Refused { .. } => Some("check [schema_registry] url and ca_file (the authority that signed the registry's certificate) and that the URL's host matches its certificate"),
             _ => None,
         }
     }

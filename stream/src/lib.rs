@@ -15,6 +15,7 @@ pub mod fuzz;
 pub mod positions;
 pub mod producer;
 pub mod registry;
+pub mod registry_connection;
 pub mod snapshots;
 pub mod topic;
 pub mod transactions;

@@ -5,12 +5,13 @@
 //! once per process and again only when the table's shape changes.
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use apache_avro::types::Value;
 use apache_avro::writer::datum::GenericDatumWriter;
 use apache_avro::Schema;
 use schema_registry_converter::async_impl::schema_registry::{post_schema, SrSettings};
+
+use crate::registry_connection::{is_auth_refusal, RegistryConnection};
 use schema_registry_converter::schema_registry_common::{SchemaType, SuppliedSchema};
 
 use crate::StreamError;
@@ -18,27 +19,17 @@ use crate::StreamError;
 /// Registers schemas and frames Avro values as `0x00 | schema id (u32 BE) | Avro datum`.
 pub struct Registry {
     settings: SrSettings,
-    url: String,
-    http: reqwest::Client,
+    connection: RegistryConnection,
+    http: sr_reqwest::Client,
     ids: HashMap<(String, String), u32>,
 }
 
 impl Registry {
-    pub fn new(url: &str) -> Result<Self, StreamError> {
-        let settings = SrSettings::new_builder(url.trim_end_matches('/').to_owned())
-            .set_timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| StreamError::RegistryUnavailable { reason: e.error })?;
-        let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
-            .build()
-            .map_err(|e| StreamError::RegistryUnavailable {
-                reason: e.to_string(),
-            })?;
+    pub fn new(connection: &RegistryConnection) -> Result<Self, StreamError> {
         Ok(Registry {
-            settings,
-            url: url.trim_end_matches('/').to_owned(),
-            http,
+            settings: connection.sr_settings()?,
+            http: connection.http()?,
+            connection: connection.clone(),
             ids: HashMap::new(),
         })
     }
@@ -72,10 +63,10 @@ impl Registry {
 
     /// `PUT /config/{subject}` with `level` (Confluent's subject-level compatibility).
     async fn set_compatibility(&self, subject: &str, level: &str) -> Result<(), String> {
-        let url = config_url(&self.url, subject)?;
+        let url = config_url(self.connection.url(), subject)?;
         let response = self
-            .http
-            .put(url)
+            .connection
+            .authorized(self.http.put(url))
             .header("Content-Type", "application/vnd.schemaregistry.v1+json")
             .body(serde_json::json!({ "compatibility": level }).to_string())
             .send()
@@ -105,7 +96,12 @@ impl Registry {
                     Some(c) => format!("{}: {c}", e.error),
                     None => e.error.clone(),
                 };
-                if e.retriable {
+                if is_auth_refusal(&reason) {
+                    Err(StreamError::Refused {
+                        what: "registry authentication",
+                        reason,
+                    })
+                } else if e.retriable {
                     Err(StreamError::RegistryUnavailable { reason })
                 } else {
                     Err(StreamError::RegistryRefused {
@@ -119,8 +115,8 @@ impl Registry {
 }
 
 /// `{base}/config/{subject}`, the subject percent-encoded as one path segment.
-fn config_url(base: &str, subject: &str) -> Result<reqwest::Url, String> {
-    let mut url = reqwest::Url::parse(base).map_err(|e| e.to_string())?;
+fn config_url(base: &str, subject: &str) -> Result<sr_reqwest::Url, String> {
+    let mut url = sr_reqwest::Url::parse(base).map_err(|e| e.to_string())?;
     url.path_segments_mut()
         .map_err(|()| format!("{base} cannot take a path"))?
         .pop_if_empty()

@@ -10,6 +10,7 @@ pub mod kafka;
 pub mod lake;
 pub mod metrics;
 pub mod proxy;
+pub mod registry;
 pub mod roles;
 pub mod sasl_broker;
 pub mod secrets;

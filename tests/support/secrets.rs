@@ -14,6 +14,8 @@ pub const REDACTION_MASK_KEY: &str = "redaction mask key 8Lp3-never-logged";
 /// wrong one it is refused with.
 pub const KAFKA_PASSWORD: &str = "kafka-Pw-2mR9vZ";
 pub const KAFKA_WRONG_PASSWORD: &str = "kafka-Wrong-6nB1";
+/// The basic-auth password of the private schema registry (`tests/registry_security.rs`).
+pub const REGISTRY_PASSWORD: &str = "registry-Pw-8sK3q";
 
 /// Every secret above, and the keys other tests pass literally.
 pub const ALL: &[&str] = &[
@@ -24,6 +26,9 @@ pub const ALL: &[&str] = &[
     REDACTION_MASK_KEY,
     KAFKA_PASSWORD,
     KAFKA_WRONG_PASSWORD,
+    REGISTRY_PASSWORD,
+    // tests/registry_security.rs, refused
+    "registry-Wrong-2xV",
     // tests/capture_tokenize.rs
     "a secret key for the test, 32b!",
     // tests/silver_reconcile.rs

@@ -350,13 +350,24 @@ async fn ensure_slot(
             }
         }
         None => {
-            let lsn: String = client
-                .query_one(
-                    "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, $2)",
-                    &[&slot, &failover],
-                )
-                .await?
-                .get(0);
+            // The five-argument form (with `failover`) exists from PostgreSQL 17 on, which
+            // `failover_supported` has checked.
+            let row = if failover {
+                client
+                    .query_one(
+                        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput', false, false, true)",
+                        &[&slot],
+                    )
+                    .await?
+            } else {
+                client
+                    .query_one(
+                        "SELECT lsn::text FROM pg_create_logical_replication_slot($1, 'pgoutput')",
+                        &[&slot],
+                    )
+                    .await?
+            };
+            let lsn: String = row.get(0);
             report
                 .changed
                 .push(format!("created replication slot {slot} at {lsn}"));

@@ -3,11 +3,13 @@
 //! It speaks enough of Confluent Schema Registry's REST API (Avro schemas, subjects,
 //! versions, global ids, compatibility levels and checks) for `schema_registry_converter`
 //! and for people with curl, and keeps everything in one JSON data file. It exists so that
-//! `ops/stack` and the tests can run the pipeline without a JVM. It has no authentication,
+//! `ops/stack` and the tests can run the pipeline without a JVM. It has only basic
+//! authentication (one user, `--basic-auth-file`),
 //! no schema references, no Protobuf or JSON Schema, no modes and no clustering: it is not a
 //! production registry and must never be run as one.
 
 pub mod api;
+pub mod auth;
 pub mod compat;
 pub mod error;
 pub mod registry;
@@ -22,6 +24,7 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 
 pub use api::{router, AppState};
+pub use auth::BasicAuth;
 pub use error::RegistryError;
 pub use store::{Store, StoreError};
 
@@ -39,7 +42,24 @@ pub async fn serve(
     state: Arc<AppState>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> io::Result<()> {
-    axum::serve(listener, router(state))
+    serve_with(listener, state, None, shutdown).await
+}
+
+/// [`serve`], requiring HTTP basic authentication when `auth` is set.
+pub async fn serve_with(
+    listener: TcpListener,
+    state: Arc<AppState>,
+    auth: Option<BasicAuth>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> io::Result<()> {
+    let mut app = router(state);
+    if let Some(auth) = auth {
+        app = app.layer(axum::middleware::from_fn_with_state(
+            Arc::new(auth),
+            auth::require,
+        ));
+    }
+    axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await
 }

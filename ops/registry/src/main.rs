@@ -11,7 +11,8 @@ use tracing_subscriber::EnvFilter;
 
 /// DEVELOPMENT schema registry for wal2delta: a small stand-in that speaks the part of
 /// Confluent Schema Registry's REST API that wal2delta and schema_registry_converter use.
-/// Avro only; no auth, no references, no modes, one process. NOT FOR PRODUCTION.
+/// Avro only; basic auth for one user at most, no references, no modes, one process. NOT
+/// FOR PRODUCTION.
 #[derive(Debug, Parser)]
 #[command(name = "wal2delta-dev-registry", version, about, long_about)]
 struct Args {
@@ -28,6 +29,10 @@ struct Args {
     /// on every change, loaded at start.
     #[arg(long, value_name = "PATH", env = "WAL2DELTA_DEV_REGISTRY_DATA_FILE")]
     data_file: PathBuf,
+
+    /// Require HTTP basic authentication: the file's first line is `user:password`.
+    #[arg(long, value_name = "PATH")]
+    basic_auth_file: Option<PathBuf>,
 }
 
 #[tokio::main]
@@ -41,6 +46,17 @@ async fn main() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 
+    let auth = match &args.basic_auth_file {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            Some(
+                wal2delta_dev_registry::BasicAuth::parse(&text)
+                    .with_context(|| format!("{} must hold user:password", path.display()))?,
+            )
+        }
+        None => None,
+    };
     let state = wal2delta_dev_registry::open(&args.data_file)
         .context("cannot start the development schema registry")?;
     let listener = TcpListener::bind(&args.listen)
@@ -53,7 +69,7 @@ async fn main() -> anyhow::Result<()> {
         data_file = %args.data_file.display(),
         "development schema registry (not for production) listening on http://{addr}"
     );
-    wal2delta_dev_registry::serve(listener, state, shutdown_signal())
+    wal2delta_dev_registry::serve_with(listener, state, auth, shutdown_signal())
         .await
         .context("the HTTP server failed")?;
     tracing::info!("stopped");

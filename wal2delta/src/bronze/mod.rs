@@ -220,6 +220,10 @@ async fn session(
     };
     let kafka = config.kafka.connection()?;
     kafka.check_async().await?;
+    let registry = config.schema_registry.connection()?;
+    if registry.is_secured() {
+        registry.check().await?;
+    }
     let settings = ConsumerSettings {
         connection: kafka,
         group_id: b.group_id.clone(),
@@ -245,7 +249,7 @@ async fn session(
         lake,
         supervisor,
         failing: HashMap::new(),
-        decoder: EventDecoder::new(&config.schema_registry.url)?,
+        decoder: EventDecoder::new(&registry)?,
         consumer,
         owned: HashMap::new(),
         batch: MicroBatch::default(),

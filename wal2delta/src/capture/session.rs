@@ -95,7 +95,11 @@ impl<'a> Setup<'a> {
             message_max_bytes: limits.message_max_bytes,
             extra: config.kafka.producer.clone(),
         })?;
-        let registry = Registry::new(&config.schema_registry.url)?;
+        let registry_connection = config.schema_registry.connection()?;
+        if registry_connection.is_secured() {
+            registry_connection.check().await?;
+        }
+        let registry = Registry::new(&registry_connection)?;
         let mut publisher = Publisher::new(
             producer,
             registry,
