@@ -198,6 +198,19 @@ listen = "127.0.0.1:0"
         }
     }
 
+    /// Waits up to `timeout` for the daemon to stop by itself with a failure (an error that
+    /// needs an operator) and returns its log; fails if it keeps running or exits 0.
+    pub fn wait_stopped_by_error(&mut self, timeout: Duration) -> Result<String> {
+        let Some(status) = self.wait_exit(timeout)? else {
+            bail!("the daemon kept running: {}", self.last_log());
+        };
+        let log = self.last_log();
+        if status.success() {
+            bail!("the daemon exited 0 instead of stopping with an error: {log}");
+        }
+        Ok(log)
+    }
+
     /// Waits until the slot is confirmed past everything written so far on `pg`
     /// (failing with the daemon's log after `timeout`).
     pub async fn wait_caught_up(
