@@ -9,10 +9,9 @@
 //! through nested environment overrides (`WAL2DELTA__KAFKA__SECURITY__...`).
 
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
-use wal2delta_tests::daemon::StageProcess;
+use anyhow::{ensure, Result};
 use wal2delta_tests::lake::{duckdb_i64, scan};
 use wal2delta_tests::metrics::free_port;
 use wal2delta_tests::sasl_broker::SaslBroker;
@@ -58,20 +57,6 @@ fn secured<'a>(s: Scenario<'a>, tls: &TlsTerminator, user: &str, password: &str)
     .env(PASSWORD_VAR, password)
 }
 
-fn wait_rows(table: &str, want: i64, bronze: &mut StageProcess) -> Result<()> {
-    let start = Instant::now();
-    let mut n = 0;
-    while start.elapsed() < Duration::from_secs(90) {
-        bronze.assert_running()?;
-        n = duckdb_i64(&format!("SELECT count(*) FROM {table}")).unwrap_or(0);
-        if n >= want {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    bail!("Bronze holds {n} of {want} events: {}", bronze.log_text())
-}
-
 #[tokio::test(flavor = "multi_thread")]
 async fn capture_and_bronze_reach_a_scram_broker_over_tls() -> Result<()> {
     let stack = Stack::from_env();
@@ -96,7 +81,7 @@ async fn capture_and_bronze_reach_a_scram_broker_over_tls() -> Result<()> {
     ))
     .await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
-    wait_rows(&scan(&d.bronze("t")), 500, &mut bronze)?;
+    bronze.wait_rows(&scan(&d.bronze("t")), 500)?;
     let exact = duckdb_i64(&format!(
         "SELECT count(DISTINCT kafka_offset) FROM {}",
         scan(&d.bronze("t"))

@@ -257,6 +257,22 @@ pub struct StageProcess {
 }
 
 impl StageProcess {
+    /// Waits up to 90 s, while this (Bronze) process keeps running, for the Delta table
+    /// `scan` (a DuckDB `delta_scan(...)`) to hold at least `want` rows.
+    pub fn wait_rows(&mut self, scan: &str, want: i64) -> Result<()> {
+        let start = Instant::now();
+        let mut n = 0;
+        while start.elapsed() < Duration::from_secs(90) {
+            self.assert_running()?;
+            n = crate::lake::duckdb_i64(&format!("SELECT count(*) FROM {scan}")).unwrap_or(0);
+            if n >= want {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        bail!("Bronze holds {n} of {want} events: {}", self.log_text())
+    }
+
     /// Polls `get` every half second until it gives `want` (2 minutes at most), checking
     /// that the process still runs; the failure shows the last value and the log.
     pub async fn wait_for<T: PartialEq + std::fmt::Debug>(
