@@ -93,9 +93,12 @@ pub fn fingerprint(rules: &[super::Rule]) -> i64 {
     (h >> 1) as i64
 }
 
-/// One (key, rule) of `rules/hits` after a commit: `Some((version, lsn, commit_ts))` when
-/// it matches, `None` when it no longer does.
-pub type HitChange = (String, String, Option<(i64, i64, Option<i64>)>);
+/// A (key, rule)'s hit: `Some((version, lsn, commit_ts))` when it matches, `None` when it
+/// no longer does.
+pub type Hit = Option<(i64, i64, Option<i64>)>;
+
+/// One (key, rule) of `rules/hits` after a commit, and its [`Hit`].
+pub type HitChange = (String, String, Hit);
 
 pub struct RulesStore {
     transitions: Url,

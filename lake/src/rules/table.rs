@@ -110,7 +110,7 @@ pub struct TableRules {
     hits_interval: Duration,
     /// The hits changes of the rounds appended since the last `rules/hits` commit, the
     /// last change per (key, rule), and when the first of them was appended.
-    pending: BTreeMap<(String, String), Option<(i64, i64, Option<i64>)>>,
+    pending: BTreeMap<(String, String), super::store::Hit>,
     pending_since: Option<Instant>,
 }
 

@@ -70,14 +70,63 @@ impl SchemaRegistryConfig {
             c = c.with_basic_auth(user, password);
         }
         if let Some(path) = &self.ca_file {
-            let pem = std::fs::read(path).map_err(|e| {
-                invalid(
-                    "schema_registry.ca_file",
-                    format!("cannot be read ({}): {e}", path.display()),
-                )
-            })?;
-            c = c.with_ca_pem(pem);
+            c = c.with_ca_pem(read_ca_file(path)?);
         }
         Ok(c)
+    }
+}
+
+/// The most a CA file may hold: a system bundle is about 200 KiB. The bound keeps a config
+/// naming the wrong file (a device such as `/dev/zero`, a log) from reading without end.
+const MAX_CA_FILE_BYTES: u64 = 4 * 1024 * 1024;
+
+fn read_ca_file(path: &std::path::Path) -> Result<Vec<u8>, ConfigError> {
+    use std::io::Read;
+    let field = "schema_registry.ca_file";
+    let mut pem = Vec::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(MAX_CA_FILE_BYTES + 1).read_to_end(&mut pem))
+        .map_err(|e| invalid(field, format!("cannot be read ({}): {e}", path.display())))?;
+    if pem.len() as u64 > MAX_CA_FILE_BYTES {
+        return Err(invalid(
+            field,
+            format!(
+                "{} holds more than {MAX_CA_FILE_BYTES} bytes: name a PEM file of certificates",
+                path.display()
+            ),
+        ));
+    }
+    Ok(pem)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ca_file_that_never_ends_is_refused_and_credentials_go_together() {
+        let c = |extra: &str| -> Result<SchemaRegistryConfig, String> {
+            let c: SchemaRegistryConfig =
+                toml::from_str(&format!("url = \"https://r:8081\"\n{extra}"))
+                    .map_err(|e| e.to_string())?;
+            c.validate().map(|_| c).map_err(|e| e.to_string())
+        };
+        let err = c("ca_file = \"/dev/zero\"").unwrap_err();
+        assert!(
+            err.contains("schema_registry.ca_file") && err.contains("more than"),
+            "{err}"
+        );
+        let err = c("username = \"u\"").unwrap_err();
+        assert!(err.contains("schema_registry.username"), "{err}");
+        let err = c("password_env = \"PATH\"").unwrap_err();
+        assert!(err.contains("schema_registry.username"), "{err}");
+        let plain: SchemaRegistryConfig =
+            toml::from_str("url = \"http://user:pw@r:8081\"").unwrap();
+        let err = plain.validate().unwrap_err().to_string();
+        assert!(
+            err.contains("schema_registry.url") && !err.contains("pw@"),
+            "{err}"
+        );
+        assert!(c("username = \"u\"\npassword_env = \"PATH\"").is_ok());
     }
 }
