@@ -117,21 +117,15 @@ impl SourceConfig {
         let Some(path) = &self.password_file else {
             return Ok(self.dsn.clone());
         };
-        let bytes = secret::read_small_file(path, "source.password_file")?;
-        let text = String::from_utf8(bytes).map_err(|_| {
-            invalid(
-                "source.password_file",
-                format!("cannot be read ({}): it is not UTF-8", path.display()),
-            )
-        })?;
-        let password = text.lines().next().unwrap_or("");
+        let password =
+            secret::load_password("source.password", None, Some(path))?.unwrap_or_default();
         let params = ConnectParams::from_dsn(&self.dsn)
             .map_err(|e| invalid("source.dsn", format!("is not a valid PostgreSQL DSN: {e}")))?;
         if params.password.is_some() {
             return Ok(self.dsn.clone());
         }
         // Added in the DSN's own form, so every other parameter (sslmode, options...) stays.
-        Ok(wal2delta_cdc::dsn::with_password(&self.dsn, password))
+        Ok(wal2delta_cdc::dsn::with_password(&self.dsn, &password))
     }
 }
 
