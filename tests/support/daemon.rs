@@ -257,6 +257,22 @@ pub struct StageProcess {
 }
 
 impl StageProcess {
+    /// Stops this process and `daemon` cleanly (each must exit 0), after checking that
+    /// `secret` appears in neither's log.
+    pub fn stop_cleanly_with(&mut self, daemon: &mut Daemon, secret: &str) -> Result<()> {
+        let logs = format!("{}{}", daemon.last_log(), self.log_text());
+        if logs.contains(secret) {
+            bail!("a secret reached a log");
+        }
+        if !self.stop()?.success() {
+            bail!("clean stop: {}", self.log_text());
+        }
+        if !daemon.stop()?.success() {
+            bail!("clean stop: {}", daemon.last_log());
+        }
+        Ok(())
+    }
+
     /// Waits up to 90 s, while this (Bronze) process keeps running, for the Delta table
     /// `scan` (a DuckDB `delta_scan(...)`) to hold at least `want` rows.
     pub fn wait_rows(&mut self, scan: &str, want: i64) -> Result<()> {
