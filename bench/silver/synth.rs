@@ -118,8 +118,8 @@ pub fn reference_schema() -> anyhow::Result<SchemaRef> {
         db: "app".into(),
     };
     let encoded = encode_change(&t, &schemas, &source, &change, 1_700_000_000_000, None)?;
-    let mut cols = envelope_columns(&schemas.value, SCHEMA_ID as u32, &[&encoded.value])?;
-    let (field, array) = key_column(&schemas.key, &[encoded.key.as_ref()])?
+    let mut cols = envelope_columns(&schemas.lake_value, SCHEMA_ID as u32, &[&encoded.value])?;
+    let (field, array) = key_column(&schemas.lake_key, &[encoded.key.as_ref()])?
         .ok_or_else(|| anyhow::anyhow!("the synthetic table has a primary key"))?;
     cols.fields.push(field);
     cols.arrays.push(array);

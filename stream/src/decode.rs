@@ -1,11 +1,23 @@
 //! Decoding Confluent-framed Avro events with the writer schema from the registry.
+//!
+//! Events are read with the *lake's view* of their writer schema: the registered text with
+//! the Avro logical type of every temporal semantic name added
+//! ([`crate::avro::temporal::with_logical_types`]). Logical types do not change the binary
+//! encoding, so the bytes read exactly as written; dates and timestamps then decode to the
+//! same `Value` variants whether the event was written with today's schemas (plain
+//! `int`/`long` with `connect.name`) or with older ones (logical types in the registered
+//! schema), and the Arrow mapping sees one shape for both.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
+use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
+use apache_avro::Schema;
 use schema_registry_converter::async_impl::avro::AvroDecoder;
-pub use schema_registry_converter::avro_common::AvroSchema;
 use wal2delta_model::ErrorClass;
+
+use crate::avro::temporal::with_logical_types_text;
 
 use crate::registry::unframe;
 use crate::StreamError;
@@ -52,15 +64,35 @@ impl DecodeError {
     }
 }
 
+/// The schema an event was read with: its registry id and the lake's view of the
+/// registered schema (see the module doc).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ReadSchema {
+    pub id: u32,
+    pub parsed: Schema,
+}
+
 /// One decoded event.
 pub struct Decoded {
-    pub schema: Arc<AvroSchema>,
+    pub schema: Arc<ReadSchema>,
     pub value: Value,
+}
+
+/// A schema id's reader, built once.
+struct Reader {
+    schema: Arc<ReadSchema>,
+    /// Reads with a `'static` copy of `schema.parsed`: apache-avro's resolved reader borrows
+    /// its schema, and the copy is leaked so the reader can live in the cache. One copy per
+    /// schema id this decoder ever sees, which stays resident for the process's lifetime
+    /// (as the registry client's own caches do), so the leak is bounded by the number of
+    /// schema versions.
+    reader: GenericDatumReader<'static>,
 }
 
 /// Decodes event values; writer schemas are fetched once per id and cached.
 pub struct EventDecoder {
     decoder: AvroDecoder,
+    readers: Mutex<HashMap<u32, Arc<Reader>>>,
 }
 
 impl EventDecoder {
@@ -69,14 +101,34 @@ impl EventDecoder {
     ) -> Result<Self, StreamError> {
         Ok(EventDecoder {
             decoder: AvroDecoder::new(registry.sr_settings()?),
+            readers: Mutex::new(HashMap::new()),
         })
     }
 
     pub async fn decode(&self, payload: &[u8]) -> Result<Decoded, DecodeError> {
-        let Some((id, _)) = unframe(payload) else {
+        let Some((id, mut datum)) = unframe(payload) else {
             return Err(DecodeError::NotFramed);
         };
-        let schema = self.decoder.get_schema(id).await.map_err(|e| {
+        let reader = self.reader(id).await?;
+        let value = reader
+            .reader
+            .read_value(&mut datum)
+            .map_err(|e| DecodeError::Corrupt {
+                id,
+                reason: e.to_string(),
+            })?;
+        Ok(Decoded {
+            schema: reader.schema.clone(),
+            value,
+        })
+    }
+
+    /// The reader of schema `id`: fetched from the registry on first use, then cached.
+    async fn reader(&self, id: u32) -> Result<Arc<Reader>, DecodeError> {
+        if let Some(r) = self.cached(id) {
+            return Ok(r);
+        }
+        let registered = self.decoder.get_schema(id).await.map_err(|e| {
             let reason = match &e.cause {
                 Some(c) => format!("{}: {c}", e.error),
                 None => e.error.clone(),
@@ -89,17 +141,25 @@ impl EventDecoder {
                 DecodeError::UnknownSchema { id, reason }
             }
         })?;
-        match self.decoder.decode_with_schema(Some(payload)).await {
-            Ok(Some(d)) => Ok(Decoded {
-                schema,
-                value: d.value,
-            }),
-            Ok(None) => Err(DecodeError::NotFramed),
-            Err(e) if e.retriable => Err(DecodeError::RegistryUnavailable { reason: e.error }),
-            Err(e) => Err(DecodeError::Corrupt {
-                id,
-                reason: e.error,
-            }),
-        }
+        let unknown = |reason: String| DecodeError::UnknownSchema { id, reason };
+        let parsed = match with_logical_types_text(&registered.raw) {
+            Some(text) => Schema::parse_str(&text).map_err(|e| unknown(e.to_string()))?,
+            None => registered.parsed.clone(),
+        };
+        let leaked: &'static Schema = Box::leak(Box::new(parsed.clone()));
+        let reader = GenericDatumReader::builder(leaked)
+            .build()
+            .map_err(|e| unknown(e.to_string()))?;
+        let built = Arc::new(Reader {
+            schema: Arc::new(ReadSchema { id, parsed }),
+            reader,
+        });
+        let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        Ok(readers.entry(id).or_insert(built).clone())
+    }
+
+    fn cached(&self, id: u32) -> Option<Arc<Reader>> {
+        let readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());
+        readers.get(&id).cloned()
     }
 }

@@ -144,8 +144,9 @@ pub fn kafka_record(data: &[u8]) {
     let Some((id, datum)) = unframe(data) else {
         return;
     };
-    if let Some(value) = read(&f.schemas.value, datum) {
-        let _ = envelope_columns(&f.schemas.value, id, &[&value]);
+    // As Bronze reads: with the lake's view of the schemas (temporal logical types added).
+    if let Some(value) = read(&f.schemas.lake_value, datum) {
+        let _ = envelope_columns(&f.schemas.lake_value, id, &[&value]);
         let _ = out_of_range_column(&[&value], &[None]);
         if let Value::Record(fields) = &value {
             for (name, image) in fields {
@@ -162,8 +163,8 @@ pub fn kafka_record(data: &[u8]) {
             }
         }
     }
-    if let Some(key) = read(&f.schemas.key, datum) {
-        let _ = key_column(&f.schemas.key, &[Some(&key)]);
+    if let Some(key) = read(&f.schemas.lake_key, datum) {
+        let _ = key_column(&f.schemas.lake_key, &[Some(&key)]);
         let _ = out_of_range_column(&[&Value::Null], &[Some(&key)]);
     }
 }

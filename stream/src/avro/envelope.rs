@@ -22,8 +22,14 @@ pub const CONNECTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
 /// The Avro schemas of one version of a table.
 #[derive(Debug, Clone)]
 pub struct TableSchemas {
+    /// The schemas capture registers and writes with.
     pub key: Schema,
     pub value: Schema,
+    /// The same schemas as the lake reads them: with the logical types of temporal columns
+    /// ([`super::temporal::with_logical_types`]). They read the bytes written with `key` /
+    /// `value` unchanged; use them to decode events and to build Arrow columns.
+    pub lake_key: Schema,
+    pub lake_value: Schema,
     pub key_json: String,
     pub value_json: String,
     /// Avro field name of each column (sanitized, unique).
@@ -131,6 +137,8 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
     Ok(TableSchemas {
         key: parse(&key_json)?,
         value: parse(&value_json)?,
+        lake_key: parse(&super::temporal::with_logical_types(&key_json))?,
+        lake_value: parse(&super::temporal::with_logical_types(&value_json))?,
         key_json: key_json.to_string(),
         value_json: value_json.to_string(),
         field_names,

@@ -6,4 +6,5 @@ pub mod dates;
 pub mod envelope;
 #[cfg(test)]
 mod proptests;
+pub mod temporal;
 pub mod types;

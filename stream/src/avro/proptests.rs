@@ -415,7 +415,8 @@ proptest! {
         let schemas = table_schemas("cdc", &t).unwrap();
         let source = SourceInfo { name: "cdc".into(), db: "app".into() };
         let writer = GenericDatumWriter::builder(&schemas.value).build().unwrap();
-        let reader = GenericDatumReader::builder(&schemas.value).build().unwrap();
+        // Bronze reads with the lake's view of the writer schema (`decode`).
+        let reader = GenericDatumReader::builder(&schemas.lake_value).build().unwrap();
         let mut decoded: Vec<Value> = Vec::new();
         for (i, d) in values.iter().enumerate() {
             let change = Change {
@@ -441,7 +442,7 @@ proptest! {
             decoded.push(reader.read_value(&mut &bytes[..]).unwrap());
         }
         let refs: Vec<&Value> = decoded.iter().collect();
-        let cols = envelope_columns(&schemas.value, 1, &refs).unwrap();
+        let cols = envelope_columns(&schemas.lake_value, 1, &refs).unwrap();
         let at = cols.fields.iter().position(|f| f.name() == wal2delta_model::bronze::AFTER).unwrap();
         let after = cols.arrays[at].as_any().downcast_ref::<StructArray>().unwrap();
         let col = after.column_by_name("col").unwrap().clone();

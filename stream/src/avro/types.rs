@@ -11,13 +11,16 @@
 //!   when the column is bounded. Avro's `decimal` logical type can hold neither NaN nor the
 //!   infinities, nor an unbounded numeric (up to 131 072 digits before the point), so a
 //!   string is the only exact choice;
-//! * `date` is Avro `date`; PostgreSQL's `infinity` / `-infinity` become `i32::MAX` /
-//!   `i32::MIN` (PostgreSQL dates end at 5874897-12-31, day 2 145 042 905, so the sentinels
-//!   never collide with a real date);
-//! * `timestamp` / `timestamptz` are `local-timestamp-micros` / `timestamp-micros`;
-//!   `infinity` / `-infinity` become `i64::MAX` / `i64::MIN`, which is how PostgreSQL itself
-//!   stores them (`DT_NOEND` / `DT_NOBEGIN`). The decoder refuses finite values at
-//!   `i64::MAX` microseconds, so the sentinels are unambiguous;
+//! * `date`, `time`, `timestamp` and `timestamptz` are a plain `int` (days since
+//!   1970-01-01) or `long` (µs since midnight, since 1970-01-01, since 1970-01-01 UTC)
+//!   named by `"connect.name"`, without an Avro logical type, so that every Avro client can
+//!   read every PostgreSQL value, including those outside its calendar ([`super::temporal`]);
+//! * for `date`, PostgreSQL's `infinity` / `-infinity` become `i32::MAX` / `i32::MIN`
+//!   (PostgreSQL dates end at 5874897-12-31, day 2 145 042 905, so the sentinels never
+//!   collide with a real date); for `timestamp` / `timestamptz` they become `i64::MAX` /
+//!   `i64::MIN`, which is how PostgreSQL itself stores them (`DT_NOEND` / `DT_NOBEGIN`). The
+//!   decoder refuses finite values at `i64::MAX` microseconds, so the sentinels are
+//!   unambiguous;
 //! * `timetz` is a record `{micros: long, offset_seconds: int}` (offset east of UTC; micros
 //!   may be 86 400 000 000 for 24:00:00, so it is a plain long rather than `time-micros`);
 //! * `interval` is a record `{months: int, days: int, micros: long}`: PostgreSQL's three
@@ -36,6 +39,8 @@
 use apache_avro::types::Value;
 use serde_json::{json, Map, Value as Json};
 use wal2delta_model::{BaseType, ColumnType, Datum, ErrorClass, Special, TypeKind};
+
+use super::temporal;
 
 /// Why a value could not be mapped. Messages name the type, never the value.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -195,10 +200,10 @@ fn base_schema(base: BaseType, ty: &ColumnType, namespace: &str, column: &str) -
         BaseType::Json | BaseType::Jsonb => {
             json!({"type": "string", "connect.name": "io.debezium.data.Json"})
         }
-        BaseType::Date => json!({"type": "int", "logicalType": "date"}),
-        BaseType::Time => json!({"type": "long", "logicalType": "time-micros"}),
-        BaseType::Timestamp => json!({"type": "long", "logicalType": "local-timestamp-micros"}),
-        BaseType::TimestampTz => json!({"type": "long", "logicalType": "timestamp-micros"}),
+        BaseType::Date => temporal::schema(temporal::DATE),
+        BaseType::Time => temporal::schema(temporal::MICRO_TIME),
+        BaseType::Timestamp => temporal::schema(temporal::MICRO_TIMESTAMP),
+        BaseType::TimestampTz => temporal::schema(temporal::MICRO_TIMESTAMP_UTC),
         BaseType::TimeTz => record(
             namespace,
             column,
@@ -394,7 +399,7 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
             Value::String(s.clone())
         }
         (Repr::Bytes, Datum::Bytes(b)) => Value::Bytes(b.clone()),
-        (Repr::Date, Datum::Date(d)) => Value::Date(match d {
+        (Repr::Date, Datum::Date(d)) => Value::Int(match d {
             Special::Infinity => i32::MAX,
             Special::NegInfinity => i32::MIN,
             Special::Value(v) if *v == i32::MAX || *v == i32::MIN => {
@@ -405,7 +410,7 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
             }
             Special::Value(v) => *v,
         }),
-        (Repr::Time, Datum::Time(micros)) => Value::TimeMicros(*micros),
+        (Repr::Time, Datum::Time(micros)) => Value::Long(*micros),
         (
             Repr::TimeTz,
             Datum::TimeTz {
@@ -416,11 +421,8 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
             ("micros".into(), Value::Long(*micros)),
             ("offset_seconds".into(), Value::Int(*offset_seconds)),
         ]),
-        (Repr::Timestamp, Datum::Timestamp(t)) => {
-            Value::LocalTimestampMicros(timestamp_micros(ty, *t)?)
-        }
-        (Repr::TimestampTz, Datum::TimestampTz(t)) => {
-            Value::TimestampMicros(timestamp_micros(ty, *t)?)
+        (Repr::Timestamp, Datum::Timestamp(t)) | (Repr::TimestampTz, Datum::TimestampTz(t)) => {
+            Value::Long(timestamp_micros(ty, *t)?)
         }
         (
             Repr::Interval,
@@ -469,9 +471,11 @@ fn array_element(ty: &ColumnType) -> Option<&ColumnType> {
 }
 
 /// The datum of a non-NULL Avro value read for a column of type `ty`; the exact inverse of
-/// [`to_avro`]. Accepts the variants apache-avro produces when decoding (`Date`,
-/// `TimeMicros`, `TimestampMicros`, `LocalTimestampMicros`, `Uuid`, ...), the plain
-/// primitive variants, and `Union` wrappers.
+/// [`to_avro`]. Accepts the plain primitive variants [`to_avro`] produces, the logical
+/// variants apache-avro produces when decoding with a schema that has logical types
+/// (`Date`, `TimeMicros`, `TimestampMicros`, `LocalTimestampMicros`, `Uuid`: events
+/// written before temporal columns dropped them, and any event read with
+/// [`temporal::with_logical_types`]), and `Union` wrappers.
 pub fn from_avro(ty: &ColumnType, value: &Value) -> Result<Datum, MappingError> {
     let mut value = value;
     while let Value::Union(_, inner) = value {
@@ -1120,6 +1124,72 @@ mod tests {
         let interval = ColumnType::base(Interval, "interval");
         let partial = Value::Record(vec![("months".into(), Value::Int(1))]);
         assert!(from_avro(&interval, &partial).is_err());
+    }
+
+    #[test]
+    fn temporal_columns_are_plain_integers_with_a_semantic_name() {
+        use BaseType::*;
+        let cases = [
+            (ColumnType::base(Date, "date"), "int", temporal::DATE),
+            (
+                ColumnType::base(Time, "time without time zone"),
+                "long",
+                temporal::MICRO_TIME,
+            ),
+            (
+                ColumnType::base(Timestamp, "timestamp without time zone"),
+                "long",
+                temporal::MICRO_TIMESTAMP,
+            ),
+            (
+                ColumnType::base(TimestampTz, "timestamp with time zone"),
+                "long",
+                temporal::MICRO_TIMESTAMP_UTC,
+            ),
+        ];
+        for (ty, primitive, name) in &cases {
+            let s = column_schema(&ty, "ns", "c");
+            assert_eq!(
+                s,
+                json!({"type": primitive, "connect.name": name, "connect.version": 1, "pg.type": &ty.name}),
+                "no logicalType: every Avro client reads the plain integer"
+            );
+        }
+        assert_eq!(
+            to_avro(&cases[0].0, &Datum::Date(Special::Infinity)),
+            Ok(Value::Int(i32::MAX))
+        );
+        assert_eq!(
+            to_avro(&cases[1].0, &Datum::Time(86_400_000_000)),
+            Ok(Value::Long(86_400_000_000))
+        );
+        assert_eq!(
+            to_avro(&cases[3].0, &Datum::TimestampTz(Special::NegInfinity)),
+            Ok(Value::Long(i64::MIN))
+        );
+        // What was written with the plain schema reads back through the lake's view (logical
+        // types added) as the logical variants, and from_avro gives the same datum.
+        for (ty, _, _) in &cases {
+            let plain = column_schema(ty, "ns", "c");
+            let lake = Schema::parse(&temporal::with_logical_types(&plain)).unwrap();
+            let datum = match ty.kind {
+                TypeKind::Base(Date) => Datum::Date(Special::Value(2_145_042_905)),
+                TypeKind::Base(Time) => Datum::Time(86_400_000_000),
+                TypeKind::Base(Timestamp) => Datum::Timestamp(Special::Infinity),
+                _ => Datum::TimestampTz(Special::Value(9_214_646_400_000_000)),
+            };
+            let bytes = encode(
+                &Schema::parse(&plain).unwrap(),
+                to_avro(ty, &datum).unwrap(),
+            );
+            let read = decode(&lake, &bytes);
+            assert!(
+                !matches!(read, Value::Int(_) | Value::Long(_)),
+                "{}: {read:?}",
+                ty.name
+            );
+            assert_eq!(from_avro(ty, &read), Ok(datum));
+        }
     }
 
     #[test]

@@ -17,7 +17,7 @@ use wal2delta_lake::deltalake::arrow::datatypes::Schema;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 use wal2delta_stream::avro::columns::{envelope_columns, key_column, out_of_range_column};
 use wal2delta_stream::consumer::RawMessage;
-use wal2delta_stream::decode::AvroSchema;
+use wal2delta_stream::decode::ReadSchema;
 use wal2delta_stream::transactions::{transaction_columns, TransactionRecord};
 
 /// Events converted to Arrow at a time.
@@ -27,7 +27,7 @@ pub const CHUNK: usize = 4_096;
 pub enum Payload {
     /// Decoded, not yet converted to Arrow; with the decoded Kafka key (none for a
     /// TRUNCATE, which has no key).
-    Decoded(Arc<AvroSchema>, Value, Option<(Arc<AvroSchema>, Value)>),
+    Decoded(Arc<ReadSchema>, Value, Option<(Arc<ReadSchema>, Value)>),
     /// A record of the transactions topic.
     Transaction(TransactionRecord),
     /// Cannot be stored: reason code and detail.
@@ -43,9 +43,9 @@ pub enum Payload {
 
 /// An event's value and key, decoded with their writer schemas.
 pub struct DecodedEvent {
-    pub schema: Arc<AvroSchema>,
+    pub schema: Arc<ReadSchema>,
     pub value: Value,
-    pub key: Option<(Arc<AvroSchema>, Value)>,
+    pub key: Option<(Arc<ReadSchema>, Value)>,
 }
 
 /// One event read from Kafka.
@@ -284,8 +284,8 @@ impl TopicBuffer {
     /// Where the run starting at `start` ends: consecutive events with one value schema
     /// and one key schema (events without a key, i.e. TRUNCATEs, join any run); and the
     /// run's key schema.
-    fn run_end(&self, start: usize, schema: &AvroSchema) -> (usize, Option<Arc<AvroSchema>>) {
-        let mut key_schema: Option<Arc<AvroSchema>> = None;
+    fn run_end(&self, start: usize, schema: &ReadSchema) -> (usize, Option<Arc<ReadSchema>>) {
+        let mut key_schema: Option<Arc<ReadSchema>> = None;
         let mut j = start;
         while j < self.events.len() {
             let Payload::Decoded(s, _, key) = &self.events[j].state else {
@@ -310,8 +310,8 @@ impl TopicBuffer {
     fn change_batch(
         &self,
         run: std::ops::Range<usize>,
-        schema: &AvroSchema,
-        key_schema: Option<&Arc<AvroSchema>>,
+        schema: &ReadSchema,
+        key_schema: Option<&Arc<ReadSchema>>,
         ingested_at: i64,
     ) -> Result<RecordBatch, (&'static str, String)> {
         let events = &self.events[run];

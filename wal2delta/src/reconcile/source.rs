@@ -195,7 +195,9 @@ impl SourceTable {
         let writer = GenericDatumWriter::builder(&self.avro.value)
             .build()
             .with_context(what)?;
-        let reader = GenericDatumReader::builder(&self.avro.value)
+        // Read back as Bronze reads: with the lake's view of the schema (the same bytes,
+        // temporal columns as their logical types, `stream::decode`).
+        let reader = GenericDatumReader::builder(&self.avro.lake_value)
             .build()
             .with_context(what)?;
         let mut values: Vec<Value> = Vec::with_capacity(rows.len());
@@ -229,7 +231,7 @@ impl SourceTable {
             values.push(reader.read_value(&mut &bytes[..]).with_context(what)?);
         }
         let refs: Vec<&Value> = values.iter().collect();
-        let columns = envelope_columns(&self.avro.value, 0, &refs).with_context(what)?;
+        let columns = envelope_columns(&self.avro.lake_value, 0, &refs).with_context(what)?;
         let after = columns
             .fields
             .iter()
