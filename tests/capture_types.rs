@@ -253,3 +253,192 @@ async fn every_type_round_trips_exactly() -> Result<()> {
     d.stop()?;
     Ok(())
 }
+
+/// Temporal values outside the calendars of Avro clients (`±infinity`, years past 9999,
+/// `24:00:00`) reach a Python consumer (confluent-kafka's `AvroDeserializer`, i.e. fastavro)
+/// as the plain integers `docs/types.md` documents, and Bronze still holds them with the
+/// same Arrow types and values as before temporal columns dropped their Avro logical types.
+#[tokio::test(flavor = "multi_thread")]
+async fn temporal_edge_values_reach_python_consumers_and_bronze() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, d) = scenario(
+        &stack,
+        "pytemporal",
+        "CREATE TABLE {s}.edge (id int PRIMARY KEY, d date, t time, ts timestamp, tz timestamptz)",
+        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n",
+        1,
+    )
+    .await?;
+    let mut run = d.spawn_stage("capture,bronze", "run")?;
+    let result = temporal_edges(&stack, &name, &pg, &d, &mut run).await;
+    if result.is_ok() {
+        ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
+    }
+    drop(run);
+    result
+}
+
+async fn temporal_edges(
+    stack: &Stack,
+    name: &str,
+    pg: &tokio_postgres::Client,
+    d: &wal2delta_tests::daemon::Daemon,
+    run: &mut wal2delta_tests::daemon::StageProcess,
+) -> Result<()> {
+    use serde_json::{json, Value as Json};
+    use wal2delta_tests::kafka::read_topic_with_python;
+    use wal2delta_tests::lake::{duckdb, scan};
+
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.edge VALUES
+           (1, 'infinity', '24:00:00', 'infinity', 'infinity'),
+           (2, '-infinity', '00:00:00', '-infinity', '-infinity'),
+           (3, '10000-01-01', '13:14:15.123456', '10000-01-01 00:00:00', '10000-01-01 00:00:00+00'),
+           (4, '5874897-12-31', '23:59:59.999999', '294246-12-31 23:59:59.999999', '294246-12-31 23:59:59.999999+00'),
+           (5, '2024-02-29', '12:00:00', '2024-02-29 12:34:56.789012', '2024-02-29 12:34:56.789012+02'),
+           (6, '0044-03-15 BC', NULL, '0044-03-15 12:00:00 BC', NULL),
+           (7, NULL, NULL, NULL, NULL);"
+    ))
+    .await?;
+
+    // What every value must arrive as: PostgreSQL's own arithmetic for finite values, the
+    // documented sentinels for the infinities.
+    let expected = pg
+        .query(
+            &format!(
+                "SELECT id,
+                   CASE WHEN d = 'infinity' THEN 2147483647 WHEN d = '-infinity' THEN -2147483648
+                        ELSE d - DATE '1970-01-01' END,
+                   (EXTRACT(epoch FROM t) * 1000000)::bigint,
+                   CASE WHEN ts = 'infinity' THEN 9223372036854775807
+                        WHEN ts = '-infinity' THEN -9223372036854775808
+                        ELSE (EXTRACT(epoch FROM ts) * 1000000)::bigint END,
+                   CASE WHEN tz = 'infinity' THEN 9223372036854775807
+                        WHEN tz = '-infinity' THEN -9223372036854775808
+                        ELSE (EXTRACT(epoch FROM tz) * 1000000)::bigint END
+                 FROM {name}.edge ORDER BY id"
+            ),
+            &[],
+        )
+        .await?;
+    let expected: Vec<Json> = expected
+        .iter()
+        .map(|r| {
+            json!({"id": r.get::<_, i32>(0), "d": r.get::<_, Option<i32>>(1),
+                   "t": r.get::<_, Option<i64>>(2), "ts": r.get::<_, Option<i64>>(3),
+                   "tz": r.get::<_, Option<i64>>(4)})
+        })
+        .collect();
+    ensure!(
+        expected[0]
+            == json!({"id": 1, "d": i32::MAX, "t": 86_400_000_000i64, "ts": i64::MAX, "tz": i64::MAX}),
+        "{:?}",
+        expected[0]
+    );
+
+    d.wait_caught_up(pg, Duration::from_secs(60)).await?;
+    let topic = format!("{name}.{name}.edge");
+    let records = read_topic_with_python(
+        &stack.brokers,
+        &stack.registry,
+        &topic,
+        expected.len(),
+        Duration::from_secs(60),
+    )?;
+    let got: Vec<Json> = records
+        .iter()
+        .map(|r| r["value"]["after"].clone())
+        .collect();
+    ensure!(
+        got == expected,
+        "Python read:\n{got:#?}\nwanted:\n{expected:#?}"
+    );
+    for r in &records {
+        ensure!(
+            r["value"]["op"] == "c" && r["key"]["id"] == r["value"]["after"]["id"],
+            "{r}"
+        );
+    }
+
+    // Bronze: the same Arrow types as with the logical types (DuckDB's names) and values.
+    let edge = scan(&d.bronze("edge"));
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        run.assert_running()?;
+        let n = duckdb(&format!("SELECT count(*) FROM {edge}"))
+            .ok()
+            .and_then(|rows| rows.first().and_then(|r| r.first()).and_then(Json::as_i64));
+        if n == Some(expected.len() as i64) {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < deadline,
+            "Bronze holds {n:?} rows; log: {}",
+            run.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let types = duckdb(&format!(
+        "SELECT DISTINCT typeof(after.d), typeof(after.t), typeof(after.ts), typeof(after.tz) FROM {edge}"
+    ))?;
+    ensure!(
+        types
+            == vec![vec![
+                json!("DATE"),
+                json!("BIGINT"),
+                json!("TIMESTAMP"),
+                json!("TIMESTAMP WITH TIME ZONE")
+            ]],
+        "Bronze column types: {types:?}"
+    );
+    let us = |c: &str| {
+        format!("CASE WHEN isinf(after.{c}) THEN after.{c}::VARCHAR ELSE epoch_us(after.{c})::VARCHAR END")
+    };
+    let rows = duckdb(&format!(
+        "SELECT after.id, after.d::VARCHAR, after.t, {}, {}, out_of_range_values::VARCHAR
+         FROM {edge} ORDER BY after.id",
+        us("ts"),
+        us("tz")
+    ))?;
+    let text = |v: &Json| match v {
+        Json::Null => Json::Null,
+        other => json!(other.to_string()),
+    };
+    let want: Vec<Vec<Json>> = expected
+        .iter()
+        .zip([
+            ("262142-12-31", "[{'column': after.d, 'value': infinity}]"),
+            (
+                "262144-01-01 (BC)",
+                "[{'column': after.d, 'value': -infinity}]",
+            ),
+            ("10000-01-01", ""),
+            (
+                "262142-12-30",
+                "[{'column': after.d, 'value': 5874897-12-31}]",
+            ),
+            ("2024-02-29", ""),
+            ("0044-03-15 (BC)", ""),
+            ("", ""),
+        ])
+        .map(|(e, (day, mapped))| {
+            // The Arrow value is the integer sent; DuckDB shows `i64::MAX` as `infinity` and
+            // gives the others' microseconds (its own -infinity is `i64::MIN + 1`).
+            let inf = |c: &str| match e[c].as_i64() {
+                Some(i64::MAX) => json!("infinity"),
+                _ => text(&e[c]),
+            };
+            let opt = |s: &str| if s.is_empty() { Json::Null } else { json!(s) };
+            vec![
+                e["id"].clone(),
+                opt(day),
+                e["t"].clone(),
+                inf("ts"),
+                inf("tz"),
+                opt(mapped),
+            ]
+        })
+        .collect();
+    ensure!(rows == want, "Bronze rows:\n{rows:#?}\nwanted:\n{want:#?}");
+    Ok(())
+}

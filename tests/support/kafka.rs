@@ -290,3 +290,35 @@ mod reqwest {
             .map_err(|_| anyhow::anyhow!("registry request thread panicked"))?
     }
 }
+
+/// The first `count` records of `topic` as a Python consumer reads them: confluent-kafka's
+/// `DeserializingConsumer` with its `AvroDeserializer` (fastavro) for keys and values
+/// (`tests/py/avro_consumer.py`, in the `ops/pyenv` virtualenv). Fails with the
+/// deserializer's error when the Python client cannot read a record.
+pub fn read_topic_with_python(
+    brokers: &str,
+    registry: &str,
+    topic: &str,
+    count: usize,
+    timeout: Duration,
+) -> Result<Vec<serde_json::Value>> {
+    let script = crate::tests_dir().join("py/avro_consumer.py");
+    let out = std::process::Command::new(crate::lake::python()?)
+        .arg(script)
+        .args([
+            brokers,
+            registry,
+            topic,
+            &count.to_string(),
+            &timeout.as_secs().to_string(),
+        ])
+        .output()
+        .context("running tests/py/avro_consumer.py")?;
+    if !out.status.success() {
+        bail!(
+            "the Python Avro consumer failed on {topic}: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    serde_json::from_slice(&out.stdout).context("avro_consumer.py printed no JSON")
+}
