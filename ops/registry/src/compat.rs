@@ -283,4 +283,34 @@ mod tests {
         assert_eq!(messages.len(), 1);
         assert!(messages[0].contains("'a'"), "{messages:?}");
     }
+    /// wal2delta's temporal columns dropped their Avro logical types for a plain `int` /
+    /// `long` with a `connect.name` (`docs/types.md`): the new version of a table's subject
+    /// must be accepted. As in Confluent's checker (Avro's `SchemaCompatibility`, which
+    /// compares the primitive types only), logical types do not matter, in either
+    /// direction, so FULL accepts the change too.
+    #[test]
+    fn dropping_temporal_logical_types_is_compatible_both_ways() {
+        let old = schema(
+            r#"{"name":"d","type":["null",{"type":"int","logicalType":"date","pg.type":"date"}],"default":null},
+               {"name":"t","type":["null",{"type":"long","logicalType":"time-micros"}],"default":null},
+               {"name":"ts","type":["null",{"type":"long","logicalType":"local-timestamp-micros"}],"default":null},
+               {"name":"tz","type":["null",{"type":"long","logicalType":"timestamp-micros"}],"default":null},
+               {"name":"ds","type":{"type":"array","items":["null",{"type":"int","logicalType":"date"}]}}"#,
+        );
+        let new = schema(
+            r#"{"name":"d","type":["null",{"type":"int","connect.name":"io.debezium.time.Date","connect.version":1,"pg.type":"date"}],"default":null},
+               {"name":"t","type":["null",{"type":"long","connect.name":"io.debezium.time.MicroTime","connect.version":1}],"default":null},
+               {"name":"ts","type":["null",{"type":"long","connect.name":"io.debezium.time.MicroTimestamp","connect.version":1}],"default":null},
+               {"name":"tz","type":["null",{"type":"long","connect.name":"wal2delta.time.MicroTimestampUtc","connect.version":1}],"default":null},
+               {"name":"ds","type":{"type":"array","items":["null",{"type":"int","connect.name":"io.debezium.time.Date","connect.version":1}]}}"#,
+        );
+        let earlier = [Earlier {
+            version: 1,
+            schema: &old,
+        }];
+        for level in [Compatibility::Backward, Compatibility::Full] {
+            let messages = check_against_history(level, &new, &earlier);
+            assert!(messages.is_empty(), "{level}: {messages:?}");
+        }
+    }
 }

@@ -463,6 +463,136 @@ mod tests {
         );
     }
 
+    /// An upgrade: events already in Kafka were written with the registered schemas of
+    /// before (temporal columns with Avro logical types). Their bytes are the bytes capture
+    /// writes today, and read as Bronze reads (each with its own writer schema, the new one
+    /// through the lake's view) they give the same Arrow types and values.
+    #[test]
+    fn events_of_the_old_temporal_schemas_give_the_same_bronze_columns() {
+        use apache_avro::reader::datum::GenericDatumReader;
+        use apache_avro::writer::datum::GenericDatumWriter;
+        use wal2delta_model::Special;
+
+        let mut t = table();
+        let ty = |b: BaseType, name: &str| ColumnType {
+            oid: 0,
+            name: name.into(),
+            typmod: -1,
+            kind: TypeKind::Base(b),
+        };
+        for (name, b, pg) in [
+            ("d", BaseType::Date, "date"),
+            ("tm", BaseType::Time, "time without time zone"),
+            ("ts", BaseType::Timestamp, "timestamp without time zone"),
+            ("tz", BaseType::TimestampTz, "timestamp with time zone"),
+        ] {
+            t.columns.push(Column {
+                name: name.into(),
+                ty: ty(b, pg),
+                is_key: false,
+            });
+        }
+        let t = t;
+        let schemas = table_schemas("cdc", &t).unwrap();
+        // The old registered schema: the logical types, no temporal names.
+        fn old_form(j: &serde_json::Value) -> serde_json::Value {
+            match j {
+                serde_json::Value::Object(o) => serde_json::Value::Object(
+                    o.iter()
+                        .filter(|(k, _)| {
+                            !k.starts_with("connect.")
+                                || k.as_str() == "connect.name" && o.contains_key("fields")
+                        })
+                        .map(|(k, v)| (k.clone(), old_form(v)))
+                        .collect(),
+                ),
+                serde_json::Value::Array(a) => {
+                    serde_json::Value::Array(a.iter().map(old_form).collect())
+                }
+                other => other.clone(),
+            }
+        }
+        let lake_json: serde_json::Value = crate::avro::temporal::with_logical_types(
+            &serde_json::from_str(&schemas.value_json).unwrap(),
+        );
+        let old_json = old_form(&lake_json);
+        assert!(old_json
+            .to_string()
+            .contains(r#""logicalType":"local-timestamp-micros""#));
+        assert!(!old_json.to_string().contains("io.debezium.time"));
+        let old = Schema::parse(&old_json).unwrap();
+
+        let source = SourceInfo {
+            name: "cdc".into(),
+            db: "app".into(),
+        };
+        let change = Change {
+            table: t.table.clone(),
+            op: ChangeOp::Insert,
+            before: None,
+            after: Some(Row {
+                values: vec![
+                    ColumnValue::Value(Datum::Int64(1)),
+                    ColumnValue::Null,
+                    ColumnValue::Value(Datum::Date(Special::Infinity)),
+                    ColumnValue::Value(Datum::Time(86_400_000_000)),
+                    ColumnValue::Value(Datum::Timestamp(Special::NegInfinity)),
+                    ColumnValue::Value(Datum::TimestampTz(Special::Value(253_402_300_800_000_000))),
+                ],
+            }),
+            position: TxPosition {
+                lsn: Lsn(1),
+                commit_lsn: Lsn(2),
+                xid: 3,
+                commit_ts_us: 4,
+                ordinal: 0,
+            },
+        };
+        let encoded = encode_change(&t, &schemas, &source, &change, 5, None).unwrap();
+        let bytes = GenericDatumWriter::builder(&schemas.value)
+            .build()
+            .unwrap()
+            .write_value_to_vec(encoded.value)
+            .unwrap();
+        let read = |s: &Schema| {
+            GenericDatumReader::builder(s)
+                .build()
+                .unwrap()
+                .read_value(&mut &bytes[..])
+                .unwrap()
+        };
+        let (as_old, as_new) = (read(&old), read(&schemas.lake_value));
+        assert_eq!(
+            as_old, as_new,
+            "the old schema reads today's bytes to the same values"
+        );
+        let old_cols = envelope_columns(&old, 1, &[&as_old]).unwrap();
+        let new_cols = envelope_columns(&schemas.lake_value, 2, &[&as_new]).unwrap();
+        assert_eq!(
+            old_cols.fields, new_cols.fields,
+            "no type change for the schema merge"
+        );
+        let at = old_cols
+            .fields
+            .iter()
+            .position(|f| f.name() == AFTER)
+            .unwrap();
+        assert_eq!(old_cols.arrays[at].to_data(), new_cols.arrays[at].to_data());
+        let DataType::Struct(after) = old_cols.fields[at].data_type() else {
+            panic!("after is a struct")
+        };
+        let types: Vec<&DataType> = after.iter().skip(2).map(|f| f.data_type()).collect();
+        assert_eq!(
+            types,
+            [
+                &DataType::Date32,
+                &DataType::Int64,
+                &DataType::Timestamp(TimeUnit::Microsecond, None),
+                &utc_micros(),
+            ]
+        );
+    }
+
     #[test]
     fn a_record_that_is_not_an_envelope_is_refused() {
         let s = Schema::parse_str(
