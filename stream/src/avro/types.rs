@@ -1148,7 +1148,7 @@ mod tests {
             ),
         ];
         for (ty, primitive, name) in &cases {
-            let s = column_schema(&ty, "ns", "c");
+            let s = column_schema(ty, "ns", "c");
             assert_eq!(
                 s,
                 json!({"type": primitive, "connect.name": name, "connect.version": 1, "pg.type": &ty.name}),
