@@ -8,7 +8,7 @@ use crate::LakeError;
 
 /// An unloaded handle of the table at `url`.
 pub(crate) fn handle(name: &str, url: &Url) -> Result<DeltaTable, LakeError> {
-    DeltaTableBuilder::from_url(url.clone())
+    crate::storage::builder(url)
         .and_then(DeltaTableBuilder::build)
         .map_err(LakeError::delta(&name))
 }
@@ -16,10 +16,8 @@ pub(crate) fn handle(name: &str, url: &Url) -> Result<DeltaTable, LakeError> {
 /// The table at `url` with its latest state, or `None` when no table exists there yet.
 pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, LakeError> {
     // delta-rs reports a missing directory as a kernel error, not as "not a table".
-    if let Ok(path) = url.to_file_path() {
-        if !path.join("_delta_log").is_dir() {
-            return Ok(None);
-        }
+    if !crate::storage::table_exists(url).await? {
+        return Ok(None);
     }
     let mut t = handle(name, url)?;
     match t.load().await {

@@ -15,9 +15,11 @@ pub mod quarantine;
 pub mod reconcile;
 pub mod rules;
 pub mod silver;
+pub mod storage;
 
 pub use deltalake;
 pub use error::LakeError;
 pub use location::{Lake, INTERNAL_SCHEMA};
+pub use storage::StorageOptions;
 /// Table locations are URLs (`Lake::bronze_tables` and friends).
 pub use url::Url;

@@ -4,6 +4,7 @@
 
 use url::Url;
 
+use crate::storage::{self, StorageOptions, SCHEMES};
 use crate::LakeError;
 
 /// The directory under `bronze/` (and `silver/`) of wal2delta's own tables.
@@ -16,9 +17,18 @@ pub struct Lake {
 }
 
 impl Lake {
-    /// `uri` is `file:///absolute/path` (or a plain absolute path). Object stores
-    /// (`s3://`) are not built into this release.
+    /// `uri` is `file:///absolute/path` (or a plain absolute path), `s3://bucket/prefix`,
+    /// `gs://bucket/prefix`, `az://container/prefix` (`abfss://` too) or `memory:///`,
+    /// with no storage options (credentials then come from the environment, see
+    /// [`Lake::with_options`]).
     pub fn new(uri: &str) -> Result<Self, LakeError> {
+        Self::with_options(uri, StorageOptions::default())
+    }
+
+    /// [`Lake::new`] with the object store's options (endpoint, region, credentials...:
+    /// object_store's keys). Options the environment also sets (`AWS_*`, `GOOGLE_*`,
+    /// `AZURE_*`) are read from it by the store; these take precedence.
+    pub fn with_options(uri: &str, options: StorageOptions) -> Result<Self, LakeError> {
         let bad = |reason: &str| LakeError::Uri {
             uri: uri.to_owned(),
             reason: reason.to_owned(),
@@ -36,9 +46,17 @@ impl Lake {
                 std::fs::create_dir_all(&path)
                     .map_err(|e| bad(&format!("cannot create the directory: {e}")))?;
             }
+            "memory" => {}
+            s if SCHEMES.contains(&s) => {
+                if root.host_str().is_none_or(str::is_empty) {
+                    return Err(bad(&format!(
+                        "a {s}:// URI names its bucket or container: {s}://bucket/path"
+                    )));
+                }
+            }
             other => {
                 return Err(bad(&format!(
-                    "scheme {other}:// is not supported by this build; use file:///path"
+                    "scheme {other}:// is not supported; use file:///path, s3://bucket/path, gs://bucket/path, az://container/path or memory:///"
                 )))
             }
         }
@@ -46,7 +64,35 @@ impl Lake {
             let p = format!("{}/", root.path());
             root.set_path(&p);
         }
+        storage::register(&root, options);
         Ok(Lake { root })
+    }
+
+    /// Whether a Delta table exists at `url` (a `_delta_log` is there).
+    pub async fn table_exists(&self, url: &Url) -> Result<bool, LakeError> {
+        storage::table_exists(url).await
+    }
+
+    /// The lake root URL.
+    pub fn root(&self) -> &Url {
+        &self.root
+    }
+
+    /// Refuses a store on which two writers committing the same table version could both
+    /// succeed (see [`storage`](crate::storage)), unless the operator declared this the
+    /// only writer of the lake (`single_writer`).
+    pub async fn check_commits_safe(&self, single_writer: bool) -> Result<(), LakeError> {
+        if storage::probe_conditional_put(&self.root).await? {
+            return Ok(());
+        }
+        if single_writer {
+            tracing::warn!(lake = %self.root, "the object store ignores conditional writes (If-None-Match); running because [lake] single_writer = true: no second wal2delta process may write this lake");
+            return Ok(());
+        }
+        Err(LakeError::Uri {
+            uri: self.root.to_string(),
+            reason: "the object store does not refuse to overwrite an existing object (If-None-Match: * was ignored), so two writers could both commit the same Delta version and one commit would be lost; use a store with conditional writes (AWS S3, R2, MinIO, GCS, Azure) or, if this process is the lake's only writer, set [lake] single_writer = true".into(),
+        })
     }
 
     /// The table at `parts` under the root. Parts are path segments: a source table's
@@ -88,41 +134,22 @@ impl Lake {
     }
 
     /// Every Bronze table of a source table that exists: `(schema, table, url)` with the
-    /// identity parts, sorted.
-    pub fn bronze_tables(&self) -> Vec<(String, String, Url)> {
+    /// identity parts, sorted. Listed through the object store.
+    pub async fn bronze_tables(&self) -> Result<Vec<(String, String, Url)>, LakeError> {
         let mut out = Vec::new();
-        let Ok(root) = self.root.to_file_path() else {
-            return out;
-        };
-        let dirs = |p: std::path::PathBuf| -> Vec<String> {
-            let mut names: Vec<String> = std::fs::read_dir(p)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-                .filter_map(|e| e.file_name().into_string().ok())
-                .collect();
-            names.sort();
-            names
-        };
-        for schema in dirs(root.join("bronze")) {
+        let bronze = self.table(&["bronze"]);
+        for schema in storage::list_dirs(&bronze).await? {
             if schema == INTERNAL_SCHEMA {
                 continue;
             }
-            for table in dirs(root.join("bronze").join(&schema)) {
-                if root
-                    .join("bronze")
-                    .join(&schema)
-                    .join(&table)
-                    .join("_delta_log")
-                    .is_dir()
-                {
-                    let url = self.bronze(&schema, &table);
+            for table in storage::list_dirs(&self.table(&["bronze", &schema])).await? {
+                let url = self.bronze(&schema, &table);
+                if storage::table_exists(&url).await? {
                     out.push((schema.clone(), table, url));
                 }
             }
         }
-        out
+        Ok(out)
     }
 
     pub fn quarantine_records(&self) -> Url {
@@ -176,7 +203,15 @@ mod tests {
             format!("file://{}/bronze/public/pay_ments/", dir.display())
         );
         assert!(lake.table(&["..", "x"]).as_str().ends_with("/__/x/"));
-        assert!(matches!(Lake::new("s3://b/p"), Err(LakeError::Uri { .. })));
+        assert!(matches!(Lake::new("ftp://b/p"), Err(LakeError::Uri { .. })));
+        assert!(matches!(Lake::new("s3:///p"), Err(LakeError::Uri { .. })));
+        assert_eq!(
+            Lake::new("s3://bucket/lake")
+                .unwrap()
+                .silver("public", "t")
+                .as_str(),
+            "s3://bucket/lake/silver/public/t/"
+        );
         assert!(matches!(
             Lake::new("relative/dir"),
             Err(LakeError::Uri { .. })

@@ -3,9 +3,18 @@
 //! Both run beside ingestion, never blocking it: `optimize` rewrites small files into
 //! larger ones with `dataChange = false`, which does not conflict with concurrent appends,
 //! and a checkpoint only adds a file readers may use to skip replaying the log.
+//!
+//! Silver and Gold read what their own last commits recorded (`wal2delta.masking`,
+//! `wal2delta.gold` in the commit info): the compaction commit carries those keys of the
+//! table's latest commit forward, so that a compaction never hides them. Silver's progress
+//! lives in `txn` actions, which every later version keeps.
 
 use std::num::NonZeroU64;
 
+use deltalake::kernel::transaction::CommitProperties;
+use deltalake::DeltaTable;
+use futures::StreamExt;
+use serde_json::Value;
 use url::Url;
 
 use crate::{delta, LakeError};
@@ -29,9 +38,11 @@ pub async fn maintain(
         return Ok(MaintenanceReport::default());
     };
     let target = NonZeroU64::new(target_bytes.max(1)).unwrap_or(NonZeroU64::MIN);
+    let carried = own_commit_info(name, &table).await?;
     let (table, metrics) = table
         .optimize()
         .with_target_size(target)
+        .with_commit_properties(CommitProperties::default().with_metadata(carried))
         .await
         .map_err(LakeError::delta(&name))?;
     deltalake::checkpoints::create_checkpoint(&table, None)
@@ -42,4 +53,70 @@ pub async fn maintain(
         files_added: metrics.num_files_added,
         checkpoint_version: table.version(),
     })
+}
+
+/// The `wal2delta.*` entries of the commit info of the table's latest commit.
+async fn own_commit_info(
+    name: &str,
+    table: &DeltaTable,
+) -> Result<Vec<(String, Value)>, LakeError> {
+    let mut history = table.history(Some(1));
+    let Some(last) = history.next().await else {
+        return Ok(Vec::new());
+    };
+    let last = last.map_err(LakeError::delta(&name))?;
+    Ok(last
+        .info
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("wal2delta."))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use deltalake::arrow::array::{Int64Array, RecordBatch};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use serde_json::json;
+
+    use super::*;
+
+    #[tokio::test]
+    async fn compaction_keeps_the_rows_and_carries_wal2delta_commit_info_forward() {
+        let url = Url::parse("memory:///maintenance/carry/").unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let mut table = delta::handle("t", &url).unwrap();
+        for i in 0..4_i64 {
+            let batch = RecordBatch::try_new(
+                schema.clone(),
+                vec![Arc::new(Int64Array::from(vec![i * 2, i * 2 + 1]))],
+            )
+            .unwrap();
+            table = table
+                .write(vec![batch])
+                .with_commit_properties(
+                    CommitProperties::default()
+                        .with_metadata([("wal2delta.masking".to_owned(), json!({"v": i}))]),
+                )
+                .await
+                .unwrap();
+        }
+        let report = maintain("t", &url, 64 << 20).await.unwrap();
+        assert_eq!(report.files_removed, 4, "{report:?}");
+        assert_eq!(report.files_added, 1, "{report:?}");
+        let table = delta::open("t", &url).await.unwrap().unwrap();
+        let info = own_commit_info("t", &table).await.unwrap();
+        assert_eq!(
+            info,
+            vec![("wal2delta.masking".to_owned(), json!({"v": 3}))]
+        );
+        let rows = delta::query("t", &table, "select sum(id), count(*) from t")
+            .await
+            .unwrap();
+        assert!(format!("{rows:?}").contains("28"), "{rows:?}");
+        // Nothing left to compact: no new version.
+        let again = maintain("t", &url, 64 << 20).await.unwrap();
+        assert_eq!(again.files_removed, 0);
+    }
 }

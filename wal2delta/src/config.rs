@@ -200,7 +200,7 @@ impl Config {
             k.security.protocol,
             k.topic_prefix,
             without_userinfo(&self.schema_registry.url),
-            self.lake.uri,
+            self.lake.summary(),
             self.metrics.listen,
         )
     }
@@ -532,7 +532,35 @@ uri = "file:///tmp/lake"
         .unwrap_err();
         assert!(err.to_string().contains("enable.auto.commit"), "{err}");
         let err = load(&MINIMAL.replace("file://", "s3://"), &[]).unwrap_err();
+        assert!(err.to_string().contains("bucket"), "{err}");
+        let err = load(&MINIMAL.replace("file://", "ftp://"), &[]).unwrap_err();
         assert!(err.to_string().contains("lake.uri"), "{err}");
+        let lake = load(
+            &MINIMAL.replace("file:///tmp/lake", "s3://bucket/lake"),
+            &[
+                (
+                    "WAL2DELTA__LAKE__STORAGE_OPTIONS__AWS_ENDPOINT_URL",
+                    "http://127.0.0.1:9000",
+                ),
+                ("WAL2DELTA__LAKE__SINGLE_WRITER", "true"),
+                ("WAL2DELTA__LAKE__STORAGE_OPTIONS__AWS_ALLOW_HTTP", "true"),
+            ],
+        )
+        .unwrap()
+        .lake;
+        assert_eq!(
+            lake.storage_options
+                .get("aws_endpoint_url")
+                .map(String::as_str),
+            Some("http://127.0.0.1:9000")
+        );
+        assert!(lake.single_writer);
+        assert_eq!(
+            lake.storage_options
+                .get("aws_allow_http")
+                .map(String::as_str),
+            Some("true")
+        );
     }
 
     #[test]

@@ -8,6 +8,7 @@ mod endpoint;
 mod gold;
 use wal2delta::config;
 mod health;
+mod maintenance;
 mod metrics;
 mod policies;
 mod quarantine;

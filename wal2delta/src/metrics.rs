@@ -110,9 +110,10 @@ pub const SILVER_DUPLICATES: &str = "wal2delta_silver_duplicates_dropped_total";
 pub const QUARANTINE_OPEN: &str = "wal2delta_quarantine_open_records";
 /// Records quarantined (labels `stage`, `reason`).
 pub const QUARANTINED: &str = "wal2delta_quarantined_records_total";
-/// Small files removed by compaction (label `table`).
+/// Small files removed by compaction (labels `layer`: bronze, silver, gold or quarantine;
+/// `table`).
 pub const LAKE_FILES_COMPACTED: &str = "wal2delta_lake_files_compacted_total";
-/// Compaction/checkpoint passes that failed (label `table`).
+/// Compaction/checkpoint passes that failed (labels `layer`, `table`).
 pub const LAKE_MAINTENANCE_FAILURES: &str = "wal2delta_lake_maintenance_failures_total";
 /// Gold model versions written (labels `model`, `mode`: `full` when rewritten whole,
 /// `incremental` when the changed keys of a keyed model were merged).

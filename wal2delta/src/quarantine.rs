@@ -22,7 +22,7 @@ use crate::config::Config;
 
 /// The lake of `config`, an error naming `[lake] uri` when it is not one.
 pub(crate) fn lake(config: &Config) -> Result<Lake> {
-    Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))
+    config.lake.open().map_err(|e| anyhow!("{e} ([lake] uri)"))
 }
 
 /// The records no resolution names yet.

@@ -401,9 +401,9 @@ pub const KEYLESS: &str = "no primary key: Bronze only (append-only history)";
 /// Each Silver table's watermark (commit LSN), by `schema.table`; `None` for a table
 /// without a primary key, which Silver does not hold.
 async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>, String> {
-    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let lake = config.lake.open().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
-    for (schema, table, url) in lake.bronze_tables() {
+    for (schema, table, url) in lake.bronze_tables().await.map_err(|e| e.to_string())? {
         let name = format!("{schema}.{table}");
         let has_key = wal2delta_lake::bronze::BronzeTable::has_key_at(&name, &url)
             .await
@@ -429,7 +429,7 @@ async fn held_by_bronze_quarantine(
     config: &Config,
 ) -> BTreeMap<String, Vec<(String, Option<i64>)>> {
     let mut out = BTreeMap::<String, Vec<_>>::new();
-    let Ok(lake) = wal2delta_lake::Lake::new(&config.lake.uri) else {
+    let Ok(lake) = config.lake.open() else {
         return out;
     };
     let Ok(records) = quarantine::open_records(&lake).await else {
@@ -448,7 +448,7 @@ async fn held_by_bronze_quarantine(
 
 /// Open quarantine records (no resolution yet) by `stage/reason_code`.
 async fn quarantine_counts(config: &Config) -> Result<BTreeMap<String, u64>, String> {
-    let lake = wal2delta_lake::Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let lake = config.lake.open().map_err(|e| e.to_string())?;
     let records = quarantine::open_records(&lake)
         .await
         .map_err(|e| e.to_string())?;

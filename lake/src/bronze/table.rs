@@ -22,7 +22,7 @@ use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
-use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
+use deltalake::{DeltaTable, DeltaTableError};
 use url::Url;
 
 use super::rows::PARTITION_COLUMN;
@@ -160,17 +160,14 @@ impl BronzeTable {
         Ok(t.has_key())
     }
 
-    /// How long ago the loaded version was committed (the age of its log file; `file://`
-    /// lakes).
-    pub fn last_commit_age(&self) -> Option<std::time::Duration> {
+    /// How long ago the loaded version was committed (the age of its log object).
+    pub async fn last_commit_age(&self) -> Option<std::time::Duration> {
         let v = self.version()?;
-        let log = self
-            .url
-            .to_file_path()
-            .ok()?
-            .join("_delta_log")
-            .join(format!("{v:020}.json"));
-        std::fs::metadata(log).ok()?.modified().ok()?.elapsed().ok()
+        let log = format!("_delta_log/{v:020}.json");
+        crate::storage::modified(&self.url, &log)
+            .await?
+            .elapsed()
+            .ok()
     }
 
     /// The loaded table version.
@@ -279,7 +276,7 @@ impl BronzeTable {
     ) -> Result<(u64, bool), DeltaTableError> {
         let table = match self.table.take() {
             Some(t) => t,
-            None => DeltaTableBuilder::from_url(self.url.clone())?.build()?,
+            None => crate::storage::builder(&self.url)?.build()?,
         };
         let mut write = table
             .write(batches)

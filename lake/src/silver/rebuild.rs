@@ -41,22 +41,6 @@ pub struct RebuildReport {
     pub version: Option<u64>,
 }
 
-fn remove_dir(url: &url::Url) -> Result<(), LakeError> {
-    if let Ok(path) = url.to_file_path() {
-        match std::fs::remove_dir_all(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => {
-                return Err(LakeError::Uri {
-                    uri: url.to_string(),
-                    reason: format!("cannot remove the staging table: {e}"),
-                })
-            }
-        }
-    }
-    Ok(())
-}
-
 impl SilverTable {
     /// The masking policies the table's latest Silver commit recorded (`None` when no
     /// commit recorded any, e.g. a table written before masking existed).
@@ -96,8 +80,8 @@ impl SilverTable {
             schema,
             table,
         ]);
-        remove_dir(&staging_url)?;
-        remove_dir(&staging_tombs)?;
+        crate::storage::remove_all(&staging_url).await?;
+        crate::storage::remove_all(&staging_tombs).await?;
         let mut staging = SilverTable {
             name: self.name.clone(),
             bronze_url: self.bronze_url.clone(),
@@ -174,8 +158,8 @@ impl SilverTable {
             .await
             .map_err(LakeError::delta(&self.name))?;
         report.version = table.version();
-        remove_dir(&staging_url)?;
-        remove_dir(&staging_tombs)?;
+        crate::storage::remove_all(&staging_url).await?;
+        crate::storage::remove_all(&staging_tombs).await?;
         Ok(report)
     }
 

@@ -4,11 +4,10 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use wal2delta_lake::maintenance::maintain;
 use wal2delta_lake::Lake;
 
 use crate::config::Config;
-use crate::metrics as m;
+use crate::maintenance::maintain_tables;
 
 /// Starts the maintenance task (`None` when `[bronze] maintenance_interval_s = 0`).
 pub fn spawn(
@@ -29,36 +28,18 @@ pub fn spawn(
                 _ = tick.tick() => {}
                 _ = shutdown.changed() => return,
             }
-            for (schema, table, url) in lake.bronze_tables() {
-                let name = format!("{schema}.{table}");
-                let started = std::time::Instant::now();
-                // In a task of its own: a panic in the writer (compaction rewrites files and
-                // their statistics) fails this table's maintenance, not the loop.
-                let task = {
-                    let name = name.clone();
-                    tokio::spawn(async move { maintain(&name, &url, target).await })
-                };
-                let outcome = match task.await {
-                    Ok(r) => r.map_err(|e| e.to_string()),
-                    Err(e) => Err(format!("maintenance task ended: {e}")),
-                };
-                match outcome {
-                    Ok(r) => {
-                        metrics::counter!(m::LAKE_FILES_COMPACTED, "table" => name.clone())
-                            .increment(r.files_removed);
-                        // At 0 once the table was maintained, so an alert on its increase
-                        // sees the first failure.
-                        metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "table" => name.clone())
-                            .increment(0);
-                        tracing::info!(table = %name, files_removed = r.files_removed, files_added = r.files_added, checkpoint = ?r.checkpoint_version, ms = started.elapsed().as_millis() as u64, "Bronze table compacted and checkpointed");
-                    }
-                    Err(e) => {
-                        metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "table" => name.clone())
-                            .increment(1);
-                        tracing::warn!(table = %name, error = %e, "Bronze maintenance failed; ingestion is not affected, retrying next interval");
-                    }
+            let tables = match lake.bronze_tables().await {
+                Ok(t) => t,
+                Err(e) => {
+                    tracing::warn!(error = %e, "Bronze maintenance skipped this interval: cannot list the Bronze tables");
+                    continue;
                 }
-            }
+            };
+            let tables = tables
+                .into_iter()
+                .map(|(schema, table, url)| (format!("{schema}.{table}"), url))
+                .collect();
+            maintain_tables("bronze", tables, target).await;
         }
     }))
 }

@@ -88,9 +88,12 @@ pub async fn run(
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let lake = match Lake::new(&config.lake.uri) {
-        Ok(lake) => lake,
-        Err(e) => return supervisor.stop_now(&SessionError::Lake(e)),
+    let Some(lake) = supervisor
+        .writable_lake(&config.lake, &mut shutdown)
+        .await?
+    else {
+        supervisor.stopped();
+        return Ok(());
     };
     let maintenance = maintenance::spawn(config, lake.clone(), shutdown.clone());
     let result = loop {

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use wal2delta_lake::Lake;
 use wal2delta_stream::consumer::{high_watermarks, list_topics};
 
 use super::offsets::LakeOffsets;
@@ -35,7 +34,7 @@ pub fn stalled_after(config: &Config) -> Duration {
 
 /// The Bronze lag of every table topic.
 pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| e.to_string())?;
+    let lake = config.lake.open().map_err(|e| e.to_string())?;
     let topics = super::bronze_topics(config);
     let kafka = config.kafka.connection().map_err(|e| e.to_string())?;
     let t = topics.clone();
@@ -77,6 +76,7 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
             bronze_only: table.has_key() == Some(false),
             stalled_s: table
                 .last_commit_age()
+                .await
                 .filter(|age| lag_events > 0 && *age > stalled_after(config))
                 .map(|age| age.as_secs()),
         });

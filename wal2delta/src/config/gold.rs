@@ -13,6 +13,11 @@ pub struct GoldConfig {
     pub models_dir: Option<PathBuf>,
     /// How often the stage looks for changed inputs.
     pub interval_ms: u64,
+    /// Seconds between compaction + checkpoint passes over the Gold tables (run between
+    /// refreshes); 0 disables.
+    pub maintenance_interval_s: u64,
+    /// Target size of the files compaction writes.
+    pub target_file_bytes: u64,
 }
 
 impl Default for GoldConfig {
@@ -20,6 +25,8 @@ impl Default for GoldConfig {
         GoldConfig {
             models_dir: None,
             interval_ms: 5_000,
+            maintenance_interval_s: 3_600,
+            target_file_bytes: 64 << 20,
         }
     }
 }
@@ -28,6 +35,12 @@ impl GoldConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.interval_ms == 0 {
             return Err(invalid("gold.interval_ms", "must be at least 1"));
+        }
+        if self.target_file_bytes < (1 << 20) {
+            return Err(invalid(
+                "gold.target_file_bytes",
+                "must be at least 1048576 (1 MiB)",
+            ));
         }
         if let Some(dir) = &self.models_dir {
             if !dir.is_dir() {

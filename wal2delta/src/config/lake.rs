@@ -1,24 +1,137 @@
 //! `[lake]`: where the Delta tables live.
 
+use std::collections::BTreeMap;
+
 use serde::Deserialize;
+use wal2delta_lake::storage::SCHEMES;
+use wal2delta_lake::{Lake, LakeError, StorageOptions};
 
 use super::{invalid, ConfigError};
 
 /// `[lake]`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LakeConfig {
+    /// `file:///path`, `s3://bucket/prefix`, `gs://bucket/prefix`, `az://container/prefix`
+    /// (`abfss://` too) or `memory:///` (tests).
     pub uri: String,
+    /// object_store options (`aws_endpoint_url`, `aws_region`, `aws_allow_http`,
+    /// `google_service_account`, `azure_storage_account_name`...). Credentials belong in
+    /// the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, instance or
+    /// workload identity); values here are never printed.
+    #[serde(default, deserialize_with = "scalar_map")]
+    pub storage_options: BTreeMap<String, String>,
+    /// This process is the lake's only writer: run on a store that ignores conditional
+    /// writes (If-None-Match), where two writers could both commit the same Delta version.
+    #[serde(default)]
+    pub single_writer: bool,
+}
+
+/// Keys only: option values may be credentials.
+impl std::fmt::Debug for LakeConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LakeConfig")
+            .field("uri", &self.uri)
+            .field("storage_options", &self.storage_options.keys())
+            .field("single_writer", &self.single_writer)
+            .finish()
+    }
 }
 
 impl LakeConfig {
+    /// The URI's form only: nothing is created or contacted here (the stages open the
+    /// lake and probe the store when they start).
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if !self.uri.starts_with("file:///") {
-            return Err(invalid(
+        let uri = url::Url::parse(&self.uri).map_err(|e| {
+            invalid(
                 "lake.uri",
-                "must be a file:///absolute/path URI (object stores such as s3:// are not built into this release)",
+                format!("not a URI ({e}): use file:///absolute/path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"),
+            )
+        })?;
+        match uri.scheme() {
+            "file" if !self.uri.starts_with("file:///") => {
+                return Err(invalid("lake.uri", "must be file:///absolute/path"));
+            }
+            "file" | "memory" => {}
+            s if SCHEMES.contains(&s) => {
+                if uri.host_str().is_none_or(str::is_empty) {
+                    return Err(invalid(
+                        "lake.uri",
+                        format!("a {s}:// URI names its bucket or container: {s}://bucket/prefix"),
+                    ));
+                }
+            }
+            s => {
+                return Err(invalid(
+                    "lake.uri",
+                    format!("scheme {s}:// is not supported: use file://, s3://, gs://, az:// (abfss://) or memory://"),
+                ));
+            }
+        }
+        if let Some(k) = self.storage_options.keys().find(|k| k.trim().is_empty()) {
+            return Err(invalid(
+                "lake.storage_options",
+                format!("an empty option name ({k:?})"),
             ));
         }
         Ok(())
     }
+
+    /// The lake, its storage options registered for every table under it.
+    #[allow(clippy::result_large_err)] // once per stage start or command
+    pub fn open(&self) -> Result<Lake, LakeError> {
+        Lake::with_options(
+            &self.uri,
+            StorageOptions(self.storage_options.clone().into_iter().collect()),
+        )
+    }
+
+    /// [`open`](Self::open), then refuse a store on which concurrent Delta commits are not
+    /// safe (unless `single_writer`): what every stage that writes the lake calls first.
+    pub async fn open_for_writing(&self) -> Result<Lake, LakeError> {
+        let lake = self.open()?;
+        lake.check_commits_safe(self.single_writer).await?;
+        Ok(lake)
+    }
+
+    /// What `check-config` prints.
+    pub fn summary(&self) -> String {
+        let mut s = self.uri.clone();
+        if !self.storage_options.is_empty() {
+            let keys: Vec<&str> = self.storage_options.keys().map(String::as_str).collect();
+            s.push_str(&format!(" (storage options: {})", keys.join(", ")));
+        }
+        if self.single_writer {
+            s.push_str(" (single writer)");
+        }
+        s
+    }
+}
+
+/// Option values as object_store takes them, text: `allow_http = true` and
+/// `"true"` (what an environment override gives) are the same.
+fn scalar_map<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, String>, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Scalar {
+        Text(String),
+        Flag(bool),
+        Int(i64),
+        Float(f64),
+    }
+    let map = BTreeMap::<String, Scalar>::deserialize(d)?;
+    Ok(map
+        .into_iter()
+        .map(|(k, v)| {
+            let v = match v {
+                Scalar::Text(s) => s,
+                Scalar::Flag(b) => b.to_string(),
+                Scalar::Int(i) => i.to_string(),
+                Scalar::Float(f) => f.to_string(),
+            };
+            (k, v)
+        })
+        .collect())
 }

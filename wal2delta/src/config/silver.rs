@@ -27,6 +27,14 @@ pub struct SilverConfig {
     /// Hours a delete tombstone is kept once the watermark has passed it (`docs/silver.md`).
     #[serde(default = "SilverConfig::default_tombstone_retention_hours")]
     pub tombstone_retention_hours: u64,
+    /// Seconds between compaction + checkpoint passes over the Silver tables, their
+    /// tombstones and the quarantine tables (run between rounds); 0 disables.
+    #[serde(default = "SilverConfig::default_maintenance_interval_s")]
+    pub maintenance_interval_s: u64,
+    /// Target size of the files compaction writes. A MERGE rewrites every file holding a
+    /// changed key, so smaller files cost less per round when changes are scattered.
+    #[serde(default = "SilverConfig::default_target_file_bytes")]
+    pub target_file_bytes: u64,
     /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null.
     #[serde(default)]
     pub mask: BTreeMap<String, String>,
@@ -71,6 +79,13 @@ impl SilverConfig {
     fn default_interval_ms() -> u64 {
         2_000
     }
+    fn default_maintenance_interval_s() -> u64 {
+        3_600
+    }
+    /// 64 MiB.
+    fn default_target_file_bytes() -> u64 {
+        64 << 20
+    }
     fn default_max_rows_per_partition() -> i64 {
         100_000
     }
@@ -81,6 +96,12 @@ impl SilverConfig {
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
         if self.interval_ms == 0 {
             return Err(invalid("silver.interval_ms", "must be greater than 0"));
+        }
+        if self.target_file_bytes < (1 << 20) {
+            return Err(invalid(
+                "silver.target_file_bytes",
+                "must be at least 1048576 (1 MiB)",
+            ));
         }
         if self.max_rows_per_partition <= 0 {
             return Err(invalid(
@@ -261,6 +282,8 @@ impl Default for SilverConfig {
             interval_ms: Self::default_interval_ms(),
             max_rows_per_partition: Self::default_max_rows_per_partition(),
             tombstone_retention_hours: Self::default_tombstone_retention_hours(),
+            maintenance_interval_s: Self::default_maintenance_interval_s(),
+            target_file_bytes: Self::default_target_file_bytes(),
             mask: BTreeMap::new(),
             mask_key_env: None,
             mask_key_file: None,

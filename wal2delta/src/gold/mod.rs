@@ -16,6 +16,7 @@ use wal2delta_lake::{Lake, LakeError};
 use wal2delta_model::TableName;
 
 use crate::config::Config;
+use crate::maintenance::{maintain_tables, Schedule};
 use crate::metrics as m;
 use crate::supervisor::{Backoff, Supervisor};
 
@@ -46,9 +47,12 @@ pub async fn run(
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let lake = match Lake::new(&config.lake.uri) {
-        Ok(lake) => lake,
-        Err(e) => return supervisor.stop_now(&e),
+    let Some(lake) = supervisor
+        .writable_lake(&config.lake, &mut shutdown)
+        .await?
+    else {
+        supervisor.stopped();
+        return Ok(());
     };
     let every = Duration::from_millis(config.gold.interval_ms);
     let mut failing: HashMap<String, Failing> = HashMap::new();
@@ -58,6 +62,7 @@ pub async fn run(
     }
     supervisor.started();
     tracing::info!("gold stage started");
+    let mut maintenance = Schedule::every_s(config.gold.maintenance_interval_s);
     loop {
         let started = Instant::now();
         let mut failed_now: BTreeSet<String> = BTreeSet::new();
@@ -96,6 +101,14 @@ pub async fn run(
             }
         }
         supervisor.healthy();
+        // Between refreshes: a compaction must not race a MERGE of the same table.
+        if maintenance.due() {
+            let tables = models
+                .iter()
+                .map(|model| (model.name.clone(), lake.gold(&model.name)))
+                .collect();
+            maintain_tables("gold", tables, config.gold.target_file_bytes).await;
+        }
         let rest = every.saturating_sub(started.elapsed());
         tokio::select! {
             _ = shutdown.changed() => break,

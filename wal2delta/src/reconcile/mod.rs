@@ -89,7 +89,10 @@ pub async fn run(config: &Config, options: &Options) -> ExitCode {
 }
 
 async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = config
+        .lake
+        .open()
+        .map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let dsn = config.source.effective_dsn()?;
     let tokenizer = Tokenizer::from_config(&config.tokenize)?;
     let policies = crate::policies::silver(config).await?;
@@ -110,7 +113,7 @@ async fn reconcile(config: &Config, options: &Options) -> Result<Report> {
         if wanted.as_ref().is_some_and(|w| w != &t) {
             continue;
         }
-        if has_silver(&lake, &t) {
+        if has_silver(&lake, &t).await? {
             tables.push(t);
         } else if is_keyless(&lake, &t).await {
             keyless.push(t.to_string());
@@ -216,11 +219,9 @@ async fn is_keyless(lake: &Lake, t: &TableName) -> bool {
     )
 }
 
-fn has_silver(lake: &Lake, t: &TableName) -> bool {
+async fn has_silver(lake: &Lake, t: &TableName) -> Result<bool> {
     let (schema, table) = t.ident_parts();
-    lake.silver(&schema, &table)
-        .to_file_path()
-        .is_ok_and(|p| p.join("_delta_log").is_dir())
+    Ok(lake.table_exists(&lake.silver(&schema, &table)).await?)
 }
 
 /// Every quarantine record, and the resolved ids.

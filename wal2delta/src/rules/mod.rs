@@ -334,9 +334,12 @@ pub async fn run(
     let Some(file) = config.rules.file.clone() else {
         anyhow::bail!("the rules stage needs [rules] file or [rules] table (docs/rules.md)");
     };
-    let lake = match Lake::new(&config.lake.uri) {
-        Ok(lake) => lake,
-        Err(e) => return supervisor.stop_now(&e),
+    let Some(lake) = supervisor
+        .writable_lake(&config.lake, &mut shutdown)
+        .await?
+    else {
+        supervisor.stopped();
+        return Ok(());
     };
     let mut seen = stamp(&file);
     supervisor.started();

@@ -409,9 +409,12 @@ pub async fn run(
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let lake = match Lake::new(&config.lake.uri) {
-        Ok(lake) => lake,
-        Err(e) => return supervisor.stop_now(&e),
+    let Some(lake) = supervisor
+        .writable_lake(&config.lake, &mut shutdown)
+        .await?
+    else {
+        supervisor.stopped();
+        return Ok(());
     };
     supervisor.started();
     if std::mem::take(&mut seen.refused) {

@@ -20,6 +20,7 @@ use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts}
 use wal2delta_lake::{Lake, LakeError};
 
 use crate::config::{Config, Policies};
+use crate::maintenance::{maintain_tables, Schedule};
 use crate::metrics as m;
 use crate::supervisor::{Backoff, Next, StageError, Supervisor};
 use lookups::{lookups_first, Hold};
@@ -37,9 +38,12 @@ pub async fn run(
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let lake = match Lake::new(&config.lake.uri) {
-        Ok(lake) => lake,
-        Err(e) => return supervisor.stop_now(&e),
+    let Some(lake) = supervisor
+        .writable_lake(&config.lake, &mut shutdown)
+        .await?
+    else {
+        supervisor.stopped();
+        return Ok(());
     };
     // The rules' Kafka outputs (docs/rules.md): published before each round's commits.
     let output = match &rules {
@@ -74,6 +78,7 @@ pub async fn run(
     tracing::info!("silver stage started");
     supervisor.started();
     let mut counted: Option<Instant> = None;
+    let mut maintenance = Schedule::every_s(config.silver.maintenance_interval_s);
     loop {
         if *shutdown.borrow() {
             break;
@@ -90,6 +95,9 @@ pub async fn run(
         if counted.is_none_or(|at| at.elapsed() >= Duration::from_secs(30)) {
             counted = Some(Instant::now());
             report_open_quarantine(&lake).await;
+        }
+        if maintenance.due() {
+            stage.maintain().await;
         }
         let rest = every.saturating_sub(started.elapsed());
         tokio::select! {
@@ -137,6 +145,31 @@ struct Stage<'a> {
 }
 
 impl Stage<'_> {
+    /// Compacts and checkpoints the Silver tables the stage works on, their tombstones and
+    /// the quarantine tables (see [`crate::maintenance`]): between rounds, never beside a
+    /// MERGE of the same table.
+    async fn maintain(&self) {
+        let target = self.config.silver.target_file_bytes;
+        let mut silver = Vec::new();
+        for name in self.tables.keys() {
+            let Some((schema, table)) = name.split_once('.') else {
+                continue;
+            };
+            silver.push((name.clone(), self.lake.silver(schema, table)));
+            silver.push((
+                format!("{name} (tombstones)"),
+                self.lake.silver_tombstones(schema, table),
+            ));
+        }
+        silver.sort();
+        maintain_tables("silver", silver, target).await;
+        let quarantine = vec![
+            ("records".to_owned(), self.lake.quarantine_records()),
+            ("resolutions".to_owned(), self.lake.quarantine_resolutions()),
+        ];
+        maintain_tables("quarantine", quarantine, target).await;
+    }
+
     /// On a clean stop: commits each table's pending `rules/hits` changes, so the lake's
     /// hits are current while the daemon is down (a failure is only logged: the next
     /// start rolls them forward from the transitions).
@@ -209,7 +242,7 @@ impl Stage<'_> {
     /// Applies every Bronze table once.
     async fn round(&mut self) -> Result<(), LakeError> {
         let mut names = Vec::new();
-        for (schema, table, url) in self.lake.bronze_tables() {
+        for (schema, table, url) in self.lake.bronze_tables().await? {
             let name = format!("{schema}.{table}");
             if self
                 .failing

@@ -4,7 +4,6 @@
 use std::process::ExitCode;
 
 use anyhow::{anyhow, Result};
-use wal2delta_lake::Lake;
 
 use crate::config::Config;
 
@@ -17,9 +16,14 @@ fn names_table(want: &str, schema: &str, table: &str) -> bool {
 }
 
 pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
-    let lake = Lake::new(&config.lake.uri).map_err(|e| anyhow!("{e} ([lake] uri)"))?;
+    let lake = config
+        .lake
+        .open_for_writing()
+        .await
+        .map_err(|e| anyhow!("{e} ([lake] uri)"))?;
     let tables: Vec<(String, String)> = lake
         .bronze_tables()
+        .await?
         .into_iter()
         .map(|(s, t, _)| (s, t))
         .filter(|(s, t)| table.is_none_or(|want| names_table(want, s, t)))

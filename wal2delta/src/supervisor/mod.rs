@@ -191,6 +191,29 @@ impl Supervisor {
         }
     }
 
+    /// The lake for a stage that writes it: a bad `[lake]` setting or a store on which
+    /// concurrent Delta commits are not safe stops the stage (`Err`); a store that cannot
+    /// be reached yet is retried with the stage's backoff. `Ok(None)` on shutdown.
+    pub async fn writable_lake(
+        &self,
+        config: &crate::config::LakeConfig,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> anyhow::Result<Option<wal2delta_lake::Lake>> {
+        loop {
+            match config.open_for_writing().await {
+                Ok(lake) => return Ok(Some(lake)),
+                Err(e) if e.class() == ErrorClass::Transient => {
+                    match self.failed(&e, shutdown).await {
+                        Next::Retry => continue,
+                        Next::Shutdown => return Ok(None),
+                        Next::Stop(err) => return Err(err),
+                    }
+                }
+                Err(e) => return self.stop_now(&e).map(|()| None),
+            }
+        }
+    }
+
     /// Stops the stage at once for an error met before any session (a bad setting).
     pub fn stop_now(&self, error: &dyn StageError) -> anyhow::Result<()> {
         Err(self.stop(error, "operator"))
