@@ -11,6 +11,11 @@
                              new value], ...]} (copy appends the matching rows with one
                              column changed); prints the new version
 
+Paths may be s3:// URIs of the development S3 server: its address and keys come from
+WAL2DELTA_STACK_S3_ENDPOINT, WAL2DELTA_STACK_S3_ACCESS_KEY and WAL2DELTA_STACK_S3_SECRET_KEY
+(`ops/stack env`). DuckDB then reads through its httpfs extension and an S3 secret, the
+deltalake package through storage options: what a user's reader of an S3 lake sets up.
+
 Values that JSON cannot hold (dates, decimals, bytes) are printed as strings.
 """
 import glob
@@ -18,6 +23,45 @@ import json
 import os
 import site
 import sys
+
+
+def s3_options():
+    """The deltalake storage options of the development S3 server, or None."""
+    endpoint = os.environ.get("WAL2DELTA_STACK_S3_ENDPOINT")
+    if not endpoint:
+        return None
+    return {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": os.environ["WAL2DELTA_STACK_S3_ACCESS_KEY"],
+        "AWS_SECRET_ACCESS_KEY": os.environ["WAL2DELTA_STACK_S3_SECRET_KEY"],
+        "AWS_REGION": "us-east-1",
+        "AWS_ALLOW_HTTP": "true",
+    }
+
+
+def open_table(path):
+    import deltalake
+
+    if path.startswith("s3://"):
+        return deltalake.DeltaTable(path, storage_options=s3_options())
+    return deltalake.DeltaTable(path)
+
+
+def duckdb_s3(con, extensions):
+    """Loads httpfs and registers the development S3 server as an S3 secret."""
+    options = s3_options()
+    if options is None:
+        return
+    httpfs = glob.glob(os.path.join(extensions, "httpfs.duckdb_extension"))
+    if not httpfs:
+        raise SystemExit("duckdb-ext-httpfs is not installed (run ops/pyenv)")
+    con.execute(f"LOAD '{httpfs[0]}'")
+    host = options["AWS_ENDPOINT_URL"].removeprefix("http://")
+    con.execute(
+        "CREATE SECRET dev_s3 (TYPE S3, KEY_ID ?, SECRET ?, ENDPOINT ?, REGION 'us-east-1', URL_STYLE 'path', USE_SSL false)".replace(
+            "?", "'{}'"
+        ).format(options["AWS_ACCESS_KEY_ID"], options["AWS_SECRET_ACCESS_KEY"], host)
+    )
 
 
 def main():
@@ -32,12 +76,13 @@ def main():
             raise SystemExit("duckdb-ext-delta is not installed (run ops/pyenv)")
         con = duckdb.connect()
         con.execute(f"LOAD '{ext[0]}'")
+        duckdb_s3(con, os.path.dirname(ext[0]))
         rows = con.execute(arg).fetchall()
         out = [[v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for v in r] for r in rows]
     elif mode == "deltalake":
         import deltalake
 
-        dt = deltalake.DeltaTable(arg)
+        dt = open_table(arg)
         p = dt.protocol()
         out = {
             "version": dt.version(),
@@ -53,17 +98,17 @@ def main():
         spec = json.loads(arg)
         path = spec["path"]
         for predicate, updates in spec.get("update", []):
-            deltalake.DeltaTable(path).update(updates=updates, predicate=predicate)
+            open_table(path).update(updates=updates, predicate=predicate)
         for predicate in spec.get("delete", []):
-            deltalake.DeltaTable(path).delete(predicate)
+            open_table(path).delete(predicate)
         for predicate, column, value in spec.get("copy", []):
-            dt = deltalake.DeltaTable(path)
+            dt = open_table(path)
             rows = dt.to_pyarrow_table()
             rows = rows.filter(pc.field(predicate[0]) == predicate[1])
             i = rows.schema.get_field_index(column)
             rows = rows.set_column(i, rows.schema.field(i), pa.array([value] * rows.num_rows, rows.schema.field(i).type))
-            deltalake.write_deltalake(path, rows, mode="append")
-        out = {"version": deltalake.DeltaTable(path).version()}
+            deltalake.write_deltalake(path, rows, mode="append", storage_options=s3_options() if path.startswith("s3://") else None)
+        out = {"version": open_table(path).version()}
     sys.stdout.write(json.dumps(out))
     sys.stdout.flush()
 

@@ -12,6 +12,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod registry;
 pub mod roles;
+pub mod s3;
 pub mod sasl_broker;
 pub mod secrets;
 pub mod tls_proxy;
