@@ -54,19 +54,20 @@ fn the_compose_file_the_image_and_the_unit_agree() -> Result<()> {
     for line in [
         "kafka: kafka:9092",
         "schema registry: http://schema-registry:8081",
-        "lake: file:///var/lib/wal2delta/lake",
+        "lake: s3://lake/wal2delta (storage options: aws_allow_http, aws_endpoint_url)",
         "metrics: 0.0.0.0:9187",
     ] {
         ensure!(text.contains(line), "{line:?} in {text}");
     }
     ensure!(
-        !text.contains("replicator:replicator"),
+        !text.contains("replicator:replicator") && !text.contains("change-me-minio-secret"),
         "no password: {text}"
     );
     Ok(())
 }
 
-/// The checker finds what it is there to find: a broker address no listener advertises and
+/// The checker finds what it is there to find: a broker address no listener advertises, a
+/// lake endpoint that is not the S3 service's port and
 /// a mounted file that does not exist.
 #[test]
 fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
@@ -95,13 +96,16 @@ fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
         let compose = std::fs::read_to_string(repo_root().join("docker-compose.yml"))?.replace(
             "WAL2DELTA__KAFKA__BROKERS: kafka:9092",
             "WAL2DELTA__KAFKA__BROKERS: kafka:9093",
-        );
+        )
+        .replace("AWS_ENDPOINT_URL: http://minio:9000", "AWS_ENDPOINT_URL: http://minio:9100");
         std::fs::write(dir.join("docker-compose.yml"), compose)?;
         std::fs::remove_file(dir.join("ops/grafana/datasource.yml"))?;
         let report = check(&dir)?;
         let problems = report["problems"].to_string();
         ensure!(
-            problems.contains("broker kafka:9093") && problems.contains("datasource.yml"),
+            problems.contains("broker kafka:9093")
+                && problems.contains("datasource.yml")
+                && problems.contains("http://minio:9100"),
             "{problems}"
         );
         Ok(())

@@ -27,7 +27,7 @@ compose = yaml.safe_load((root / "docker-compose.yml").read_text())
 services = compose.get("services") or {}
 volumes = compose.get("volumes") or {}
 
-for name in ["postgres", "kafka", "schema-registry", "wal2delta", "prometheus", "grafana"]:
+for name in ["postgres", "kafka", "schema-registry", "minio", "lake-bucket", "wal2delta", "prometheus", "grafana"]:
     if name not in services:
         problem(f"service {name} is missing")
 
@@ -50,7 +50,8 @@ mounts = {}  # (service, container path) -> host path
 for name, svc in services.items():
     if "restart" not in svc:
         problem(f"{name}: no restart policy")
-    if name != "wal2delta" and "healthcheck" not in svc:
+    # lake-bucket runs once and exits: nothing to check the health of.
+    if name not in ("wal2delta", "lake-bucket") and "healthcheck" not in svc:
         problem(f"{name}: no healthcheck")
     deps = svc.get("depends_on") or []
     for d in deps if isinstance(deps, list) else deps.keys():
@@ -93,9 +94,30 @@ if metrics_port not in container_ports(w):
 config_path = wenv.get("WAL2DELTA_CONFIG")
 if ("wal2delta", config_path) not in mounts:
     problem(f"WAL2DELTA_CONFIG={config_path} is not a mounted file")
-lake = wenv.get("WAL2DELTA__LAKE__URI", "")
-if not any(str(m).split(":")[1] == lake.removeprefix("file://") for m in w.get("volumes") or []):
-    problem(f"the lake {lake} is not a volume")
+lake = urlsplit(wenv.get("WAL2DELTA__LAKE__URI", ""))
+if lake.scheme == "file":
+    if not any(str(m).split(":")[1] == lake.path for m in w.get("volumes") or []):
+        problem(f"the lake {lake.geturl()} is not a volume")
+elif lake.scheme == "s3":
+    # The endpoint is the minio service; the bucket is the one lake-bucket makes; the
+    # credentials are MinIO's; wal2delta starts after the bucket exists.
+    endpoint = urlsplit(wenv.get("WAL2DELTA__LAKE__STORAGE_OPTIONS__AWS_ENDPOINT_URL", ""))
+    minio = services.get("minio", {})
+    if endpoint.hostname != "minio" or endpoint.port not in container_ports(minio):
+        problem(f"the lake's endpoint {endpoint.geturl()} is not the minio service's published port")
+    if endpoint.scheme == "http" and wenv.get("WAL2DELTA__LAKE__STORAGE_OPTIONS__AWS_ALLOW_HTTP") != "true":
+        problem("an http:// endpoint needs WAL2DELTA__LAKE__STORAGE_OPTIONS__AWS_ALLOW_HTTP=true")
+    menv = env_of(minio)
+    if (wenv.get("AWS_ACCESS_KEY_ID"), wenv.get("AWS_SECRET_ACCESS_KEY")) != (menv.get("MINIO_ROOT_USER"), menv.get("MINIO_ROOT_PASSWORD")):
+        problem("wal2delta's AWS credentials are not the minio service's")
+    mb = " ".join(map(str, services.get("lake-bucket", {}).get("entrypoint") or []))
+    if f"local/{lake.hostname}" not in mb:
+        problem(f"lake-bucket does not create the bucket {lake.hostname}")
+    deps = w.get("depends_on") or {}
+    if (deps.get("lake-bucket") or {}).get("condition") != "service_completed_successfully":
+        problem("wal2delta does not wait for lake-bucket to complete")
+else:
+    problem(f"the lake {lake.geturl()} is neither file:// nor s3://")
 
 # Prometheus scrapes wal2delta under the job the alerts expect, and loads the alerts.
 prom_cfg_path = mounts.get(("prometheus", "/etc/prometheus/prometheus.yml"))
