@@ -10,7 +10,7 @@ use apache_avro::types::Value;
 use wal2delta_tests::daemon::binary;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
 use wal2delta_tests::{
-    current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Scenario, Stack,
+    current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Scenario, Stack, World,
 };
 
 fn stack_script(action: &str) -> Result<()> {
@@ -269,5 +269,47 @@ async fn a_failover_slot_is_refused_before_postgresql_17() -> Result<()> {
         .await?
         .get(0);
     ensure!(slots == 0, "no slot created");
+    Ok(())
+}
+
+/// A broker that accepts connections and never answers (a black hole: a firewall dropping
+/// replies, a load balancer without a backend): capture waits for it while starting
+/// (creating its topics), and SIGTERM still ends the daemon at once, with status 0 and
+/// nothing acknowledged.
+#[tokio::test(flavor = "multi_thread")]
+async fn sigterm_ends_capture_waiting_for_a_broker_that_never_answers() -> Result<()> {
+    let stack = Stack::from_env();
+    // Bound and listening, never accepted: the kernel completes the handshake, then
+    // nothing is ever read or written.
+    let hole = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let brokers = format!("127.0.0.1:{}", hole.local_addr()?.port());
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "hole", "CREATE TABLE {s}.t (id int PRIMARY KEY);")
+        .env("WAL2DELTA__KAFKA__BROKERS", &brokers)
+        .build()
+        .await?;
+    pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (1)"))
+        .await?;
+    let before = slot_confirmed(&pg, &d.slot).await?;
+    d.start()?;
+    // Long enough to be inside the wait for the broker (the supervisor's own backoff waits
+    // already watch for shutdown; this is the wait that did not).
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    d.assert_running()?;
+    let asked = Instant::now();
+    let status = d.stop()?;
+    let took = asked.elapsed();
+    ensure!(
+        took < Duration::from_secs(10),
+        "capture took {took:?} to stop after SIGTERM: {}",
+        d.last_log()
+    );
+    ensure!(status.success(), "exit status {status}: {}", d.last_log());
+    ensure!(
+        slot_confirmed(&pg, &d.slot).await? == before,
+        "nothing is acknowledged when Kafka held nothing"
+    );
+    drop(hole);
     Ok(())
 }

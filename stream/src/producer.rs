@@ -388,7 +388,13 @@ pub(crate) async fn create_topic(
     if compacted {
         new = new.set("cleanup.policy", "compact");
     }
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    // Both bounded: without a request timeout librdkafka waits for an unreachable broker
+    // as long as its socket timeout (60 s), during which the caller (capture's session
+    // loop) cannot see a shutdown request. A timeout is a transient failure: the session
+    // restarts, and its supervisor waits on shutdown between attempts.
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(10)))
+        .request_timeout(Some(Duration::from_secs(15)));
     let results = admin.create_topics([&new], &opts).await?;
     for r in results {
         match r {

@@ -59,12 +59,25 @@ pub(super) async fn session(
     allow_slot_ahead: bool,
     limits: Limits,
 ) -> Result<(), SessionError> {
-    let mut setup = Setup::connect(config, limits).await?;
-    let slot = setup.open_slot(allow_slot_ahead).await?;
-    let snapshot = setup
-        .start_snapshot(slot.exported, slot.reset_progress)
-        .await?;
-    let mut session = setup.start_streaming(slot.start, snapshot).await?;
+    let start = async {
+        let mut setup = Setup::connect(config, limits).await?;
+        let slot = setup.open_slot(allow_slot_ahead).await?;
+        let snapshot = setup
+            .start_snapshot(slot.exported, slot.reset_progress)
+            .await?;
+        setup.start_streaming(slot.start, snapshot).await
+    };
+    // Until streaming starts nothing is in flight, so a shutdown request simply ends the
+    // session: connecting, creating topics or registering schemas against a service that
+    // does not answer must not hold the daemon past SIGTERM.
+    let mut session = tokio::select! {
+        biased;
+        _ = shutdown.changed() => {
+            tracing::info!("shutdown requested while capture was starting; nothing in flight");
+            return Ok(());
+        }
+        s = start => s?,
+    };
     *connected = true;
     supervisor.healthy();
     session.run(shutdown).await
@@ -311,6 +324,7 @@ impl<'a> Setup<'a> {
             snapshots_topic: self.snapshots_topic,
             decoder: Decoder::new(),
             tokenizer: self.tokenizer,
+            exclusions: exclude::Exclusions::new(config.source.excluded_columns()),
             skip_truncate: config.capture.skip_truncate,
             slot: slot_name.clone(),
             positions_topic: self.positions_topic,
