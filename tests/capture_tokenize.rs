@@ -238,3 +238,150 @@ async fn snapshot_progress_never_holds_a_raw_tokenized_key() -> Result<()> {
     d.stop()?;
     Ok(())
 }
+
+/// `[source] exclude_columns`: the columns never leave capture. Snapshot rows, streamed
+/// changes (before images included) and a dead letter carry no value of theirs, no
+/// registered schema names them, and Bronze and Silver have no such column; a primary-key
+/// column cannot be excluded, and an entry naming no published column is refused at start.
+#[tokio::test(flavor = "multi_thread")]
+async fn excluded_columns_never_leave_capture() -> Result<()> {
+    let stack = Stack::from_env();
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "excl",
+        "CREATE TABLE {s}.x (id int PRIMARY KEY, \"Secret Note\" text, ssn text, amount int, tags int[]);
+         ALTER TABLE {s}.x REPLICA IDENTITY FULL;
+         INSERT INTO {s}.x VALUES (1, 'snapshot-secret-1', '900-11-0001', 10, '{1}');",
+    )
+    .toml(
+        "[snapshot]\nmode = \"initial\"\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n",
+    )
+    .env(
+        "WAL2DELTA__SOURCE__EXCLUDE_COLUMNS",
+        "['{s}.x.\"Secret Note\"', '{s}.x.ssn']",
+    )
+    .build()
+    .await?;
+    let mut pipe = d.spawn_stage("capture,bronze,silver", "pipe")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.x VALUES (2, 'stream-secret-2', '900-11-0002', 20, '{{2}}');
+         UPDATE {name}.x SET \"Secret Note\" = 'stream-secret-3', amount = 21 WHERE id = 2;
+         DELETE FROM {name}.x WHERE id = 1;
+         INSERT INTO {name}.x VALUES (9, 'dlq-secret-9', '900-11-0009', 90, '{{{{1}},{{2}}}}');"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    let silver = d.silver("x");
+    pipe.wait_for(
+        "Silver holds the row with id 2",
+        &vec![vec![serde_json::json!(21)]],
+        || {
+            Ok(wal2delta_tests::lake::duckdb(&format!(
+                "SELECT amount FROM {} WHERE id = 2",
+                wal2delta_tests::lake::scan(&silver)
+            ))
+            .unwrap_or_default())
+        },
+    )
+    .await?;
+    // Bronze's row images are structs; Silver's columns are the row's.
+    for (layer, columns) in [(d.bronze("x"), "after.*"), (silver, "*")] {
+        let cols = wal2delta_tests::lake::duckdb(&format!(
+            "SELECT string_agg(column_name, ',') FROM (DESCRIBE SELECT {columns} FROM {})",
+            wal2delta_tests::lake::scan(&layer)
+        ))?;
+        let cols = cols[0][0].as_str().unwrap_or_default().to_owned();
+        ensure!(
+            cols.contains("amount") && !cols.contains("Secret") && !cols.contains("ssn"),
+            "{}: {cols}",
+            layer.display()
+        );
+    }
+    let secrets = [
+        "snapshot-secret-1",
+        "stream-secret-2",
+        "stream-secret-3",
+        "dlq-secret-9",
+        "900-11-000",
+        "Secret Note",
+    ];
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &stack.brokers)
+        .set("group.id", "w2d-scan-excl")
+        .create()?;
+    let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    let mut scanned = 0;
+    for t in md
+        .topics()
+        .iter()
+        .filter(|t| t.name().starts_with(&format!("{name}.")))
+    {
+        for r in read_topic_to_end(&stack.brokers, t.name())? {
+            for s in secrets {
+                ensure!(!contains(&r.payload, s), "{s} found in topic {}", t.name());
+            }
+            scanned += 1;
+        }
+    }
+    ensure!(scanned >= 5, "scanned only {scanned} messages");
+    let dlq = read_topic(
+        &stack.brokers,
+        &format!("{name}.dlq"),
+        Some(1),
+        Duration::from_secs(10),
+    )?;
+    ensure!(
+        dlq.len() == 1 && contains(&dlq[0].payload, "amount"),
+        "the dead letter keeps the other columns"
+    );
+    let subjects = reqwest::get(format!("{}/subjects", stack.registry))
+        .await?
+        .text()
+        .await?;
+    for subject in serde_json::from_str::<Vec<String>>(&subjects)?
+        .iter()
+        .filter(|s| s.starts_with(&format!("{name}.")))
+    {
+        let schema = reqwest::get(format!(
+            "{}/subjects/{subject}/versions/latest",
+            stack.registry
+        ))
+        .await?
+        .text()
+        .await?;
+        ensure!(
+            !schema.contains("Secret") && !schema.contains("ssn"),
+            "{subject} names an excluded column"
+        );
+    }
+    ensure!(pipe.stop()?.success(), "clean stop: {}", pipe.log_text());
+
+    // A typo: refused at start, naming the setting.
+    let mut typo = d.command_line(&["run", "--stage", "capture"]);
+    typo.env(
+        "WAL2DELTA__SOURCE__EXCLUDE_COLUMNS",
+        format!("['{name}.x.snn']"),
+    );
+    let out = typo.output()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && text.contains("source.exclude_columns"),
+        "a column the table lacks is refused: {text}"
+    );
+    // A primary-key column: capture stops with the fix once it meets the table.
+    d.env.push((
+        "WAL2DELTA__SOURCE__EXCLUDE_COLUMNS".into(),
+        format!("['{name}.x.id']"),
+    ));
+    d.start()?;
+    pg.batch_execute(&format!("UPDATE {name}.x SET amount = 22 WHERE id = 2"))
+        .await?;
+    let log = d.wait_stopped_by_error(Duration::from_secs(60))?;
+    ensure!(
+        log.contains("primary-key column") && log.contains("exclude_columns"),
+        "{log}"
+    );
+    Ok(())
+}

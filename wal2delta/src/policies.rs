@@ -44,13 +44,17 @@ pub async fn silver(config: &Config) -> anyhow::Result<Policies> {
 /// when the silver stage runs; errors name the entry at fault.
 pub async fn at_startup(config: &Config, capture: bool, silver: bool) -> anyhow::Result<Policies> {
     let tokenize = capture && !config.tokenize.columns.is_empty();
+    let exclude = capture && !config.source.exclude_columns.is_empty();
     let policies = silver && config.silver.has_policies();
-    if !tokenize && !policies {
+    if !tokenize && !exclude && !policies {
         return Ok(Policies::default());
     }
     let catalog = source_catalog(config).await?;
     if tokenize {
         config.tokenize.check_names(&catalog)?;
+    }
+    if exclude {
+        crate::config::check_excluded_names(&config.source.exclude_columns, &catalog)?;
     }
     Ok(if policies {
         config.silver.resolve(&catalog)?

@@ -40,6 +40,10 @@ pub(super) enum SessionError {
     /// The disk-backed buffer of in-progress transactions failed.
     #[error(transparent)]
     StreamBuffer(#[from] StreamBufferError),
+    /// `[source] exclude_columns` names a primary-key column: Silver could not place the
+    /// table's rows without it.
+    #[error("[source] exclude_columns names {column:?} of {table}, a primary-key column: it cannot be excluded")]
+    ExcludedKey { table: String, column: String },
     #[error("cannot use [capture] spill_dir {dir}: {source}")]
     SpillDir {
         dir: String,
@@ -103,6 +107,7 @@ impl StageError for SessionError {
             SessionError::NeverConnected(_)
             | SessionError::Config(_)
             | SessionError::SpillDir { .. }
+            | SessionError::ExcludedKey { .. }
             | SessionError::SlotAhead { .. }
             | SessionError::SlotLost { .. }
             | SessionError::SlotDropped { .. }
@@ -121,6 +126,7 @@ impl StageError for SessionError {
             SessionError::SlotLost { .. } | SessionError::SlotDropped { .. } => Some(recreate.into()),
             SessionError::SlotMissing { .. } => Some("run `wal2delta setup` first".into()),
             SessionError::Stream(e) => e.hint().map(str::to_owned),
+            SessionError::ExcludedKey { .. } => Some("remove the entry from [source] exclude_columns (tokenize the column instead, [tokenize] columns) and restart".into()),
             SessionError::SpillDir { .. } => Some("point [capture] spill_dir at a writable directory with room for the largest transactions".into()),
             _ => None,
         }

@@ -9,6 +9,7 @@
 
 mod acks;
 mod error;
+mod exclude;
 mod publisher;
 mod session;
 pub(crate) mod snapshot;

@@ -3,6 +3,7 @@
 
 use super::*;
 use acks::Acks;
+use exclude::Exclusions;
 use std::sync::Arc;
 use tokenize::{tokenized, tokenized_raw};
 use wal2delta_model::{Change, TableSchema};
@@ -14,6 +15,8 @@ pub(super) struct State {
     pub(super) decoder: Decoder,
     /// Replaces sensitive values before anything is encoded (promise 5).
     pub(super) tokenizer: Option<Tokenizer>,
+    /// `[source] exclude_columns`: dropped before anything is encoded.
+    pub(super) exclusions: Exclusions,
     /// `[capture] skip_truncate`: TRUNCATEs are counted and logged, not published.
     pub(super) skip_truncate: bool,
     pub(super) slot: String,
@@ -37,7 +40,7 @@ impl State {
             }
             Decoded::Commit { end_lsn, .. } => self.commit(end_lsn, publisher).await?,
             Decoded::Relation(schema) => {
-                let view = self.published_schema(&schema);
+                let view = self.published_schema(&schema)?;
                 publisher.relation(&view).await?
             }
             Decoded::Change { schema, change } => {
@@ -73,7 +76,8 @@ impl State {
                 ref table, ref raw, ..
             } => {
                 let token = self.acks.open_token()?;
-                let raw = tokenized_raw(self.tokenizer.as_ref(), table, raw);
+                let raw = self.exclusions.raw(table, raw);
+                let raw = tokenized_raw(self.tokenizer.as_ref(), table, &raw);
                 let sent = publisher.undecodable(token, d, raw).await?;
                 self.acks.sent(token, sent.0);
             }
@@ -90,8 +94,10 @@ impl State {
         change: Change,
         publisher: &mut Publisher,
     ) -> Result<(), SessionError> {
-        let view = self.published_schema(schema);
-        let change = tokenized(self.tokenizer.as_ref(), schema, change);
+        let view = self.published_schema(schema)?;
+        let shown = self.exclusions.schema(schema)?;
+        let change = self.exclusions.change(schema, change);
+        let change = tokenized(self.tokenizer.as_ref(), &shown, change);
         let sent = publisher.change(token, &view, &change, now_ms()).await?;
         self.acks.sent(token, sent.0);
         self.events += 1;
@@ -140,6 +146,7 @@ impl State {
                 .await?;
         }
         for (reason, raw) in chunk.undecodable {
+            let raw = self.exclusions.raw(&chunk.schema.table, &raw);
             let raw = tokenized_raw(self.tokenizer.as_ref(), &chunk.schema.table, &raw);
             let sent = publisher
                 .snapshot_dead_letter(token, &chunk.schema.table, &reason, raw)
@@ -149,7 +156,7 @@ impl State {
         if let (true, Some(from)) = (chunk.progress.is_done(), chunk.progress.resnapshot_from) {
             // The last chunk of a re-snapshot: its end goes to every partition after the
             // rows, under the chunk's token, so "done" is recorded only once it is in Kafka.
-            let view = self.published_schema(&chunk.schema);
+            let view = self.published_schema(&chunk.schema)?;
             let sent = publisher
                 .snapshot_end(token, &view, Lsn(from), now_ms())
                 .await?;
@@ -212,11 +219,15 @@ impl State {
     }
 
     /// The schema events of this table are published with (tokenized columns as text).
-    pub(super) fn published_schema(&mut self, schema: &Arc<TableSchema>) -> Arc<TableSchema> {
-        match &mut self.tokenizer {
-            Some(t) => t.schema(schema),
-            None => schema.clone(),
-        }
+    pub(super) fn published_schema(
+        &mut self,
+        schema: &Arc<TableSchema>,
+    ) -> Result<Arc<TableSchema>, SessionError> {
+        let shown = self.exclusions.schema(schema)?;
+        Ok(match &mut self.tokenizer {
+            Some(t) => t.schema(&shown),
+            None => shown,
+        })
     }
 
     /// Sends a standby status update: at once when the server asked, otherwise at most

@@ -34,6 +34,10 @@ pub struct SourceConfig {
     /// so capture continues on the promoted standby (docs/operations.md). Default false.
     #[serde(default)]
     pub failover_slot: bool,
+    /// `schema.table.column` entries: columns that never leave capture (dropped from
+    /// events, schemas and dead letters; docs/capture.md). Not a primary-key column.
+    #[serde(default)]
+    pub exclude_columns: Vec<String>,
 }
 
 impl std::fmt::Debug for SourceConfig {
@@ -48,6 +52,20 @@ impl std::fmt::Debug for SourceConfig {
 }
 
 impl SourceConfig {
+    /// `[source] exclude_columns` by table (entries `validate` accepted).
+    pub fn excluded_columns(
+        &self,
+    ) -> std::collections::HashMap<wal2delta_model::TableName, std::collections::BTreeSet<String>>
+    {
+        let mut out = std::collections::HashMap::<_, std::collections::BTreeSet<String>>::new();
+        for spec in &self.exclude_columns {
+            if let Some((table, column)) = exclude_entry(spec) {
+                out.entry(table).or_default().insert(column);
+            }
+        }
+        out
+    }
+
     fn default_slot() -> String {
         "wal2delta".into()
     }
@@ -59,6 +77,16 @@ impl SourceConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
+        if let Some(bad) = self
+            .exclude_columns
+            .iter()
+            .find(|s| exclude_entry(s).is_none())
+        {
+            return Err(invalid(
+                "source.exclude_columns",
+                format!("entry {bad:?} must look like schema.table.column (quote a part with \"...\" when it holds a dot)"),
+            ));
+        }
         if self.dsn.trim().is_empty() {
             return Err(invalid(
                 "source.dsn",
@@ -138,4 +166,51 @@ pub enum OnSlotLost {
     Refuse,
     /// Re-create the slot and snapshot every table again.
     Recreate,
+}
+
+/// Refuses an `exclude_columns` entry naming a table or column the source does not
+/// publish (`catalog`: the published tables with their columns): a typo would let the
+/// column's values leave capture.
+pub fn check_excluded_names(
+    entries: &[String],
+    catalog: &std::collections::BTreeMap<wal2delta_model::TableName, Vec<String>>,
+) -> Result<(), ConfigError> {
+    for spec in entries {
+        let Some((table, column)) = exclude_entry(spec) else {
+            continue; // validate() refused it already
+        };
+        match catalog.get(&table) {
+            None => {
+                return Err(invalid(
+                    "source.exclude_columns",
+                    format!(
+                    "entry {spec:?} names the table {}, which is not among the published tables",
+                    table.quoted()
+                ),
+                ))
+            }
+            Some(columns) if !columns.contains(&column) => {
+                return Err(invalid(
+                    "source.exclude_columns",
+                    format!(
+                        "entry {spec:?} names a column the table {} does not have",
+                        table.quoted()
+                    ),
+                ))
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// An `exclude_columns` entry's table and column; `None` when it is not
+/// `schema.table.column` (parts as in [`super::path`]).
+pub fn exclude_entry(spec: &str) -> Option<(wal2delta_model::TableName, String)> {
+    let mut parts = super::path::parse(spec, 3)?;
+    let column = parts.pop()?;
+    Some((
+        wal2delta_model::TableName::new(&parts[0], &parts[1]),
+        column,
+    ))
 }
