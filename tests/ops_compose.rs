@@ -67,8 +67,7 @@ fn the_compose_file_the_image_and_the_unit_agree() -> Result<()> {
 }
 
 /// The checker finds what it is there to find: a broker address no listener advertises, a
-/// lake endpoint that is not the S3 service's port and
-/// a mounted file that does not exist.
+/// lake endpoint that is not the S3 service's port and a mounted file that does not exist.
 #[test]
 fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("compose-check-{}", std::process::id()));
@@ -93,11 +92,15 @@ fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
             copy(f)?;
         }
         std::fs::create_dir_all(dir.join("ops/models"))?;
-        let compose = std::fs::read_to_string(repo_root().join("docker-compose.yml"))?.replace(
-            "WAL2DELTA__KAFKA__BROKERS: kafka:9092",
-            "WAL2DELTA__KAFKA__BROKERS: kafka:9093",
-        )
-        .replace("AWS_ENDPOINT_URL: http://minio:9000", "AWS_ENDPOINT_URL: http://minio:9100");
+        let compose = std::fs::read_to_string(repo_root().join("docker-compose.yml"))?
+            .replace(
+                "WAL2DELTA__KAFKA__BROKERS: kafka:9092",
+                "WAL2DELTA__KAFKA__BROKERS: kafka:9093",
+            )
+            .replace(
+                "AWS_ENDPOINT_URL: http://minio:9000",
+                "AWS_ENDPOINT_URL: http://minio:9100",
+            );
         std::fs::write(dir.join("docker-compose.yml"), compose)?;
         std::fs::remove_file(dir.join("ops/grafana/datasource.yml"))?;
         let report = check(&dir)?;
