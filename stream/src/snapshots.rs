@@ -119,3 +119,32 @@ pub fn load(
         }
     }
 }
+
+/// Writes `progress` as the table's latest snapshot progress of `slot` and waits until
+/// Kafka acknowledged it (`wal2delta snapshot --table` requesting a re-snapshot).
+pub async fn write(
+    connection: &crate::connection::KafkaConnection,
+    topic: &str,
+    slot: &str,
+    progress: &SnapshotProgress,
+) -> Result<(), StreamError> {
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = connection
+        .client_config()
+        .set("enable.idempotence", "true")
+        .set("message.timeout.ms", "30000")
+        .create()?;
+    let key = SnapshotProgress::key(slot, &progress.table);
+    let payload = progress.to_json();
+    producer
+        .send(
+            FutureRecord::to(topic)
+                .partition(0)
+                .key(&key)
+                .payload(&payload),
+            Duration::from_secs(30),
+        )
+        .await
+        .map_err(|(e, _)| StreamError::Kafka(e))?;
+    Ok(())
+}

@@ -66,6 +66,13 @@ pub enum Command {
         #[arg(long)]
         table: Option<String>,
     },
+    /// Re-snapshot one table on demand: a running capture reads it again, and Silver then
+    /// deletes the rows the source no longer holds.
+    Snapshot {
+        /// The table, `schema.table`.
+        #[arg(long)]
+        table: String,
+    },
     /// Inspect and re-drive quarantined records.
     Quarantine {
         #[command(subcommand)]

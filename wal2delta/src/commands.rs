@@ -58,6 +58,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             layer: Layer::Gold,
             table,
         } => gold::replay(&config, table.as_deref()).await,
+        Command::Snapshot { table } => capture::request::run(&config, &table).await,
         Command::Quarantine { action } => match action {
             QuarantineAction::List => quarantine::list(&config).await,
             QuarantineAction::Show { id } => quarantine::show(&config, &id).await,

@@ -11,6 +11,7 @@ mod acks;
 mod error;
 mod exclude;
 mod publisher;
+pub mod request;
 mod session;
 pub(crate) mod snapshot;
 mod startup;

@@ -227,13 +227,9 @@ impl<'a> Setup<'a> {
     ) -> Result<SnapshotFeed, SessionError> {
         let config = self.config;
         let (tx, rx) = mpsc::channel::<SnapshotChunk>(2);
-        if config.snapshot.mode != SnapshotMode::Initial && exported.is_none() {
-            return Ok(SnapshotFeed {
-                rx,
-                task: None,
-                open: false,
-            });
-        }
+        // Without an initial snapshot the task still runs, for re-snapshots requested
+        // with `wal2delta snapshot --table`.
+        let requested_only = config.snapshot.mode != SnapshotMode::Initial && exported.is_none();
         let slot_name = &config.source.slot;
         let progress = if reset_progress {
             Default::default()
@@ -257,6 +253,8 @@ impl<'a> Setup<'a> {
                 .as_ref()
                 .filter(|_| reset_progress)
                 .map(|e| wal2delta_cdc::snapshot::rows_position(e.consistent_point)),
+            requested_only,
+            requests: Some((config.kafka.connection()?, self.snapshots_topic.clone())),
         };
         let task = tokio::spawn(snapshot::run(plan, tx));
         if let Some(e) = exported {

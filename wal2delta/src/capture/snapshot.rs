@@ -54,6 +54,50 @@ pub struct SnapshotPlan {
     /// The slot was re-created (`on_slot_lost = "recreate"`): the rows' position of its
     /// exported snapshot, recorded in the progress of every table snapshotted again.
     pub resnapshot_from: Option<Lsn>,
+    /// `[snapshot] mode = "never"`: only re-snapshots requested with `wal2delta snapshot
+    /// --table` (or resumed from such a request) run; tables without a snapshot stay so.
+    pub requested_only: bool,
+    /// Where requests arrive (the snapshots topic), looked at every [`RECHECK`].
+    pub requests: Option<(wal2delta_stream::connection::KafkaConnection, String)>,
+}
+
+/// Takes in the requested re-snapshots (`wal2delta snapshot --table`) recorded in the
+/// snapshots topic since the task last looked: a request newer than what the task holds
+/// for the table replaces it, so the table is read again from its first row.
+async fn take_requests(plan: &mut SnapshotPlan) {
+    let Some((kafka, topic)) = plan.requests.clone() else {
+        return;
+    };
+    let slot = plan.slot.clone();
+    let loaded = tokio::task::spawn_blocking(move || {
+        wal2delta_stream::snapshots::load(&kafka, &topic, &slot)
+    })
+    .await;
+    let loaded = match loaded {
+        Ok(Ok(l)) => l,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot read snapshot requests; looking again later");
+            return;
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read snapshot requests; looking again later");
+            return;
+        }
+    };
+    for (table, p) in loaded {
+        if p.state != super::request::REQUESTED {
+            continue;
+        }
+        if plan
+            .progress
+            .get(&table)
+            .is_some_and(|held| held.ts_ms >= p.ts_ms)
+        {
+            continue;
+        }
+        tracing::info!(table = %table, resnapshot_from = ?p.resnapshot_from.map(Lsn), "re-snapshot requested: the table is read again");
+        plan.progress.insert(table, p);
+    }
 }
 
 /// A name for the temporary slot of one fresh chunk, unique across processes.
@@ -70,14 +114,15 @@ pub async fn run(mut plan: SnapshotPlan, out: mpsc::Sender<SnapshotChunk>) -> Re
     let client = source::connect(&plan.dsn).await?;
     let mut types = TypeCatalog::default();
     loop {
+        if plan.exported.is_none() {
+            take_requests(&mut plan).await;
+        }
         let tables = publication_tables(&client, &plan.publication).await?;
         let pending: Vec<TableName> = tables
             .into_iter()
-            .filter(|t| {
-                !plan
-                    .progress
-                    .get(&t.to_string())
-                    .is_some_and(|p| p.is_done())
+            .filter(|t| match plan.progress.get(&t.to_string()) {
+                Some(p) => !p.is_done() && (!plan.requested_only || p.resnapshot_from.is_some()),
+                None => !plan.requested_only,
             })
             .collect();
         if let Some((name, lsn, imported)) = plan.exported.take() {
