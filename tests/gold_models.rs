@@ -578,3 +578,100 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
     ensure!(all_rows(&daily, "merchant_id, day")? == incremental_d);
     Ok(())
 }
+
+/// Silver and Gold compacted and checkpointed on schedule while a keyed model refreshes
+/// incrementally: compaction changes files, not rows, so the model stays equal to the
+/// source and keeps merging (a compaction hiding the model's recorded inputs would make it
+/// rewrite whole), and Silver keeps its masking record (no rebuild).
+#[tokio::test(flavor = "multi_thread")]
+async fn scheduled_compaction_of_silver_and_gold_keeps_incremental_refresh_exact() -> Result<()> {
+    let stack = Stack::from_env();
+    let (name, pg, mut d) = scenario(
+        &stack,
+        "goldopt",
+        "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, merchant_id int NOT NULL, currency text NOT NULL, status text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL);",
+        "",
+        1,
+    )
+    .await?;
+    let models = d.lake().join("../models-opt");
+    std::fs::create_dir_all(&models)?;
+    std::fs::write(
+        models.join("settlement.sql"),
+        format!("-- key: merchant_id, currency\n-- key of {name}.transactions: merchant_id, currency\nSELECT merchant_id, currency, sum(amount_cents) AS settled_cents, count(*) AS payments\nFROM {name}.transactions WHERE status <> 'declined'\nGROUP BY merchant_id, currency"),
+    )?;
+    for (k, v) in [
+        ("WAL2DELTA__GOLD__MODELS_DIR", models.display().to_string()),
+        ("WAL2DELTA__GOLD__INTERVAL_MS", "400".into()),
+        ("WAL2DELTA__GOLD__MAINTENANCE_INTERVAL_S", "2".into()),
+        ("WAL2DELTA__SILVER__INTERVAL_MS", "300".into()),
+        ("WAL2DELTA__SILVER__MAINTENANCE_INTERVAL_S", "2".into()),
+    ] {
+        d.env.push((k.into(), v));
+    }
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.transactions SELECT g, g % 20, (ARRAY['EUR','USD'])[1 + g % 2], 'settled', g, now() FROM generate_series(1, 500) g"
+    ))
+    .await?;
+    let mut run = d.spawn_stage("capture,bronze,silver,gold", "run")?;
+    let settlement = d.lake().join("gold/settlement");
+    for step in 0..10 {
+        // First new keys only (each MERGE of Silver and of the model adds a file and
+        // rewrites none, so small files accumulate for compaction), then changes of
+        // existing keys across those files, after compactions.
+        let sql = if step < 6 {
+            format!(
+                "INSERT INTO {name}.transactions SELECT 10000 + {step} * 100 + g, 100 + {step}, 'EUR', 'settled', g, now() FROM generate_series(1, 20) g;"
+            )
+        } else {
+            format!(
+                "UPDATE {name}.transactions SET amount_cents = amount_cents + {step}, merchant_id = (merchant_id + 1) % 20 WHERE id % 37 = {step};
+                 UPDATE {name}.transactions SET status = 'declined' WHERE id = 10000 + {} + 1;",
+                (step - 6) * 100
+            )
+        };
+        pg.batch_execute(&sql).await?;
+        let want = expected(&pg, &name).await?;
+        run.wait_for(&format!("step {step}"), &want, || {
+            Ok(gold_rows(&settlement).unwrap_or_default())
+        })
+        .await?;
+        // Time for a maintenance pass of each stage between some steps.
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+    let log = std::fs::read_to_string(&run.log)?;
+    for what in [
+        "Gold table compacted and checkpointed",
+        "Silver table compacted and checkpointed",
+    ] {
+        ensure!(log.contains(what), "{what} missing: {}", run.log_text());
+    }
+    ensure!(
+        !log.contains("rebuilt under the new masking policy"),
+        "Silver was rebuilt: its masking record was hidden"
+    );
+    let ops = operations(&settlement)?;
+    ensure!(
+        ops.iter().any(|o| o == "OPTIMIZE"),
+        "settlement was compacted: {ops:?}"
+    );
+    ensure!(
+        ops.iter().filter(|o| o.as_str() == "WRITE").count() == 1
+            && ops.iter().filter(|o| o.as_str() == "MERGE").count() >= 5,
+        "written once, then merged, compaction or not: {ops:?}"
+    );
+    ensure!(
+        operations(&d.silver("transactions"))?
+            .iter()
+            .any(|o| o == "OPTIMIZE"),
+        "Silver was compacted"
+    );
+    let info = last_commit_info(&settlement)?;
+    ensure!(
+        info.get("wal2delta.gold").is_some(),
+        "the latest commit carries the model's record: {info}"
+    );
+    run.assert_running()?;
+    ensure!(run.stop()?.success());
+    Ok(())
+}
