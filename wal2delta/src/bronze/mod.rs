@@ -92,7 +92,6 @@ pub async fn run(
         .writable_lake(&config.lake, &mut shutdown)
         .await?
     else {
-        supervisor.stopped();
         return Ok(());
     };
     let maintenance = maintenance::spawn(config, lake.clone(), shutdown.clone());

@@ -51,7 +51,6 @@ pub async fn run(
         .writable_lake(&config.lake, &mut shutdown)
         .await?
     else {
-        supervisor.stopped();
         return Ok(());
     };
     let every = Duration::from_millis(config.gold.interval_ms);

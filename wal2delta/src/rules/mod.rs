@@ -338,7 +338,6 @@ pub async fn run(
         .writable_lake(&config.lake, &mut shutdown)
         .await?
     else {
-        supervisor.stopped();
         return Ok(());
     };
     let mut seen = stamp(&file);

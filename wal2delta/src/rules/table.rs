@@ -413,7 +413,6 @@ pub async fn run(
         .writable_lake(&config.lake, &mut shutdown)
         .await?
     else {
-        supervisor.stopped();
         return Ok(());
     };
     supervisor.started();

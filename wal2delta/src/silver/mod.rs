@@ -42,7 +42,6 @@ pub async fn run(
         .writable_lake(&config.lake, &mut shutdown)
         .await?
     else {
-        supervisor.stopped();
         return Ok(());
     };
     // The rules' Kafka outputs (docs/rules.md): published before each round's commits.
@@ -73,6 +72,7 @@ pub async fn run(
         keyless: HashMap::new(),
         failing: HashMap::new(),
         held: HashMap::new(),
+        listed: None,
     };
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
@@ -142,9 +142,24 @@ struct Stage<'a> {
     failing: HashMap<String, Retry>,
     /// Tables held for the tables their rules look up, and since when.
     held: HashMap<String, Instant>,
+    /// The Bronze tables as last listed, and when ([`LIST_EVERY`]).
+    listed: Option<(Instant, Vec<BronzeTable>)>,
 }
 
 impl Stage<'_> {
+    /// The Bronze tables, listed again at most every [`LIST_EVERY`]: on object storage a
+    /// listing is several billed requests per table, and a round runs every 2 s.
+    async fn bronze_tables(&mut self) -> Result<Vec<BronzeTable>, LakeError> {
+        if let Some((at, tables)) = &self.listed {
+            if at.elapsed() < LIST_EVERY {
+                return Ok(tables.clone());
+            }
+        }
+        let tables = self.lake.bronze_tables().await?;
+        self.listed = Some((Instant::now(), tables.clone()));
+        Ok(tables)
+    }
+
     /// Compacts and checkpoints the Silver tables the stage works on, their tombstones and
     /// the quarantine tables (see [`crate::maintenance`]): between rounds, never beside a
     /// MERGE of the same table.
@@ -196,6 +211,13 @@ struct Tracked {
 
 const PRUNE_EVERY: Duration = Duration::from_secs(3600);
 
+/// A Bronze table as listed: schema and table identity parts, and its URL.
+type BronzeTable = (String, String, url::Url);
+
+/// How long a listing of the Bronze tables is used before the lake is listed again: a
+/// new table waits at most this long for its first Silver round.
+const LIST_EVERY: Duration = Duration::from_secs(10);
+
 /// How often a Bronze table without a `key` column is looked at again (it gains one when
 /// its source table gains a primary key).
 const KEYLESS_RECHECK: Duration = Duration::from_secs(60);
@@ -242,7 +264,7 @@ impl Stage<'_> {
     /// Applies every Bronze table once.
     async fn round(&mut self) -> Result<(), LakeError> {
         let mut names = Vec::new();
-        for (schema, table, url) in self.lake.bronze_tables().await? {
+        for (schema, table, url) in self.bronze_tables().await? {
             let name = format!("{schema}.{table}");
             if self
                 .failing

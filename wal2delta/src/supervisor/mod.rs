@@ -193,7 +193,8 @@ impl Supervisor {
 
     /// The lake for a stage that writes it: a bad `[lake]` setting or a store on which
     /// concurrent Delta commits are not safe stops the stage (`Err`); a store that cannot
-    /// be reached yet is retried with the stage's backoff. `Ok(None)` on shutdown.
+    /// be reached yet is retried with the stage's backoff. `Ok(None)` on shutdown (the
+    /// stage is then marked stopped).
     pub async fn writable_lake(
         &self,
         config: &crate::config::LakeConfig,
@@ -205,7 +206,10 @@ impl Supervisor {
                 Err(e) if e.class() == ErrorClass::Transient => {
                     match self.failed(&e, shutdown).await {
                         Next::Retry => continue,
-                        Next::Shutdown => return Ok(None),
+                        Next::Shutdown => {
+                            self.stopped();
+                            return Ok(None);
+                        }
                         Next::Stop(err) => return Err(err),
                     }
                 }
