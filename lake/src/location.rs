@@ -29,6 +29,20 @@ impl Lake {
     /// object_store's keys). Options the environment also sets (`AWS_*`, `GOOGLE_*`,
     /// `AZURE_*`) are read from it by the store; these take precedence.
     pub fn with_options(uri: &str, options: StorageOptions) -> Result<Self, LakeError> {
+        let root = Self::parse(uri)?;
+        if let Ok(path) = root.to_file_path() {
+            std::fs::create_dir_all(&path).map_err(|e| LakeError::Uri {
+                uri: uri.to_owned(),
+                reason: format!("cannot create the directory: {e}"),
+            })?;
+        }
+        storage::register(&root, options);
+        Ok(Lake { root })
+    }
+
+    /// The root URL `uri` names (see [`Lake::new`]), ending in `/`; creates, registers and
+    /// contacts nothing (what the config check uses).
+    pub fn parse(uri: &str) -> Result<Url, LakeError> {
         let bad = |reason: &str| LakeError::Uri {
             uri: uri.to_owned(),
             reason: reason.to_owned(),
@@ -40,11 +54,8 @@ impl Lake {
         };
         match root.scheme() {
             "file" => {
-                let path = root
-                    .to_file_path()
+                root.to_file_path()
                     .map_err(|_| bad("a file:// URI needs an absolute path"))?;
-                std::fs::create_dir_all(&path)
-                    .map_err(|e| bad(&format!("cannot create the directory: {e}")))?;
             }
             "memory" => {}
             s if SCHEMES.contains(&s) => {
@@ -64,8 +75,7 @@ impl Lake {
             let p = format!("{}/", root.path());
             root.set_path(&p);
         }
-        storage::register(&root, options);
-        Ok(Lake { root })
+        Ok(root)
     }
 
     /// Whether a Delta table exists at `url` (a `_delta_log` is there).

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 
 use serde::Deserialize;
-use wal2delta_lake::storage::SCHEMES;
 use wal2delta_lake::{Lake, LakeError, StorageOptions};
 
 use super::{invalid, ConfigError};
@@ -39,35 +38,16 @@ impl std::fmt::Debug for LakeConfig {
 }
 
 impl LakeConfig {
-    /// The URI's form only: nothing is created or contacted here (the stages open the
-    /// lake and probe the store when they start).
+    /// The URI's form only ([`Lake::parse`]): nothing is created or contacted here (the
+    /// stages open the lake and probe the store when they start).
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        let uri = url::Url::parse(&self.uri).map_err(|e| {
-            invalid(
+        if !self.uri.contains("://") {
+            return Err(invalid(
                 "lake.uri",
-                format!("not a URI ({e}): use file:///absolute/path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix"),
-            )
-        })?;
-        match uri.scheme() {
-            "file" if !self.uri.starts_with("file:///") => {
-                return Err(invalid("lake.uri", "must be file:///absolute/path"));
-            }
-            "file" | "memory" => {}
-            s if SCHEMES.contains(&s) => {
-                if uri.host_str().is_none_or(str::is_empty) {
-                    return Err(invalid(
-                        "lake.uri",
-                        format!("a {s}:// URI names its bucket or container: {s}://bucket/prefix"),
-                    ));
-                }
-            }
-            s => {
-                return Err(invalid(
-                    "lake.uri",
-                    format!("scheme {s}:// is not supported: use file://, s3://, gs://, az:// (abfss://) or memory://"),
-                ));
-            }
+                "must be a URI: file:///absolute/path, s3://bucket/prefix, gs://bucket/prefix or az://container/prefix",
+            ));
         }
+        Lake::parse(&self.uri).map_err(|e| invalid("lake.uri", e.to_string()))?;
         if let Some(k) = self.storage_options.keys().find(|k| k.trim().is_empty()) {
             return Err(invalid(
                 "lake.storage_options",
