@@ -94,8 +94,7 @@ impl State {
         change: Change,
         publisher: &mut Publisher,
     ) -> Result<(), SessionError> {
-        let view = self.published_schema(schema)?;
-        let shown = self.exclusions.schema(schema)?;
+        let (shown, view) = self.views(schema)?;
         let change = self.exclusions.change(schema, change);
         let change = tokenized(self.tokenizer.as_ref(), &shown, change);
         let sent = publisher.change(token, &view, &change, now_ms()).await?;
@@ -223,11 +222,21 @@ impl State {
         &mut self,
         schema: &Arc<TableSchema>,
     ) -> Result<Arc<TableSchema>, SessionError> {
+        Ok(self.views(schema)?.1)
+    }
+
+    /// `schema` without its excluded columns (what the row values are aligned with once
+    /// excluded), and that with its tokenized columns' types (what is published).
+    fn views(
+        &mut self,
+        schema: &Arc<TableSchema>,
+    ) -> Result<(Arc<TableSchema>, Arc<TableSchema>), SessionError> {
         let shown = self.exclusions.schema(schema)?;
-        Ok(match &mut self.tokenizer {
+        let published = match &mut self.tokenizer {
             Some(t) => t.schema(&shown),
-            None => shown,
-        })
+            None => shown.clone(),
+        };
+        Ok((shown, published))
     }
 
     /// Sends a standby status update: at once when the server asked, otherwise at most
