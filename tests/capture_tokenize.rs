@@ -97,12 +97,7 @@ async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
         "dead letter keeps the tokenized last four"
     );
 
-    // Nothing raw anywhere: every message of every topic of the broker.
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &stack.brokers)
-        .set("group.id", "w2d-scan")
-        .create()?;
-    let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    // Nothing raw anywhere: every message of every topic this capture writes.
     let secrets = [
         "4111111111119871",
         "5500000000006543",
@@ -113,41 +108,48 @@ async fn no_raw_sensitive_value_reaches_kafka() -> Result<()> {
         "dave@example.com",
         "erin@example.com",
     ];
-    let mut scanned = 0;
-    // Every topic this capture writes to carries its prefix (events, DLQ, position log,
-    // snapshot progress); other tests' topics are not scanned.
-    let ours: Vec<_> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name().starts_with(&format!("{name}.")))
-        .collect();
-    let names: Vec<&str> = ours.iter().map(|t| t.name()).collect();
+    let names = assert_no_topic_holds(&stack, &name, &secrets)?;
     for suffix in ["dlq", "positions", "snapshots"] {
         ensure!(
-            names.contains(&format!("{name}.{suffix}").as_str()),
+            names.contains(&format!("{name}.{suffix}")),
             "topic {name}.{suffix} missing from {names:?}"
         );
     }
-    for t in ours {
+    d.stop()?;
+    Ok(())
+}
+
+/// Reads every message of every topic capture `name` writes (they carry its prefix:
+/// events, DLQ, position log, snapshot progress; other tests' topics are not read) and
+/// fails when a key or payload holds one of `needles`. The topics' names.
+fn assert_no_topic_holds(stack: &Stack, name: &str, needles: &[&str]) -> Result<Vec<String>> {
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &stack.brokers)
+        .set("group.id", format!("w2d-scan-{name}"))
+        .create()?;
+    let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
+    let mut names = Vec::new();
+    let mut scanned = 0;
+    for t in md
+        .topics()
+        .iter()
+        .filter(|t| t.name().starts_with(&format!("{name}.")))
+    {
         for r in read_topic_to_end(&stack.brokers, t.name())? {
-            for s in secrets {
-                ensure!(
-                    !contains(&r.payload, s),
-                    "raw value {s} found in topic {}",
-                    t.name()
-                );
+            for s in needles {
+                ensure!(!contains(&r.payload, s), "{s} found in topic {}", t.name());
                 ensure!(
                     !r.key.as_deref().is_some_and(|k| contains(k, s)),
-                    "raw value {s} found in a key of {}",
+                    "{s} found in a key of {}",
                     t.name()
                 );
             }
             scanned += 1;
         }
+        names.push(t.name().to_owned());
     }
     ensure!(scanned >= 5, "scanned only {scanned} messages");
-    d.stop()?;
-    Ok(())
+    Ok(names)
 }
 
 /// Snapshot progress of a table whose primary key is tokenized: the snapshots topic holds
@@ -307,25 +309,7 @@ async fn excluded_columns_never_leave_capture() -> Result<()> {
         "900-11-000",
         "Secret Note",
     ];
-    let consumer: BaseConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &stack.brokers)
-        .set("group.id", "w2d-scan-excl")
-        .create()?;
-    let md = consumer.fetch_metadata(None, Duration::from_secs(10))?;
-    let mut scanned = 0;
-    for t in md
-        .topics()
-        .iter()
-        .filter(|t| t.name().starts_with(&format!("{name}.")))
-    {
-        for r in read_topic_to_end(&stack.brokers, t.name())? {
-            for s in secrets {
-                ensure!(!contains(&r.payload, s), "{s} found in topic {}", t.name());
-            }
-            scanned += 1;
-        }
-    }
-    ensure!(scanned >= 5, "scanned only {scanned} messages");
+    assert_no_topic_holds(&stack, &name, &secrets)?;
     let dlq = read_topic(
         &stack.brokers,
         &format!("{name}.dlq"),
