@@ -1,18 +1,11 @@
 //! `wal2delta-dev-s3`: a DEVELOPMENT S3-compatible object store for `ops/stack` and the
-//! tests: s3s-fs (objects are files under `--root`) with conditional writes made atomic
-//! ([`atomic`]). Not for production.
-
-mod atomic;
+//! tests (the server is the library, [`wal2delta_dev_s3`]). Not for production.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
 use anyhow::Context;
 use clap::Parser;
-use hyper_util::rt::{TokioExecutor, TokioIo};
-use hyper_util::server::conn::auto::Builder as ConnBuilder;
-use s3s::auth::SimpleAuth;
-use s3s::service::S3ServiceBuilder;
 use tokio::net::TcpListener;
 use tracing_subscriber::EnvFilter;
 
@@ -68,40 +61,20 @@ async fn main() -> anyhow::Result<()> {
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create bucket directory {}", dir.display()))?;
     }
-    let fs = s3s_fs::FileSystem::new(&args.root)
-        .map_err(|e| anyhow::anyhow!("cannot serve {}: {e:?}", args.root.display()))?;
-    let service = {
-        let mut b = S3ServiceBuilder::new(atomic::AtomicFs::new(fs, args.ignore_preconditions));
-        b.set_auth(SimpleAuth::from_single(args.access_key, args.secret_key));
-        b.build()
-    };
-
+    let store = wal2delta_dev_s3::DirStore::open(&args.root, args.ignore_preconditions)
+        .with_context(|| format!("cannot serve {}", args.root.display()))?;
     let listener = TcpListener::bind(&args.listen)
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     tracing::info!(addr = %listener.local_addr()?, root = %args.root.display(), "development S3 server listening");
-    let http = ConnBuilder::new(TokioExecutor::new());
-    let mut stop = std::pin::pin!(shutdown());
-    loop {
-        let socket = tokio::select! {
-            accepted = listener.accept() => match accepted {
-                Ok((socket, _)) => socket,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    continue;
-                }
-            },
-            () = &mut stop => break,
-        };
-        let conn = http
-            .serve_connection(TokioIo::new(socket), service.clone())
-            .into_owned();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "connection ended with an error");
-            }
-        });
-    }
+    wal2delta_dev_s3::serve(
+        listener,
+        store,
+        args.access_key,
+        args.secret_key,
+        shutdown(),
+    )
+    .await;
     tracing::info!("development S3 server stopped");
     Ok(())
 }
