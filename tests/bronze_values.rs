@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value};
 use wal2delta_tests::daemon::{Daemon, StageProcess};
+use wal2delta_tests::kafka::dead_letters;
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
 use wal2delta_tests::{scenario, Stack};
 
@@ -137,6 +138,9 @@ async fn dates(
 /// A table without a primary key (append-only history, like pgbench_history): every event
 /// lands in Bronze once (its Kafka key is an empty record, which used to be quarantined as
 /// `unsupported_schema`); Silver does not hold it and `status` and `reconcile` say why.
+/// Rows with NULLs, and an update that leaves a TOASTed value unchanged, land too: the
+/// whole-row key of a REPLICA IDENTITY FULL table used to require every column, so each
+/// such row went to the DLQ (`encode_failed`) instead of Bronze.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_table_without_a_primary_key_lands_in_bronze_only() -> Result<()> {
     let stack = Stack::from_env();
@@ -151,7 +155,11 @@ async fn a_table_without_a_primary_key_lands_in_bronze_only() -> Result<()> {
     )
     .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
-    let result = keyless(&name, &pg, &d, &mut run).await;
+    let result = keyless(&name, &pg, &d, &mut run).await.and_then(|()| {
+        let dlq = dead_letters(&stack.brokers, &name)?;
+        ensure!(dlq.is_empty(), "{} dead letters", dlq.len());
+        Ok(())
+    });
     if result.is_ok() {
         ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
     }
@@ -170,14 +178,17 @@ async fn keyless(
          INSERT INTO {name}.hist SELECT g, 'dup' FROM generate_series(1, 5) g;
          UPDATE {name}.hist SET note = 'u' WHERE a BETWEEN 11 AND 20;
          DELETE FROM {name}.hist WHERE a > 55;
+         INSERT INTO {name}.hist VALUES (NULL, NULL), (61, NULL), (NULL, 'nokey');
+         INSERT INTO {name}.hist SELECT 70, string_agg(md5(g::text), '') FROM generate_series(1, 2000) g;
+         UPDATE {name}.hist SET a = 71 WHERE a = 70;
          INSERT INTO {name}.keyed SELECT g, 'k' || g FROM generate_series(1, 20) g;"
     ))
     .await?;
-    // 65 inserts, 10 updates, 5 deletes of rows (the 'dup' rows have a <= 5).
+    // 69 inserts, 11 updates, 5 deletes of rows (the 'dup' rows have a <= 5).
     let hist = scan(&d.bronze("hist"));
     wait_for(
         &format!("SELECT count(*) FROM {hist}"),
-        80,
+        85,
         Duration::from_secs(90),
         run,
     )?;
@@ -186,11 +197,25 @@ async fn keyless(
     ))?;
     ensure!(
         rows == vec![
-            vec![json!("c"), json!(65), json!(65)],
+            vec![json!("c"), json!(69), json!(69)],
             vec![json!("d"), json!(5), json!(5)],
-            vec![json!("u"), json!(10), json!(10)],
+            vec![json!("u"), json!(11), json!(11)],
         ],
         "every event once: {rows:?}"
+    );
+    let nulls = duckdb(&format!(
+        "SELECT count(*) FILTER (WHERE after.a IS NULL), count(*) FILTER (WHERE after.note IS NULL) FROM {hist} WHERE op = 'c'"
+    ))?;
+    ensure!(
+        nulls == vec![vec![json!(2), json!(2)]],
+        "rows with NULLs: {nulls:?}"
+    );
+    let toast = duckdb(&format!(
+        "SELECT length(before.note), unchanged_toast_columns FROM {hist} WHERE op = 'u' AND after.a = 71"
+    ))?;
+    ensure!(
+        toast == vec![vec![json!(64000), json!("['note']")]],
+        "the update that left the TOASTed note unchanged: {toast:?}"
     );
     let updated = duckdb(&format!(
         "SELECT before.a, before.note, after.note FROM {hist} WHERE op = 'u' AND after.a = 11"

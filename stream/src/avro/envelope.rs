@@ -96,6 +96,7 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
     let field_names = avro_names(table.columns.iter().map(|c| c.name.clone()));
     let mut value_fields = Vec::new();
     let mut key_fields = Vec::new();
+    let keyless = !has_primary_key(table);
     for (col, field) in table.columns.iter().zip(&field_names) {
         let ty = column_schema(&col.ty, &ns, field);
         value_fields.push(json!({"name": field, "type": ["null", ty.clone()], "default": null, "pg.column": col.name}));
@@ -103,12 +104,18 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
             // Key column types live in their own namespace so record names cannot clash
             // with those of the value schema.
             let kty = column_schema(&col.ty, &format!("{ns}.key"), field);
-            key_fields.push(json!({"name": field, "type": kty, "pg.column": col.name}));
+            if keyless {
+                // The whole row under REPLICA IDENTITY FULL: any column may be NULL (or an
+                // unchanged TOAST value the new image does not carry).
+                key_fields.push(json!({"name": field, "type": ["null", kty], "default": null, "pg.column": col.name}));
+            } else {
+                key_fields.push(json!({"name": field, "type": kty, "pg.column": col.name}));
+            }
         }
     }
     let mut key_json =
         json!({"type": "record", "name": "Key", "namespace": ns, "fields": key_fields});
-    if !has_primary_key(table) {
+    if keyless {
         // The key is the replica identity (the whole row under REPLICA IDENTITY FULL, or
         // nothing): consumers must not merge rows by it. Only set when true, so tables with
         // a primary key keep their registered key schema.
@@ -328,21 +335,30 @@ pub fn encode_change(
     })
 }
 
-/// The key record of a row image: its key columns, each required.
+/// The key record of a row image: its key columns. A primary key's are each required (the
+/// database keeps them NOT NULL); the whole-row key of a table without one (REPLICA
+/// IDENTITY FULL) has nullable fields, NULL for a NULL column or an unchanged TOAST value.
 fn key_record(
     table: &TableSchema,
     names: &[String],
     row: &[ColumnValue],
 ) -> Result<Value, StreamError> {
+    let keyless = !has_primary_key(table);
     let mut fields = Vec::new();
     for (i, col) in table.columns.iter().enumerate().filter(|(_, c)| c.is_key) {
         let v = match row.get(i) {
             Some(ColumnValue::Value(d)) => {
-                to_avro(&col.ty, d).map_err(|e| StreamError::Encode {
+                let v = to_avro(&col.ty, d).map_err(|e| StreamError::Encode {
                     table: table.table.to_string(),
                     reason: format!("key column {}: {e}", col.name),
-                })?
+                })?;
+                if keyless {
+                    Value::Union(1, Box::new(v))
+                } else {
+                    v
+                }
             }
+            _ if keyless => Value::Union(0, Box::new(Value::Null)),
             _ => {
                 return Err(StreamError::Encode {
                     table: table.table.to_string(),
@@ -358,6 +374,63 @@ fn key_record(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use wal2delta_model::{
+        BaseType, Column, ColumnType, Datum, ReplicaIdentity, TableName, TypeKind,
+    };
+
+    /// `hist (a int, note text)` under REPLICA IDENTITY FULL: every column is a key column
+    /// and none is a primary key.
+    fn keyless() -> TableSchema {
+        let col = |name: &str, b: BaseType| Column {
+            name: name.into(),
+            ty: ColumnType {
+                oid: 0,
+                name: name.into(),
+                typmod: -1,
+                kind: TypeKind::Base(b),
+            },
+            is_key: true,
+        };
+        TableSchema {
+            table: TableName::new("public", "hist"),
+            relation_oid: 1,
+            columns: vec![col("a", BaseType::Int4), col("note", BaseType::Text)],
+            replica_identity: ReplicaIdentity::Full,
+        }
+    }
+
+    #[test]
+    fn a_whole_row_key_holds_nulls_and_unchanged_toast_and_reads_the_old_key() {
+        let table = keyless();
+        let schemas = table_schemas("w2d", &table).unwrap();
+        let names = field_names(&["a".into(), "note".into()]);
+        for row in [
+            vec![
+                ColumnValue::Null,
+                ColumnValue::Value(Datum::Text("x".into())),
+            ],
+            vec![
+                ColumnValue::Value(Datum::Int32(1)),
+                ColumnValue::UnchangedToast,
+            ],
+            vec![
+                ColumnValue::Value(Datum::Int32(1)),
+                ColumnValue::Value(Datum::Text("x".into())),
+            ],
+        ] {
+            let key = key_record(&table, &names, &row).unwrap();
+            assert!(key.validate(&schemas.key), "{row:?}");
+        }
+        // Keys registered before (every field required) stay readable: the change is a
+        // BACKWARD-compatible evolution of the key subject.
+        let old = Schema::parse_str(
+            r#"{"type":"record","name":"Key","namespace":"w2d.public.hist","fields":[
+                {"name":"a","type":"int"},{"name":"note","type":"string"}]}"#,
+        )
+        .unwrap();
+        apache_avro::schema_compatibility::SchemaCompatibility::can_read(&old, &schemas.key)
+            .unwrap();
+    }
 
     #[test]
     fn avro_names_are_valid_and_unique() {

@@ -329,6 +329,7 @@ impl Publisher {
             Ok(r) => r,
             Err(reason) => {
                 let reason = reason.clone();
+                tracing::warn!(table = %change.table, lsn = %change.position.lsn, kind = "schema_refused", reason = %reason, "row sent to the DLQ");
                 return self
                     .dead_letter(
                         token,
@@ -347,6 +348,8 @@ impl Publisher {
         let framed = match encoded {
             Ok(f) => f,
             Err(e) => {
+                // The reason stays in the dead letter: an Avro error may quote the value.
+                tracing::warn!(table = %change.table, lsn = %change.position.lsn, kind = "encode_failed", "row sent to the DLQ (the reason is in the dead letter)");
                 return self
                     .dead_letter(
                         token,

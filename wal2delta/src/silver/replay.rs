@@ -21,12 +21,11 @@ pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
         .open_for_writing()
         .await
         .map_err(|e| anyhow!("{e} ([lake] uri)"))?;
-    let tables: Vec<(String, String)> = lake
+    let tables: Vec<(String, String, url::Url)> = lake
         .bronze_tables()
         .await?
         .into_iter()
-        .map(|(s, t, _)| (s, t))
-        .filter(|(s, t)| table.is_none_or(|want| names_table(want, s, t)))
+        .filter(|(s, t, _)| table.is_none_or(|want| names_table(want, s, t)))
         .collect();
     if tables.is_empty() {
         eprintln!(
@@ -39,7 +38,16 @@ pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
         return Ok(ExitCode::from(1));
     }
     let policies = crate::policies::silver(config).await?;
-    for (schema, name) in tables {
+    let mut rebuilt = 0;
+    for (schema, name, url) in tables {
+        // Silver merges by primary key: a table without one is kept in Bronze only, as the
+        // Silver stage does (it used to stop the whole replay here).
+        let ident = format!("{schema}.{name}");
+        if wal2delta_lake::bronze::BronzeTable::has_key_at(&ident, &url).await? == Some(false) {
+            println!("{ident}: no primary key: kept in Bronze only (append-only history), not in Silver; skipped");
+            continue;
+        }
+        rebuilt += 1;
         let mut silver = crate::silver::silver_table(config, &policies, &lake, &schema, &name);
         let started = std::time::Instant::now();
         let r = silver.rebuild(&lake, &schema, &name).await?;
@@ -53,6 +61,10 @@ pub async fn run(config: &Config, table: Option<&str>) -> Result<ExitCode> {
             r.quarantined,
             started.elapsed().as_secs_f64()
         );
+    }
+    if rebuilt == 0 {
+        eprintln!("wal2delta: no Silver table to rebuild: every table named has no primary key");
+        return Ok(ExitCode::from(1));
     }
     Ok(ExitCode::SUCCESS)
 }
