@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use apache_avro::types::Value;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::ClientConfig;
@@ -340,6 +340,27 @@ async fn excluded_columns_never_leave_capture() -> Result<()> {
             "{subject} names an excluded column"
         );
     }
+    // reconcile compares the columns capture publishes: the excluded ones are named as
+    // such, not counted as missing from Silver (which made every reconcile fail).
+    let out = d.command(&["reconcile", "--json"])?;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let table = &report["tables"][0];
+    ensure!(
+        out.status.code() == Some(0)
+            && table["equal"] == true
+            && table["columns_excluded"] == serde_json::json!(["Secret Note", "ssn"])
+            && table["columns_only_in_source"] == serde_json::json!([]),
+        "reconcile: {report}"
+    );
+    let text = d.command(&["reconcile"])?;
+    ensure!(
+        String::from_utf8_lossy(&text.stdout).contains(
+            "columns excluded from capture ([source] exclude_columns, not compared): Secret Note, ssn"
+        ),
+        "reconcile text: {}",
+        String::from_utf8_lossy(&text.stdout)
+    );
     ensure!(pipe.stop()?.success(), "clean stop: {}", pipe.log_text());
 
     // A typo: refused at start, naming the setting.

@@ -315,7 +315,9 @@ impl Job<'_> {
                 masking.describe()
             );
         }
-        let Some(src) = SourceTable::open(snapshot, decoder, t, masking).await? else {
+        let exclude = self.config.source.excluded_columns();
+        let Some(src) = SourceTable::open(snapshot, decoder, t, masking, exclude.get(t)).await?
+        else {
             bail!("the source table has no primary key; Silver only holds tables with one");
         };
         let watermark = self.wait_for_watermark(&stage, l).await?;
@@ -363,6 +365,7 @@ impl Job<'_> {
             }),
             columns: shape.names(),
             columns_only_in_source: columns.only_in_source,
+            columns_excluded: src.excluded.clone(),
             columns_only_in_silver: columns.only_in_silver,
             differing_keys,
         })

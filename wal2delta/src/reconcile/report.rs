@@ -38,6 +38,8 @@ pub struct TableReport {
     pub differences: Option<Differences>,
     pub columns: Vec<String>,
     pub columns_only_in_source: Vec<String>,
+    /// Source columns `[source] exclude_columns` keeps out of capture (not compared).
+    pub columns_excluded: Vec<String>,
     pub columns_only_in_silver: Vec<String>,
     pub differing_keys: Vec<DifferingKey>,
 }
@@ -93,6 +95,7 @@ impl TableReport {
             differences: None,
             columns: Vec::new(),
             columns_only_in_source: Vec::new(),
+            columns_excluded: Vec::new(),
             columns_only_in_silver: Vec::new(),
             differing_keys: Vec::new(),
         }
@@ -149,6 +152,13 @@ impl TableReport {
                 out,
                 "  columns in the source but not in Silver: {}",
                 self.columns_only_in_source.join(", ")
+            );
+        }
+        if !self.columns_excluded.is_empty() {
+            let _ = writeln!(
+                out,
+                "  columns excluded from capture ([source] exclude_columns, not compared): {}",
+                self.columns_excluded.join(", ")
             );
         }
         if !self.columns_only_in_silver.is_empty() {

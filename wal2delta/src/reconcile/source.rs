@@ -16,6 +16,7 @@
 //! `wal2delta_stream::avro::columns::envelope_columns` (what the bronze stage writes); and
 //! masked with the table's `[silver.mask]` policies. Values are never logged.
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use anyhow::{anyhow, Context, Result};
@@ -135,6 +136,9 @@ pub struct SourceTable {
     pub key: Vec<String>,
     /// The columns as Silver would hold them (after masking).
     pub schema: SchemaRef,
+    /// The source's columns `[source] exclude_columns` keeps out of capture: not read, not
+    /// compared.
+    pub excluded: Vec<String>,
 }
 
 impl SourceTable {
@@ -144,10 +148,22 @@ impl SourceTable {
         decoder: &mut Decoder,
         name: &TableName,
         masking: Masking,
+        exclude: Option<&BTreeSet<String>>,
     ) -> Result<Option<SourceTable>> {
-        let (decoded, pk) = table_schema(&snapshot.client, &mut snapshot.types, name).await?;
+        let (mut decoded, pk) = table_schema(&snapshot.client, &mut snapshot.types, name).await?;
         if pk.is_empty() {
             return Ok(None);
+        }
+        // As capture publishes it: without the excluded columns, which are then never read.
+        let mut excluded = Vec::new();
+        if let Some(exclude) = exclude {
+            decoded.columns.retain(|c| {
+                let out = exclude.contains(&c.name);
+                if out {
+                    excluded.push(c.name.clone());
+                }
+                !out
+            });
         }
         let decoded = Arc::new(decoded);
         let published = match &mut decoder.tokenizer {
@@ -184,6 +200,7 @@ impl SourceTable {
             masking,
             key,
             schema: Arc::new(Schema::empty()),
+            excluded,
         };
         table.schema = table.decode(decoder, Vec::new())?.schema();
         Ok(Some(table))
