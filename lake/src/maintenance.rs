@@ -45,14 +45,27 @@ pub async fn maintain(
         .with_commit_properties(CommitProperties::default().with_metadata(carried))
         .await
         .map_err(LakeError::delta(&name))?;
-    deltalake::checkpoints::create_checkpoint(&table, None)
-        .await
-        .map_err(LakeError::delta(&name))?;
+    // A table unchanged since its last checkpoint (idle, nothing compacted) needs none:
+    // writing it again would only rewrite the same state.
+    if last_checkpoint(url).await != table.version() {
+        deltalake::checkpoints::create_checkpoint(&table, None)
+            .await
+            .map_err(LakeError::delta(&name))?;
+    }
     Ok(MaintenanceReport {
         files_removed: metrics.num_files_removed,
         files_added: metrics.num_files_added,
         checkpoint_version: table.version(),
     })
+}
+
+/// The version of the table's latest checkpoint, from `_delta_log/_last_checkpoint`.
+async fn last_checkpoint(url: &Url) -> Option<u64> {
+    let bytes = crate::storage::read(url, "_delta_log/_last_checkpoint").await?;
+    serde_json::from_slice::<Value>(&bytes)
+        .ok()?
+        .get("version")?
+        .as_u64()
 }
 
 /// The `wal2delta.*` entries of the commit info of the table's latest commit.
@@ -115,8 +128,17 @@ mod tests {
             .await
             .unwrap();
         assert!(format!("{rows:?}").contains("28"), "{rows:?}");
-        // Nothing left to compact: no new version.
+        // Nothing left to compact: no new version, and no second checkpoint of it.
+        let checkpointed = crate::storage::modified(&url, "_delta_log/_last_checkpoint").await;
+        assert!(checkpointed.is_some());
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         let again = maintain("t", &url, 64 << 20).await.unwrap();
         assert_eq!(again.files_removed, 0);
+        assert_eq!(again.checkpoint_version, report.checkpoint_version);
+        assert_eq!(
+            crate::storage::modified(&url, "_delta_log/_last_checkpoint").await,
+            checkpointed,
+            "an unchanged table is not checkpointed again"
+        );
     }
 }

@@ -170,6 +170,20 @@ pub(crate) async fn modified(url: &Url, path: &str) -> Option<SystemTime> {
     Some(meta.last_modified.into())
 }
 
+/// The content of the object at `path` under `url` (`None` when it is missing or cannot
+/// be read).
+pub(crate) async fn read(url: &Url, path: &str) -> Option<Vec<u8>> {
+    let store = store(url).ok()?;
+    let bytes = store
+        .get(&Path::from(path))
+        .await
+        .ok()?
+        .bytes()
+        .await
+        .ok()?;
+    Some(bytes.to_vec())
+}
+
 /// Whether the store under `root` refuses to create an object that exists
 /// (`If-None-Match: *`), the guarantee concurrent Delta commits rest on (module docs).
 /// Writes and removes one probe object under `_wal2delta/`.
