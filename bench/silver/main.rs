@@ -207,6 +207,22 @@ fn save_state(lake: &Path, s: &State) -> anyhow::Result<()> {
 
 use wal2delta_model::clock::unix_us as now_us;
 
+/// The CPU seconds (user + system, every thread) this process has used: each measurement
+/// runs in a process of its own, so this is the measurement's CPU (plus start-up).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which ends with the last `)`.
+    let rest = stat.rsplit_once(") ").map_or("", |(_, r)| r);
+    let ticks: Vec<f64> = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // USER_HZ is 100 on every Linux the benchmark runs on (sysconf(_SC_CLK_TCK)).
+    ticks.iter().sum::<f64>() / 100.0
+}
+
 /// `VmHWM` (peak resident set) and `VmRSS` of this process, KiB.
 fn memory_kib() -> (u64, u64) {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -613,6 +629,7 @@ async fn apply(
         "deletes": deletes,
         "watermark": watermark,
         "peak_rss_kib": peak,
+        "cpu_seconds": cpu_seconds(),
         "rules": rules,
         "rules_transitions": rules_transitions,
         "rules_eval_seconds": rules_eval,
@@ -783,6 +800,7 @@ async fn floor(path: &Path, target: &Path, ranges: usize) -> anyhow::Result<Valu
         "merge_seconds": seconds - read_s,
         "rows": rows,
         "peak_rss_kib": peak,
+        "cpu_seconds": cpu_seconds(),
         "merge": serde_json::to_value(&metrics)?,
     }))
 }

@@ -126,6 +126,7 @@ pub async fn eval(path: &Path, rules: usize, rows: usize) -> anyhow::Result<Valu
         "rows": n, "rules": rules, "seconds": seconds, "compile_seconds": compile_s,
         "rows_per_second": n as f64 / seconds, "hits": matched, "transitions": transitions,
         "peak_rss_kib": peak,
+        "cpu_seconds": crate::cpu_seconds(),
     }))
 }
 
@@ -161,6 +162,7 @@ pub async fn backfill(path: &Path, rules: usize) -> anyhow::Result<Value> {
         "new_rule_seconds": one_s,
         "new_rule_entered": one_t,
         "peak_rss_kib": peak,
+        "cpu_seconds": crate::cpu_seconds(),
     }))
 }
 
