@@ -282,6 +282,7 @@ pub(super) async fn merge(
         .merge(source, on)
         .with_source_alias("source")
         .with_target_alias("target")
+        .with_session_state(delta::merge_session())
         .with_commit_properties(props.clone())
         .when_matched_delete(|d| d.predicate("source.__w2d_present IS NULL"))
         .and_then(|m| {
@@ -334,6 +335,7 @@ async fn merge_empty(
         .merge(source, on)
         .with_source_alias("source")
         .with_target_alias("target")
+        .with_session_state(delta::merge_session())
         .with_commit_properties(props.clone())
         .when_matched_delete(|d| d)
         .map_err(LakeError::delta(&name))?

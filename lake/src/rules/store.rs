@@ -394,6 +394,7 @@ impl RulesStore {
             .merge(source, on)
             .with_source_alias("source")
             .with_target_alias("target")
+            .with_session_state(delta::merge_session())
             .with_commit_properties(props)
             .when_matched_delete(|d| d.predicate("NOT source.hit"))
             .and_then(|m| {

@@ -172,6 +172,7 @@ impl SilverTable {
             .merge(source, on)
             .with_source_alias("source")
             .with_target_alias("target")
+            .with_session_state(delta::merge_session())
             .with_commit_properties(props)
             .when_matched_delete(|d| d.predicate(format!("source.{OP} = 'd' AND {newer}")))
             .and_then(|m| {

@@ -79,6 +79,7 @@ impl Tombstones {
                     .merge(source, keys_equal(keys, "target", "source"))
                     .with_source_alias("source")
                     .with_target_alias("target")
+                    .with_session_state(delta::merge_session())
                     .when_matched_update(|u| {
                         [COMMIT_LSN, ORDINAL, COMMIT_TS]
                             .into_iter()
