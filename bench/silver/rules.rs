@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Instant;
 
 use serde_json::{json, Value};
-use wal2delta_lake::rules::walk::{walk, Event, Hits, KeyHits, What};
+use wal2delta_lake::rules::walk::{rule_id, walk, Event, Hits, KeyHits, What};
 use wal2delta_lake::rules::{compile, key_json, Evaluator, Rule, RuleSource};
 use wal2delta_lake::silver::{transaction_counts, Position, SilverTable, TransactionCounts};
 use wal2delta_model::TableName;
@@ -102,8 +102,9 @@ pub async fn eval(path: &Path, rules: usize, rows: usize) -> anyhow::Result<Valu
         let mut row_hits = vec![KeyHits::new(); b.num_rows()];
         for (c, r) in ev.rules().iter().zip(&results) {
             let r = r.as_ref().map_err(|e| anyhow::anyhow!("{e}"))?;
+            let id = rule_id(&c.rule.id);
             for i in r.values().set_indices() {
-                row_hits[i].insert(c.rule.id.clone(), c.rule.version);
+                row_hits[i].insert(id.clone(), c.rule.version);
             }
         }
         let keys = key_json(b, &["id".to_owned()]).map_err(anyhow::Error::msg)?;

@@ -37,7 +37,7 @@ fn progress(watermark: i64) -> Progress {
 fn pairs(hits: &wal2delta_lake::rules::walk::Hits) -> Vec<(String, String)> {
     let mut out: Vec<_> = hits
         .iter()
-        .flat_map(|(k, h)| h.keys().map(move |r| (k.clone(), r.clone())))
+        .flat_map(|(k, h)| h.keys().map(move |r| (k.clone(), r.to_string())))
         .collect();
     out.sort();
     out

@@ -89,7 +89,7 @@ impl TableRules {
                 .map(|h| {
                     h.iter()
                         .filter(|(id, _)| replaced(id))
-                        .map(|(a, b)| (a.clone(), *b))
+                        .map(|(a, b)| (a.clone(), b))
                         .collect()
                 })
                 .unwrap_or_default();
@@ -108,17 +108,18 @@ impl TableRules {
                     t.commit_ts = None;
                 }
             }
-            for (id, v) in &new {
+            for (id, v) in new.iter() {
                 if old.get(id) != Some(v) {
-                    changes.push((key.clone(), id.clone(), Some((*v, before.watermark, ts))));
+                    changes.push((key.clone(), id.to_string(), Some((v, before.watermark, ts))));
                 }
             }
-            for id in old.keys().filter(|id| !new.contains_key(*id)) {
-                changes.push((key.clone(), id.clone(), None));
+            for id in old.keys().filter(|id| !new.contains_key(id)) {
+                changes.push((key.clone(), id.to_string(), None));
             }
             let entry = state.hits.entry(key.clone()).or_default();
-            entry.retain(|id, _| !replaced(id));
+            entry.retain(|id| !replaced(id));
             entry.extend(new);
+            *entry = std::mem::take(entry).shrunk();
             if entry.is_empty() {
                 state.hits.remove(&key);
             }

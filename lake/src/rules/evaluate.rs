@@ -12,7 +12,7 @@ use deltalake::DeltaTable;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
-use super::walk::KeyHits;
+use super::walk::{rule_id, KeyHits};
 use super::{evaluate, CompiledRule, Evaluator};
 use crate::conditions::without_values;
 use crate::delta::{self, ident, literal};
@@ -137,8 +137,9 @@ impl TableRules {
                     BooleanArray::from(bits)
                 }
             };
+            let id = rule_id(&rule.rule.id);
             for i in bits.values().set_indices() {
-                hits[i].insert(rule.rule.id.clone(), rule.rule.version);
+                hits[i].insert(id.clone(), rule.rule.version);
             }
         }
         self.look_up(ev, &input, &mut hits, report).await?;

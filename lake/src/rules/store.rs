@@ -24,7 +24,7 @@ use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use url::Url;
 
-use super::walk::{Hits, Transition};
+use super::walk::{rule_id, Hits, Transition};
 use crate::delta::{self, literal};
 use crate::silver::Progress;
 use crate::LakeError;
@@ -190,7 +190,7 @@ impl RulesStore {
                     out.hits
                         .entry(k.value(i).to_owned())
                         .or_default()
-                        .insert(r.value(i).to_owned(), v.value(i));
+                        .insert(rule_id(r.value(i)), v.value(i));
                 }
             }
         }
@@ -237,7 +237,7 @@ impl RulesStore {
                         out.hits
                             .entry(t.key.clone())
                             .or_default()
-                            .insert(t.rule_id.clone(), t.rule_version);
+                            .insert(rule_id(&t.rule_id), t.rule_version);
                     } else if let Some(h) = out.hits.get_mut(&t.key) {
                         h.remove(&t.rule_id);
                         if h.is_empty() {
@@ -247,6 +247,9 @@ impl RulesStore {
                 }
             }
             out.seq = seq.max(hits_seq);
+        }
+        for h in out.hits.values_mut() {
+            *h = std::mem::take(h).shrunk();
         }
         Ok((out, missed))
     }
@@ -461,7 +464,7 @@ pub async fn hit_counts(
     for table in tables {
         let (loaded, _) = store.read(&table).await?;
         for rule in loaded.hits.values().flat_map(|h| h.keys()) {
-            *out.entry((table.clone(), rule.clone())).or_insert(0) += 1;
+            *out.entry((table.clone(), rule.to_string())).or_insert(0) += 1;
         }
     }
     Ok(out)

@@ -433,7 +433,7 @@ impl TableRules {
                             lsn: lsn.value(i),
                             ordinal: ord.value(i),
                             commit_ts,
-                            rules: row_hits[i].keys().cloned().collect(),
+                            rules: row_hits[i].keys().map(|r| r.to_string()).collect(),
                             after: None,
                         });
                     }

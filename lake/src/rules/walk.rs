@@ -8,12 +8,117 @@
 //! transaction yields nothing. Keys and rules are visited in sorted order, so the output
 //! depends only on the history, never on how it was cut into rounds.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::silver::Position;
 
-/// The rules a key currently matches: rule id → the rule version that matched.
-pub type KeyHits = BTreeMap<String, i64>;
+/// A rule id, interned ([`rule_id`]): every key that matches a rule shares one allocation
+/// of its id.
+pub type RuleId = Arc<str>;
+
+/// The one shared copy of rule id `id`. The set only grows with the distinct ids a
+/// process has seen, a few hundred.
+pub fn rule_id(id: &str) -> RuleId {
+    static IDS: OnceLock<Mutex<HashSet<RuleId>>> = OnceLock::new();
+    let mut ids = IDS
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = ids.get(id) {
+        return known.clone();
+    }
+    let new: RuleId = Arc::from(id);
+    ids.insert(new.clone());
+    new
+}
+
+/// The rules a key currently matches: rule id → the rule version that matched, sorted by
+/// rule id.
+///
+/// Why not a `BTreeMap`: the rules state holds one of these per key that matches any rule,
+/// often most of a table's keys, for as long as the process runs. A map's node costs
+/// hundreds of bytes and a `String` id another allocation per hit; a sorted vector of
+/// interned ids costs 24 bytes per hit (issue 15: the state was most of the Silver
+/// process's growth under a steady load).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KeyHits(Vec<(RuleId, i64)>);
+
+impl KeyHits {
+    pub fn new() -> Self {
+        KeyHits(Vec::new())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn find(&self, id: &str) -> Result<usize, usize> {
+        self.0.binary_search_by(|(r, _)| r.as_ref().cmp(id))
+    }
+
+    /// Records that the key matches rule `id` at `version` (replacing an earlier version).
+    pub fn insert(&mut self, id: RuleId, version: i64) {
+        match self.find(&id) {
+            Ok(i) => self.0[i].1 = version,
+            Err(i) => self.0.insert(i, (id, version)),
+        }
+    }
+
+    /// Forgets rule `id`; returns the version it matched at.
+    pub fn remove(&mut self, id: &str) -> Option<i64> {
+        self.find(id).ok().map(|i| self.0.remove(i).1)
+    }
+
+    pub fn contains_key(&self, id: &str) -> bool {
+        self.find(id).is_ok()
+    }
+
+    pub fn get(&self, id: &str) -> Option<i64> {
+        self.find(id).ok().map(|i| self.0[i].1)
+    }
+
+    /// (rule id, version), in rule id order.
+    pub fn iter(&self) -> impl Iterator<Item = (&RuleId, i64)> + '_ {
+        self.0.iter().map(|(r, v)| (r, *v))
+    }
+
+    pub fn keys(&self) -> impl Iterator<Item = &RuleId> + '_ {
+        self.0.iter().map(|(r, _)| r)
+    }
+
+    /// Keeps the rules for which `keep` is true.
+    pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
+        self.0.retain(|(r, _)| keep(r));
+    }
+
+    /// Adds every hit of `other` (replacing versions of the same rules).
+    pub fn extend(&mut self, other: KeyHits) {
+        for (id, v) in other.0 {
+            self.insert(id, v);
+        }
+    }
+
+    /// Drops spare capacity: for hits kept in the state.
+    pub fn shrunk(mut self) -> Self {
+        self.0.shrink_to_fit();
+        self
+    }
+}
+
+impl FromIterator<(RuleId, i64)> for KeyHits {
+    fn from_iter<I: IntoIterator<Item = (RuleId, i64)>>(iter: I) -> Self {
+        let mut h = KeyHits::new();
+        for (id, v) in iter {
+            h.insert(id, v);
+        }
+        h
+    }
+}
 
 /// Every key of one table that matches at least one rule (the primary key as JSON).
 pub type Hits = HashMap<String, KeyHits>;
@@ -70,26 +175,26 @@ pub fn diff(
 ) {
     let empty = KeyHits::new();
     let (before, after) = (before.unwrap_or(&empty), after.unwrap_or(&empty));
-    for (rule, version) in before {
+    for (rule, version) in before.iter() {
         if !after.contains_key(rule) {
             out.push(Transition {
                 lsn,
                 key: key.to_owned(),
-                rule_id: rule.clone(),
+                rule_id: rule.to_string(),
                 entered: false,
-                rule_version: *version,
+                rule_version: version,
                 commit_ts,
             });
         }
     }
-    for (rule, version) in after {
+    for (rule, version) in after.iter() {
         if !before.contains_key(rule) {
             out.push(Transition {
                 lsn,
                 key: key.to_owned(),
-                rule_id: rule.clone(),
+                rule_id: rule.to_string(),
                 entered: true,
-                rule_version: *version,
+                rule_version: version,
                 commit_ts,
             });
         }
@@ -129,7 +234,7 @@ pub fn walk(hits: &mut Hits, mut events: Vec<Event>) -> Walked {
                     if now.is_empty() {
                         hits.remove(key);
                     } else {
-                        hits.insert(key.clone(), now.clone());
+                        hits.insert(key.clone(), now.clone().shrunk());
                     }
                 }
                 What::Delete { key } => {
@@ -174,7 +279,7 @@ mod tests {
             commit_ts: Some(lsn * 10),
             what: What::Row {
                 key: key.into(),
-                hits: rules.iter().map(|r| (r.to_string(), 1)).collect(),
+                hits: rules.iter().map(|r| (rule_id(r), 1)).collect(),
             },
         }
     }
@@ -291,5 +396,33 @@ mod tests {
             assert_eq!(got, whole.transitions, "cut every {cut} transactions");
             assert_eq!(h, one);
         }
+    }
+
+    #[test]
+    fn key_hits_stay_sorted_and_share_interned_ids() {
+        let mut h = KeyHits::new();
+        h.insert(rule_id("r2"), 1);
+        h.insert(rule_id("r0"), 1);
+        h.insert(rule_id("r1"), 1);
+        h.insert(rule_id("r1"), 3);
+        let ids: Vec<&str> = h.keys().map(|r| r.as_ref()).collect();
+        assert_eq!(ids, ["r0", "r1", "r2"]);
+        assert_eq!((h.get("r1"), h.len()), (Some(3), 3));
+        assert_eq!(h.remove("r0"), Some(1));
+        assert_eq!(h.remove("r0"), None);
+        assert!(!h.contains_key("r0") && h.contains_key("r2"));
+        h.retain(|id| id != "r2");
+        assert_eq!(h.iter().collect::<Vec<_>>(), [(&rule_id("r1"), 3)]);
+        // One allocation per rule id, whatever the number of keys that match it.
+        assert!(Arc::ptr_eq(&rule_id("r1"), &rule_id(&String::from("r1"))));
+        let from: KeyHits = [(rule_id("b"), 1), (rule_id("a"), 2), (rule_id("b"), 4)]
+            .into_iter()
+            .collect();
+        assert_eq!(
+            from.iter()
+                .map(|(r, v)| (r.to_string(), v))
+                .collect::<Vec<_>>(),
+            [("a".to_string(), 2), ("b".to_string(), 4)]
+        );
     }
 }
