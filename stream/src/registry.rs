@@ -124,22 +124,14 @@ fn config_url(base: &str, subject: &str) -> Result<sr_reqwest::Url, String> {
     Ok(url)
 }
 
-/// Frames a value in the Confluent wire format.
+/// Frames a value in the Confluent wire format, validated against `schema` (capture
+/// writes its events directly: [`crate::avro::binary::frame_change`]).
 pub fn frame(schema_id: u32, schema: &Schema, value: Value) -> Result<Vec<u8>, apache_avro::Error> {
     let writer = GenericDatumWriter::builder(schema).build()?;
-    frame_with(&writer, schema_id, &value)
-}
-
-/// Frames a value with a prepared writer (avoids resolving the schema for every event).
-pub fn frame_with(
-    writer: &GenericDatumWriter<'_>,
-    schema_id: u32,
-    value: &Value,
-) -> Result<Vec<u8>, apache_avro::Error> {
     let mut out = Vec::with_capacity(256);
     out.push(0);
     out.extend_from_slice(&schema_id.to_be_bytes());
-    writer.write_value_ref(&mut out, value)?;
+    writer.write_value_ref(&mut out, &value)?;
     Ok(out)
 }
 

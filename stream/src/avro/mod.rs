@@ -1,6 +1,7 @@
 //! Avro schemas and values for change events, and their Arrow form for Bronze.
 
 pub mod arrow;
+pub mod binary;
 pub mod columns;
 pub mod dates;
 pub mod envelope;

@@ -392,24 +392,9 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
         (Repr::Numeric, Datum::Numeric(s))
         | (Repr::Text | Repr::PgText, Datum::Text(s) | Datum::PgText(s))
         | (Repr::Json, Datum::Json(s)) => Value::String(s.clone()),
-        (Repr::Uuid, Datum::Uuid(s)) => {
-            if !is_canonical_uuid(s) {
-                return Err(out_of_range(ty, "uuid is not in canonical lower-case form"));
-            }
-            Value::String(s.clone())
-        }
+        (Repr::Uuid, Datum::Uuid(s)) => Value::String(uuid_text(ty, s)?.to_owned()),
         (Repr::Bytes, Datum::Bytes(b)) => Value::Bytes(b.clone()),
-        (Repr::Date, Datum::Date(d)) => Value::Int(match d {
-            Special::Infinity => i32::MAX,
-            Special::NegInfinity => i32::MIN,
-            Special::Value(v) if *v == i32::MAX || *v == i32::MIN => {
-                return Err(out_of_range(
-                    ty,
-                    "finite date collides with an infinity sentinel",
-                ));
-            }
-            Special::Value(v) => *v,
-        }),
+        (Repr::Date, Datum::Date(d)) => Value::Int(date_days(ty, *d)?),
         (Repr::Time, Datum::Time(micros)) => Value::Long(*micros),
         (
             Repr::TimeTz,
@@ -449,6 +434,99 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
         }
         _ => return Err(mismatch()),
     })
+}
+
+/// Writes the Avro binary encoding of a non-NULL datum of a column of type `ty`: the
+/// bytes apache-avro writes for [`to_avro`]'s value with [`column_schema`], with the same
+/// errors, without building the value ([`super::binary`]; `proptests.rs` checks both
+/// agree). On an error `out` holds a partial value and must be discarded.
+pub fn write_avro(ty: &ColumnType, datum: &Datum, out: &mut Vec<u8>) -> Result<(), MappingError> {
+    use super::binary::{bytes, int, long, string};
+    let mismatch = || MappingError::DatumMismatch {
+        pg_type: ty.name.clone(),
+        found: datum_kind(datum),
+    };
+    match (repr(ty), datum) {
+        (Repr::Boolean, Datum::Bool(b)) => out.push(u8::from(*b)),
+        (Repr::Int16, Datum::Int16(v)) => int(out, i32::from(*v)),
+        (Repr::Int32, Datum::Int32(v)) => int(out, *v),
+        (Repr::Int64, Datum::Int64(v)) => long(out, *v),
+        (Repr::Float, Datum::Float32(v)) => out.extend_from_slice(&v.to_le_bytes()),
+        (Repr::Double, Datum::Float64(v)) => out.extend_from_slice(&v.to_le_bytes()),
+        (Repr::Numeric, Datum::Numeric(s))
+        | (Repr::Text | Repr::PgText, Datum::Text(s) | Datum::PgText(s))
+        | (Repr::Json, Datum::Json(s)) => string(out, s),
+        (Repr::Uuid, Datum::Uuid(s)) => string(out, uuid_text(ty, s)?),
+        (Repr::Bytes, Datum::Bytes(b)) => bytes(out, b),
+        (Repr::Date, Datum::Date(d)) => int(out, date_days(ty, *d)?),
+        (Repr::Time, Datum::Time(micros)) => long(out, *micros),
+        (
+            Repr::TimeTz,
+            Datum::TimeTz {
+                micros,
+                offset_seconds,
+            },
+        ) => {
+            long(out, *micros);
+            int(out, *offset_seconds);
+        }
+        (Repr::Timestamp, Datum::Timestamp(t)) | (Repr::TimestampTz, Datum::TimestampTz(t)) => {
+            long(out, timestamp_micros(ty, *t)?);
+        }
+        (
+            Repr::Interval,
+            Datum::Interval {
+                months,
+                days,
+                micros,
+            },
+        ) => {
+            int(out, *months);
+            int(out, *days);
+            long(out, *micros);
+        }
+        (Repr::Array, Datum::Array(items)) => {
+            let element = array_element(ty).ok_or_else(mismatch)?;
+            // One block of items (`["null", element]` each), then the end of the array.
+            if !items.is_empty() {
+                long(out, items.len() as i64);
+                for item in items {
+                    match item {
+                        None => long(out, 0),
+                        Some(d) => {
+                            long(out, 1);
+                            write_avro(element, d, out)?;
+                        }
+                    }
+                }
+            }
+            long(out, 0);
+        }
+        _ => return Err(mismatch()),
+    }
+    Ok(())
+}
+
+/// A uuid as it travels: only PostgreSQL's canonical lower-case text.
+fn uuid_text<'s>(ty: &ColumnType, s: &'s str) -> Result<&'s str, MappingError> {
+    if is_canonical_uuid(s) {
+        Ok(s)
+    } else {
+        Err(out_of_range(ty, "uuid is not in canonical lower-case form"))
+    }
+}
+
+/// Days since 1970-01-01, the infinities as `i32::MAX` / `i32::MIN`.
+fn date_days(ty: &ColumnType, d: Special<i32>) -> Result<i32, MappingError> {
+    match d {
+        Special::Infinity => Ok(i32::MAX),
+        Special::NegInfinity => Ok(i32::MIN),
+        Special::Value(v) if v == i32::MAX || v == i32::MIN => Err(out_of_range(
+            ty,
+            "finite date collides with an infinity sentinel",
+        )),
+        Special::Value(v) => Ok(v),
+    }
 }
 
 fn timestamp_micros(ty: &ColumnType, t: Special<i64>) -> Result<i64, MappingError> {

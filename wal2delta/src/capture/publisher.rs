@@ -4,19 +4,17 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use apache_avro::writer::datum::GenericDatumWriter;
 use wal2delta_cdc::decoder::Decoded;
 use wal2delta_cdc::value::render_text;
 use wal2delta_model::{
     Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
 };
 use wal2delta_stream::ack::{AckToken, DeliveryTag};
-use wal2delta_stream::avro::envelope::{
-    encode_change, table_schemas, EncodedChange, SourceInfo, TableSchemas, OLD_KEY_HEADER,
-};
+use wal2delta_stream::avro::binary::{frame_change, FramedChange, SchemaIds};
+use wal2delta_stream::avro::envelope::{table_schemas, SourceInfo, OLD_KEY_HEADER};
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::{headers_bytes, EventProducer};
-use wal2delta_stream::registry::{frame_with, Registry};
+use wal2delta_stream::registry::Registry;
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
 use wal2delta_stream::transactions::{TransactionEnd, Watermark};
 use wal2delta_stream::StreamError;
@@ -34,44 +32,13 @@ pub struct Sent(pub usize);
 struct Published {
     schema: Arc<TableSchema>,
     topic: String,
-    state: Result<Registered, String>,
+    /// The registry ids of the table version's key and value schemas, which
+    /// [`frame_change`] frames its events with (writing the Avro bytes in the field order
+    /// of those schemas), or why the version cannot be published.
+    state: Result<SchemaIds, String>,
     /// `wal2delta_capture_events_total` handles per op code, so the hot path does not
     /// build label sets for every event.
     counters: HashMap<&'static str, metrics::Counter>,
-}
-
-/// A registered table version with writers prepared once (resolving an Avro schema for
-/// every event would dominate the cost of encoding).
-///
-/// The schemas are leaked to give the writers a `'static` borrow: one small allocation per
-/// table schema version (per DDL statement), bounded for the life of the process.
-struct Registered {
-    avro: &'static TableSchemas,
-    key_writer: GenericDatumWriter<'static>,
-    value_writer: GenericDatumWriter<'static>,
-    key_id: u32,
-    value_id: u32,
-}
-
-impl Registered {
-    fn new(avro: TableSchemas, key_id: u32, value_id: u32) -> Result<Self, StreamError> {
-        let avro: &'static TableSchemas = Box::leak(Box::new(avro));
-        let writer = |schema: &'static apache_avro::Schema| {
-            GenericDatumWriter::builder(schema)
-                .build()
-                .map_err(|e| StreamError::Schema {
-                    table: String::new(),
-                    reason: e.to_string(),
-                })
-        };
-        Ok(Registered {
-            avro,
-            key_writer: writer(&avro.key)?,
-            value_writer: writer(&avro.value)?,
-            key_id,
-            value_id,
-        })
-    }
 }
 
 pub struct Publisher {
@@ -233,9 +200,10 @@ impl Publisher {
                     Err(e) => Err(e),
                 };
                 match ids {
-                    Ok((key_id, value_id)) => {
-                        Registered::new(avro, key_id, value_id).map_err(|e| e.to_string())
-                    }
+                    Ok((key_id, value_id)) => Ok(SchemaIds {
+                        key: key_id,
+                        value: value_id,
+                    }),
                     Err(e) if e.class() == ErrorClass::Transient => return Err(e),
                     Err(e) => {
                         metrics::counter!(m::CAPTURE_SCHEMA_REFUSED, "table" => schema.table.to_string()).increment(1);
@@ -246,7 +214,7 @@ impl Publisher {
             }
         };
         if let Ok(r) = &state {
-            tracing::info!(table = %schema.table, topic = %topic, key_schema_id = r.key_id, value_schema_id = r.value_id, columns = schema.columns.len(), "table schema ready");
+            tracing::info!(table = %schema.table, topic = %topic, key_schema_id = r.key, value_schema_id = r.value, columns = schema.columns.len(), "table schema ready");
         }
         self.tables.insert(
             schema.relation_oid,
@@ -343,8 +311,7 @@ impl Publisher {
                     .await;
             }
         };
-        let encoded = encode_change(schema, reg.avro, &self.source, change, now_ms, token_key_id)
-            .and_then(|e| Framed::of(reg, &change.table, e));
+        let encoded = frame_change(schema, *reg, &self.source, change, now_ms, token_key_id);
         let framed = match encoded {
             Ok(f) => f,
             Err(e) => {
@@ -400,7 +367,7 @@ impl Publisher {
         topic: &str,
         schema: &TableSchema,
         change: &Change,
-        framed: &Framed,
+        framed: &FramedChange,
         tag: DeliveryTag,
     ) -> Result<Keyed, StreamError> {
         // An event over the message size goes to the DLQ, checked before sending so that
@@ -627,38 +594,6 @@ fn key_text(
         key.insert(col.name.clone(), v);
     }
     (!key.is_empty() && len <= max).then_some(key)
-}
-
-fn encode_err(table: &TableName, e: apache_avro::Error) -> StreamError {
-    StreamError::Encode {
-        table: table.to_string(),
-        reason: e.to_string(),
-    }
-}
-
-/// A change's Avro key, value and old key (of a primary-key change), each framed with its
-/// registry schema id.
-struct Framed {
-    key: Option<Vec<u8>>,
-    value: Vec<u8>,
-    old_key: Option<Vec<u8>>,
-}
-
-impl Framed {
-    fn of(reg: &Registered, table: &TableName, e: EncodedChange) -> Result<Framed, StreamError> {
-        let frame_key = |k: Option<_>| {
-            k.map(|k| {
-                frame_with(&reg.key_writer, reg.key_id, &k).map_err(|err| encode_err(table, err))
-            })
-            .transpose()
-        };
-        Ok(Framed {
-            key: frame_key(e.key)?,
-            value: frame_with(&reg.value_writer, reg.value_id, &e.value)
-                .map_err(|err| encode_err(table, err))?,
-            old_key: frame_key(e.old_key)?,
-        })
-    }
 }
 
 /// What sending a keyed change did.

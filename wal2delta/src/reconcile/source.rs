@@ -22,7 +22,6 @@ use std::sync::Arc;
 use anyhow::{anyhow, Context, Result};
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
-use apache_avro::writer::datum::GenericDatumWriter;
 use tokio_postgres::Client;
 use wal2delta_cdc::catalog::TypeCatalog;
 use wal2delta_cdc::replication::ConnectParams;
@@ -34,8 +33,10 @@ use wal2delta_lake::silver::mask::Masking;
 use wal2delta_model::{
     Change, ChangeOp, ColumnValue, Lsn, Row, TableName, TableSchema, TxPosition,
 };
+use wal2delta_stream::avro::binary::{frame_change, SchemaIds};
 use wal2delta_stream::avro::columns::envelope_columns;
-use wal2delta_stream::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
+use wal2delta_stream::avro::envelope::{table_schemas, SourceInfo, TableSchemas};
+use wal2delta_stream::registry::unframe;
 
 use crate::capture::tokenize::{tokenized, Tokenizer};
 
@@ -209,9 +210,6 @@ impl SourceTable {
     /// Decodes rows into the batch Silver would hold for them (without its `_` columns).
     fn decode(&self, decoder: &Decoder, rows: Vec<Row>) -> Result<RecordBatch> {
         let what = || format!("the rows of {}", self.name);
-        let writer = GenericDatumWriter::builder(&self.avro.value)
-            .build()
-            .with_context(what)?;
         // Read back as Bronze reads: with the lake's view of the schema (the same bytes,
         // temporal columns as their logical types, `stream::decode`).
         let reader = GenericDatumReader::builder(&self.avro.lake_value)
@@ -233,19 +231,19 @@ impl SourceTable {
                 },
             };
             let change = tokenized(decoder.tokenizer.as_ref(), &self.decoded, change).into_inner();
-            let encoded = encode_change(
+            // Through the Avro bytes capture sends, as Bronze receives them (the schema
+            // ids are not read here).
+            let framed = frame_change(
                 &self.published,
-                &self.avro,
+                SchemaIds { key: 0, value: 0 },
                 &decoder.source,
                 &change,
                 0,
                 self.key_id.as_deref(),
             )?;
-            // Through Avro bytes, as Bronze receives it.
-            let bytes = writer
-                .write_value_to_vec(encoded.value)
-                .with_context(what)?;
-            values.push(reader.read_value(&mut &bytes[..]).with_context(what)?);
+            let (_, datum) =
+                unframe(&framed.value).ok_or_else(|| anyhow!("{} is not framed", what()))?;
+            values.push(reader.read_value(&mut &datum[..]).with_context(what)?);
         }
         let refs: Vec<&Value> = values.iter().collect();
         let columns = envelope_columns(&self.avro.lake_value, 0, &refs).with_context(what)?;
