@@ -90,22 +90,39 @@ pub struct OutOfRange {
 }
 
 /// Every date inside `value` (a row image or key as decoded) the lake cannot hold as sent.
+/// Bronze walks every event with it, so the path of a value is built in one buffer and
+/// copied only for a date that is out of range.
 pub fn out_of_range(path: &str, value: &apache_avro::types::Value, out: &mut Vec<OutOfRange>) {
+    let mut buf = String::with_capacity(path.len() + 32);
+    buf.push_str(path);
+    walk_dates(&mut buf, value, out);
+}
+
+fn walk_dates(path: &mut String, value: &apache_avro::types::Value, out: &mut Vec<OutOfRange>) {
     use apache_avro::types::Value;
+    use std::fmt::Write;
     match value {
-        Value::Union(_, inner) => out_of_range(path, inner, out),
+        Value::Union(_, inner) => walk_dates(path, inner, out),
         Value::Record(fields) => {
             for (name, v) in fields {
-                out_of_range(&format!("{path}.{name}"), v, out);
+                let len = path.len();
+                path.push('.');
+                path.push_str(name);
+                walk_dates(path, v, out);
+                path.truncate(len);
             }
         }
         Value::Array(items) => {
             for (i, v) in items.iter().enumerate() {
-                out_of_range(&format!("{path}[{}]", i + 1), v, out);
+                let len = path.len();
+                // Writing to a String cannot fail.
+                let _ = write!(path, "[{}]", i + 1);
+                walk_dates(path, v, out);
+                path.truncate(len);
             }
         }
         Value::Date(d) if lake_date(*d).1 => out.push(OutOfRange {
-            column: path.to_owned(),
+            column: path.clone(),
             value: pg_date_text(*d),
         }),
         _ => {}
