@@ -234,7 +234,8 @@ pub fn walk(hits: &mut Hits, mut events: Vec<Event>) -> Walked {
                     if now.is_empty() {
                         hits.remove(key);
                     } else {
-                        hits.insert(key.clone(), now.clone().shrunk());
+                        // A clone holds no spare capacity.
+                        hits.insert(key.clone(), now.clone());
                     }
                 }
                 What::Delete { key } => {

@@ -221,7 +221,9 @@ fn row_record(
     Ok(Value::Record(fields))
 }
 
-/// Encodes one change into key and value records of `schemas`.
+/// Encodes one change into key and value records of `schemas`: the reference encoding.
+/// Capture writes the same bytes directly ([`super::binary::frame_change`]; a property
+/// test holds the two equal), so a change here must be made there too.
 pub fn encode_change(
     table: &TableSchema,
     schemas: &TableSchemas,
