@@ -9,7 +9,7 @@
 //! schema), and the Arrow mapping sees one shape for both.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
@@ -17,6 +17,8 @@ use apache_avro::Schema;
 use schema_registry_converter::async_impl::avro::AvroDecoder;
 use wal2delta_model::ErrorClass;
 
+use crate::avro::arrow::ArrowMappingError;
+use crate::avro::columnar::{EnvelopePlan, EventPosition, KeyPlan};
 use crate::avro::temporal::with_logical_types_text;
 
 use crate::registry::unframe;
@@ -65,11 +67,75 @@ impl DecodeError {
 }
 
 /// The schema an event was read with: its registry id and the lake's view of the
-/// registered schema (see the module doc).
-#[derive(Debug, Clone, PartialEq)]
+/// registered schema (see the module doc), with the plans that read its events straight
+/// into Bronze's columns ([`crate::avro::columnar`]), compiled on first use.
+#[derive(Debug)]
 pub struct ReadSchema {
     pub id: u32,
     pub parsed: Schema,
+    envelope: OnceLock<Result<Arc<EnvelopePlan>, ArrowMappingError>>,
+    key: OnceLock<Result<Arc<KeyPlan>, ArrowMappingError>>,
+}
+
+impl ReadSchema {
+    pub fn new(id: u32, parsed: Schema) -> Self {
+        ReadSchema {
+            id,
+            parsed,
+            envelope: OnceLock::new(),
+            key: OnceLock::new(),
+        }
+    }
+
+    /// How change envelopes written with this schema are read into columns.
+    pub fn envelope_plan(&self) -> Result<Arc<EnvelopePlan>, ArrowMappingError> {
+        self.envelope
+            .get_or_init(|| EnvelopePlan::new(&self.parsed, self.id).map(Arc::new))
+            .clone()
+    }
+
+    /// `source.lsn`, `source.commit_lsn` and `ordinal` of an event whose columns could not
+    /// be built (its schema has no plan, or one value cannot be held), through
+    /// apache-avro's generic decoding: a cold path, so that the quarantine record still
+    /// places the change in its transaction. All `None` if the datum does not decode.
+    pub fn position_of(&self, datum: &[u8]) -> EventPosition {
+        let Ok(reader) = GenericDatumReader::builder(&self.parsed).build() else {
+            return EventPosition::default();
+        };
+        let Ok(Value::Record(fields)) = reader.read_value(&mut &datum[..]) else {
+            return EventPosition::default();
+        };
+        let long = |fs: &[(String, Value)], name: &str| match fs.iter().find(|(n, _)| n == name) {
+            Some((_, Value::Long(l))) => Some(*l),
+            Some((_, Value::Union(_, v))) => match v.as_ref() {
+                Value::Long(l) => Some(*l),
+                _ => None,
+            },
+            _ => None,
+        };
+        let source = match fields.iter().find(|(n, _)| n == "source") {
+            Some((_, Value::Record(s))) => Some(s.as_slice()),
+            _ => None,
+        };
+        EventPosition {
+            lsn: source.and_then(|s| long(s, "lsn")),
+            commit_lsn: source.and_then(|s| long(s, "commit_lsn")),
+            ordinal: long(&fields, wal2delta_model::bronze::ORDINAL),
+        }
+    }
+
+    /// How Kafka keys written with this schema are read into the `key` column.
+    pub fn key_plan(&self) -> Result<Arc<KeyPlan>, ArrowMappingError> {
+        self.key
+            .get_or_init(|| KeyPlan::new(&self.parsed).map(Arc::new))
+            .clone()
+    }
+}
+
+/// An event's schema and its Avro datum (the payload after the Confluent frame).
+pub struct Framed<'p> {
+    pub schema: Arc<ReadSchema>,
+    pub datum: &'p [u8],
 }
 
 /// One decoded event.
@@ -102,6 +168,19 @@ impl EventDecoder {
         Ok(EventDecoder {
             decoder: AvroDecoder::new(registry.sr_settings()?),
             readers: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The schema `payload` was written with, without decoding it: Bronze reads the datum
+    /// straight into columns ([`ReadSchema::envelope_plan`]).
+    pub async fn resolve<'p>(&self, payload: &'p [u8]) -> Result<Framed<'p>, DecodeError> {
+        let Some((id, datum)) = unframe(payload) else {
+            return Err(DecodeError::NotFramed);
+        };
+        let reader = self.reader(id).await?;
+        Ok(Framed {
+            schema: reader.schema.clone(),
+            datum,
         })
     }
 
@@ -151,7 +230,7 @@ impl EventDecoder {
             .build()
             .map_err(|e| unknown(e.to_string()))?;
         let built = Arc::new(Reader {
-            schema: Arc::new(ReadSchema { id, parsed }),
+            schema: Arc::new(ReadSchema::new(id, parsed)),
             reader,
         });
         let mut readers = self.readers.lock().unwrap_or_else(|p| p.into_inner());

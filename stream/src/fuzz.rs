@@ -6,7 +6,8 @@
 //! (magic byte 0, schema id, datum). It is decoded with the writer schemas capture
 //! registers for [`fixture_table`] (a table with a column of every mapped type), the way
 //! `decode::EventDecoder` decodes it once the registry returned the schema, then turned
-//! into Bronze's Arrow columns.
+//! into Bronze's Arrow columns; and read straight into those columns as Bronze reads it
+//! (`avro::columnar`). Where both readings succeed, their columns must be equal.
 
 use std::sync::OnceLock;
 
@@ -19,6 +20,7 @@ use wal2delta_model::{
 };
 
 use crate::avro::arrow::present;
+use crate::avro::columnar::{EnvelopePlan, EnvelopeReader, KeyPlan};
 use crate::avro::columns::{envelope_columns, key_column, out_of_range_column};
 use crate::avro::envelope::{encode_change, table_schemas, SourceInfo, TableSchemas};
 use crate::avro::types::from_avro;
@@ -111,6 +113,10 @@ pub fn fixture_table() -> TableSchema {
 struct Fixture {
     table: TableSchema,
     schemas: TableSchemas,
+    plan: std::sync::Arc<EnvelopePlan>,
+    key_plan: std::sync::Arc<KeyPlan>,
+    /// The datum of a TRUNCATE's value: read with the input as its key.
+    truncate: Vec<u8>,
 }
 
 fn fixture() -> &'static Fixture {
@@ -118,7 +124,35 @@ fn fixture() -> &'static Fixture {
     FIXTURE.get_or_init(|| {
         let table = fixture_table();
         let schemas = table_schemas("cdc", &table).expect("the fixture table has schemas");
-        Fixture { table, schemas }
+        let plan = EnvelopePlan::new(&schemas.lake_value, 7).expect("the envelope has a plan");
+        let key_plan = KeyPlan::new(&schemas.lake_key).expect("the key has a plan");
+        let change = Change {
+            table: table.table.clone(),
+            op: ChangeOp::Truncate,
+            before: None,
+            after: None,
+            position: TxPosition {
+                lsn: Lsn(1),
+                commit_lsn: Lsn(2),
+                xid: 3,
+                commit_ts_us: 4,
+                ordinal: 0,
+            },
+        };
+        let source = SourceInfo {
+            name: "cdc".into(),
+            db: "app".into(),
+        };
+        let encoded = encode_change(&table, &schemas, &source, &change, 5, None)
+            .expect("a truncate encodes");
+        let framed = frame(7, &schemas.value, encoded.value).expect("a truncate frames");
+        Fixture {
+            plan: plan.into(),
+            key_plan: key_plan.into(),
+            truncate: framed[5..].to_vec(),
+            table,
+            schemas,
+        }
     })
 }
 
@@ -144,10 +178,27 @@ pub fn kafka_record(data: &[u8]) {
     let Some((id, datum)) = unframe(data) else {
         return;
     };
-    // As Bronze reads: with the lake's view of the schemas (temporal logical types added).
+    // Read straight into columns, as Bronze reads: the datum as a value without a key.
+    let mut reader = EnvelopeReader::new(f.plan.clone(), Some(f.key_plan.clone()));
+    let direct = reader
+        .read_event(datum, None)
+        .ok()
+        .and_then(|_| reader.finish().ok());
+    // With the lake's view of the schemas (temporal logical types added), through values.
     if let Some(value) = read(&f.schemas.lake_value, datum) {
-        let _ = envelope_columns(&f.schemas.lake_value, id, &[&value]);
-        let _ = out_of_range_column(&[&value], &[None]);
+        let columns = envelope_columns(&f.schemas.lake_value, 7, &[&value]);
+        let key = key_column(&f.schemas.lake_key, &[None]);
+        let out_of_range = out_of_range_column(&[&value], &[None]);
+        if let (Some(direct), Ok(mut columns), Ok(Some(key)), Ok(out_of_range)) =
+            (direct, columns, key, out_of_range)
+        {
+            columns.fields.extend([key.0, out_of_range.0]);
+            columns.arrays.extend([key.1, out_of_range.1]);
+            assert_eq!(direct.fields, columns.fields, "schema id {id}");
+            for (a, b) in direct.arrays.iter().zip(&columns.arrays) {
+                assert_eq!(a.to_data(), b.to_data(), "columns read directly and through values differ");
+            }
+        }
         if let Value::Record(fields) = &value {
             for (name, image) in fields {
                 if name != bronze::BEFORE && name != bronze::AFTER {
@@ -163,6 +214,10 @@ pub fn kafka_record(data: &[u8]) {
             }
         }
     }
+    // The datum as a key, read straight into the `key` column.
+    let _ = reader
+        .read_event(&f.truncate, Some(datum))
+        .map(|_| reader.finish());
     if let Some(key) = read(&f.schemas.lake_key, datum) {
         let _ = key_column(&f.schemas.lake_key, &[Some(&key)]);
         let _ = out_of_range_column(&[&Value::Null], &[Some(&key)]);

@@ -2,7 +2,9 @@
 
 pub mod arrow;
 pub mod binary;
+pub mod columnar;
 pub mod columns;
+pub mod cursor;
 pub mod dates;
 pub mod envelope;
 #[cfg(test)]

@@ -19,7 +19,8 @@ use wal2delta_model::{
 };
 
 use super::binary::{frame_change, SchemaIds};
-use super::columns::{envelope_columns, out_of_range_column};
+use super::columnar::{EnvelopePlan, EnvelopeReader, KeyPlan};
+use super::columns::{envelope_columns, key_column, out_of_range_column, EnvelopeColumns};
 use super::dates::{lake_date, pg_date_text};
 use super::envelope::{encode_change, table_schemas, SourceInfo};
 use super::types::{from_avro, to_avro};
@@ -459,6 +460,77 @@ fn changes_of(t: &TableSchema, i: usize, d: &Option<Datum>) -> Vec<Change> {
     ]
 }
 
+/// Bronze's columns of framed events (value, key) as the reference builds them: each datum
+/// decoded by apache-avro with the lake's view of its schema, the `Value` trees walked
+/// into columns.
+fn columns_through_values(
+    schemas: &super::envelope::TableSchemas,
+    events: &[(Vec<u8>, Option<Vec<u8>>)],
+) -> EnvelopeColumns {
+    let values = GenericDatumReader::builder(&schemas.lake_value)
+        .build()
+        .unwrap();
+    let keys = GenericDatumReader::builder(&schemas.lake_key)
+        .build()
+        .unwrap();
+    let decoded: Vec<(Value, Option<Value>)> = events
+        .iter()
+        .map(|(v, k)| {
+            let (_, v) = unframe(v).unwrap();
+            let k = k.as_ref().map(|k| {
+                let (_, k) = unframe(k).unwrap();
+                keys.read_value(&mut &k[..]).unwrap()
+            });
+            (values.read_value(&mut &v[..]).unwrap(), k)
+        })
+        .collect();
+    let vs: Vec<&Value> = decoded.iter().map(|(v, _)| v).collect();
+    let ks: Vec<Option<&Value>> = decoded.iter().map(|(_, k)| k.as_ref()).collect();
+    let mut cols = envelope_columns(&schemas.lake_value, IDS.value, &vs).unwrap();
+    if ks.iter().any(Option::is_some) {
+        if let Some((f, a)) = key_column(&schemas.lake_key, &ks).unwrap() {
+            cols.fields.push(f);
+            cols.arrays.push(a);
+        }
+    }
+    let (f, a) = out_of_range_column(&vs, &ks).unwrap();
+    cols.fields.push(f);
+    cols.arrays.push(a);
+    cols
+}
+
+/// The same columns read straight from the bytes ([`super::columnar`]).
+fn columns_read_directly(
+    schemas: &super::envelope::TableSchemas,
+    events: &[(Vec<u8>, Option<Vec<u8>>)],
+) -> EnvelopeColumns {
+    let plan = std::sync::Arc::new(EnvelopePlan::new(&schemas.lake_value, IDS.value).unwrap());
+    let key = events
+        .iter()
+        .any(|(_, k)| k.is_some())
+        .then(|| std::sync::Arc::new(KeyPlan::new(&schemas.lake_key).unwrap()));
+    let mut reader = EnvelopeReader::new(plan, key);
+    for (v, k) in events {
+        let (_, v) = unframe(v).unwrap();
+        let k = k.as_ref().map(|k| unframe(k).unwrap().1);
+        reader.read_event(v, k).unwrap();
+    }
+    reader.finish().unwrap()
+}
+
+fn assert_same_columns(a: &EnvelopeColumns, b: &EnvelopeColumns) -> Result<(), TestCaseError> {
+    prop_assert_eq!(&a.fields, &b.fields);
+    for (i, f) in a.fields.iter().enumerate() {
+        prop_assert_eq!(
+            a.arrays[i].to_data(),
+            b.arrays[i].to_data(),
+            "column {}",
+            f.name()
+        );
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
 
@@ -501,6 +573,69 @@ proptest! {
                             "{}: {:?} framed as {:?}, apache-avro gave {:?}",
                             ty.name, change, direct.map(|_| ()), expected.map(|_| ())
                         ),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bronze reading events straight from their bytes ([`super::columnar`]) builds the
+    /// columns the reference builds from apache-avro's `Value`s, for every column type,
+    /// operation, NULL, unchanged TOAST value, out-of-range date, primary-key and keyless
+    /// table, with and without a token key.
+    #[test]
+    fn columns_read_directly_equal_columns_through_values((ty, values) in batch()) {
+        let source = SourceInfo { name: "cdc".into(), db: "app".into() };
+        for t in [table(&ty), keyless_table(&ty)] {
+            let schemas = table_schemas("cdc", &t).unwrap();
+            let mut events = Vec::new();
+            for (i, d) in values.iter().enumerate() {
+                for (n, change) in changes_of(&t, i, d).into_iter().enumerate() {
+                    let token = (n % 2 == 0).then_some("key-2026");
+                    if let Ok(f) = frame_change(&t, IDS, &source, &change, 1_700_000_000_000 + n as i64, token) {
+                        events.push((f.value, f.key));
+                    }
+                }
+            }
+            if events.is_empty() {
+                continue;
+            }
+            let expected = columns_through_values(&schemas, &events);
+            let direct = columns_read_directly(&schemas, &events);
+            assert_same_columns(&direct, &expected)?;
+        }
+    }
+
+    /// Events with bytes changed at random never make the direct reader panic, and where
+    /// apache-avro and the direct reader both read one, they give the same columns.
+    #[test]
+    fn damaged_events_fail_alone_or_read_as_through_values(
+        (ty, values) in batch(),
+        damage in vec((any::<prop::sample::Index>(), any::<u8>()), 1..4),
+    ) {
+        let t = table(&ty);
+        let schemas = table_schemas("cdc", &t).unwrap();
+        let source = SourceInfo { name: "cdc".into(), db: "app".into() };
+        let plan = std::sync::Arc::new(EnvelopePlan::new(&schemas.lake_value, IDS.value).unwrap());
+        let key = std::sync::Arc::new(KeyPlan::new(&schemas.lake_key).unwrap());
+        let values_reader = GenericDatumReader::builder(&schemas.lake_value).build().unwrap();
+        for (i, d) in values.iter().enumerate() {
+            for change in changes_of(&t, i, d) {
+                let Ok(f) = frame_change(&t, IDS, &source, &change, 5, None) else { continue };
+                let mut datum = unframe(&f.value).unwrap().1.to_vec();
+                for (at, byte) in &damage {
+                    let at = at.index(datum.len());
+                    datum[at] = *byte;
+                }
+                let mut reader = EnvelopeReader::new(plan.clone(), Some(key.clone()));
+                let direct = reader.read_event(&datum, None).map(|_| reader.finish().unwrap());
+                if let (Ok(direct), Ok(v)) = (direct, values_reader.read_value(&mut &datum[..])) {
+                    if let Ok(mut expected) = envelope_columns(&schemas.lake_value, IDS.value, &[&v]) {
+                        let (kf, ka) = key_column(&schemas.lake_key, &[None]).unwrap().unwrap();
+                        let (of, oa) = out_of_range_column(&[&v], &[None]).unwrap();
+                        expected.fields.extend([kf, of]);
+                        expected.arrays.extend([ka, oa]);
+                        assert_same_columns(&direct, &expected)?;
                     }
                 }
             }
@@ -583,4 +718,63 @@ proptest! {
             prop_assert_eq!(kept, expected, "{}: originals of {:?}", ty.name, d);
         }
     }
+}
+
+/// A malformed event read among good ones fails alone and leaves nothing in the columns:
+/// the run's columns are those of the good events.
+#[test]
+fn a_malformed_event_leaves_nothing_behind() {
+    let ty = ColumnType::base(BaseType::Date, "date");
+    let t = table(&ty);
+    let schemas = table_schemas("cdc", &t).unwrap();
+    let source = SourceInfo {
+        name: "cdc".into(),
+        db: "app".into(),
+    };
+    let framed: Vec<(Vec<u8>, Option<Vec<u8>>)> =
+        changes_of(&t, 1, &Some(Datum::Date(Special::Infinity)))
+            .iter()
+            .map(|c| {
+                let f = frame_change(&t, IDS, &source, c, 5, Some("k")).unwrap();
+                (f.value, f.key)
+            })
+            .collect();
+    let good = [framed[0].clone(), framed[2].clone()];
+    let plan = std::sync::Arc::new(EnvelopePlan::new(&schemas.lake_value, IDS.value).unwrap());
+    let key = std::sync::Arc::new(KeyPlan::new(&schemas.lake_key).unwrap());
+    let mut reader = EnvelopeReader::new(plan, Some(key));
+    let datum = |b: &[u8]| unframe(b).unwrap().1.to_vec();
+    let key_of = |e: &(Vec<u8>, Option<Vec<u8>>)| e.1.as_deref().map(datum);
+    reader
+        .read_event(&datum(&good[0].0), key_of(&good[0]).as_deref())
+        .unwrap();
+    // An update with its datum cut short after the images, a delete whose last varint
+    // runs past the end, garbage, a good value with its key cut short.
+    let update = datum(&framed[2].0);
+    let mut bad_op = datum(&framed[4].0);
+    let at = bad_op.len() - 1;
+    bad_op[at] = 0x80;
+    let cases: Vec<(Vec<u8>, Option<Vec<u8>>)> = vec![
+        (update[..update.len() - 3].to_vec(), key_of(&framed[2])),
+        (bad_op, key_of(&framed[4])),
+        (vec![0xff; 40], None),
+        (
+            update.clone(),
+            key_of(&framed[2]).map(|k| k[..k.len() - 1].to_vec()),
+        ),
+    ];
+    for (v, k) in &cases {
+        assert!(reader.read_event(v, k.as_deref()).is_err());
+        assert_eq!(reader.rows(), 1);
+    }
+    reader
+        .read_event(&datum(&good[1].0), key_of(&good[1]).as_deref())
+        .unwrap();
+    let direct = reader.finish().unwrap();
+    let expected = columns_through_values(&schemas, &good);
+    assert_same_columns(&direct, &expected).unwrap();
+    assert!(
+        !direct.arrays.last().unwrap().is_null(0),
+        "the infinite date is kept in out_of_range_values"
+    );
 }
