@@ -1,33 +1,33 @@
 //! The micro-batch: events read since the last commit, per topic, with the offset range of
 //! every partition they cover.
 //!
-//! Decoded Avro values are large (a tree of boxed values per event), so a topic's events
-//! are turned into Arrow record batches every [`CHUNK`] events as they arrive, and the
-//! values dropped. A micro-batch then holds its events as Arrow columns plus each event's
-//! raw bytes (kept so that any event can still be quarantined as it arrived).
+//! A topic's events are read from their Avro bytes straight into Arrow columns
+//! (`wal2delta_stream::avro::columnar`) every [`CHUNK`] events as they arrive. A
+//! micro-batch holds its events as Arrow record batches plus each event's raw bytes (kept
+//! so that any event can still be quarantined as it arrived).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
-use apache_avro::types::Value;
 use wal2delta_lake::bronze::{bronze_batch, merge_schemas, KafkaCoordinates, OffsetRange};
 use wal2delta_lake::deltalake::arrow::array::RecordBatch;
 use wal2delta_lake::deltalake::arrow::datatypes::Schema;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
-use wal2delta_stream::avro::columns::{envelope_columns, key_column, out_of_range_column};
+use wal2delta_stream::avro::columnar::EventPosition;
+use wal2delta_stream::avro::columnar::{EnvelopeReader, ReadError};
 use wal2delta_stream::consumer::RawMessage;
 use wal2delta_stream::decode::ReadSchema;
 use wal2delta_stream::transactions::{transaction_columns, TransactionRecord};
 
-/// Events converted to Arrow at a time.
+/// Events read into Arrow columns at a time.
 pub const CHUNK: usize = 4_096;
 
 /// What became of an event's payload.
 pub enum Payload {
-    /// Decoded, not yet converted to Arrow; with the decoded Kafka key (none for a
-    /// TRUNCATE, which has no key).
-    Decoded(Arc<ReadSchema>, Value, Option<(Arc<ReadSchema>, Value)>),
+    /// A change whose value schema, and key schema (none for a TRUNCATE, which has no
+    /// key), the registry knows; not yet read into Arrow.
+    Framed(Arc<ReadSchema>, Option<Arc<ReadSchema>>),
     /// A record of the transactions topic.
     Transaction(TransactionRecord),
     /// Cannot be stored: reason code and detail.
@@ -41,11 +41,10 @@ pub enum Payload {
     Tombstone,
 }
 
-/// An event's value and key, decoded with their writer schemas.
-pub struct DecodedEvent {
+/// The writer schemas of an event's value and key.
+pub struct FramedEvent {
     pub schema: Arc<ReadSchema>,
-    pub value: Value,
-    pub key: Option<(Arc<ReadSchema>, Value)>,
+    pub key: Option<Arc<ReadSchema>>,
 }
 
 /// One event read from Kafka.
@@ -54,43 +53,12 @@ pub struct BufferedEvent {
     pub key: Option<Vec<u8>>,
     pub payload: Option<Vec<u8>>,
     pub source_lsn: Option<i64>,
-    /// `source.commit_lsn` and `ordinal` of a decoded change: a quarantined event keeps
-    /// them so that Silver can count it once it is resolved.
+    /// `source.commit_lsn` and `ordinal` of a change read into columns (or, when that
+    /// failed, decoded on the side): a quarantined event keeps them so that Silver can
+    /// count it once it is resolved.
     pub commit_lsn: Option<i64>,
     pub ordinal: Option<i64>,
     pub state: Payload,
-}
-
-/// `source.{name}` of a decoded envelope.
-fn source_long(v: &Value, name: &str) -> Option<i64> {
-    let Value::Record(fields) = v else {
-        return None;
-    };
-    let (_, Value::Record(s)) = fields.iter().find(|(n, _)| n == "source")? else {
-        return None;
-    };
-    match s.iter().find(|(n, _)| n == name).map(|(_, v)| v) {
-        Some(Value::Union(_, v)) => match v.as_ref() {
-            Value::Long(l) => Some(*l),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// The envelope's `ordinal`.
-fn ordinal(v: &Value) -> Option<i64> {
-    let Value::Record(fields) = v else {
-        return None;
-    };
-    match fields
-        .iter()
-        .find(|(n, _)| n == wal2delta_model::bronze::ORDINAL)
-        .map(|(_, v)| v)
-    {
-        Some(Value::Long(l)) => Some(*l),
-        _ => None,
-    }
 }
 
 impl BufferedEvent {
@@ -138,16 +106,31 @@ impl BufferedEvent {
         Self::read(m, Payload::Tombstone, None, None)
     }
 
-    pub fn new(m: RawMessage, decoded: Result<DecodedEvent, (&'static str, String)>) -> Self {
-        let (state, source_lsn, position) = match decoded {
-            Ok(DecodedEvent { schema, value, key }) => {
-                let lsn = source_long(&value, "lsn");
-                let position = (source_long(&value, "commit_lsn"), ordinal(&value));
-                (Payload::Decoded(schema, value, key), lsn, Some(position))
-            }
-            Err((code, detail)) => (Payload::Failed(code, detail), None, None),
+    /// A change event; its position in the transaction is known once it is read.
+    pub fn new(m: RawMessage, framed: Result<FramedEvent, (&'static str, String)>) -> Self {
+        let state = match framed {
+            Ok(FramedEvent { schema, key }) => Payload::Framed(schema, key),
+            Err((code, detail)) => Payload::Failed(code, detail),
         };
-        Self::read(m, state, source_lsn, position)
+        Self::read(m, state, None, None)
+    }
+
+    /// The Avro datums of the value and key (after the Confluent frame the schema was
+    /// resolved from).
+    fn datums(&self) -> (&[u8], Option<&[u8]>) {
+        fn datum(b: &[u8]) -> &[u8] {
+            wal2delta_stream::registry::unframe(b).map_or(&[][..], |(_, d)| d)
+        }
+        (
+            self.payload.as_deref().map_or(&[][..], datum),
+            self.key.as_deref().map(datum),
+        )
+    }
+
+    fn set_position(&mut self, p: EventPosition) {
+        self.source_lsn = p.lsn;
+        self.commit_lsn = p.commit_lsn;
+        self.ordinal = p.ordinal;
     }
 
     /// The quarantine record of this event.
@@ -241,12 +224,12 @@ impl TopicBuffer {
         let mut i = self.converted;
         while i < self.events.len() {
             let (end, outcome) = match &self.events[i].state {
-                Payload::Decoded(schema, _, _) => {
+                Payload::Framed(schema, _) => {
                     let schema = schema.clone();
                     let (end, key_schema) = self.run_end(i, &schema);
-                    let outcome =
-                        self.change_batch(i..end, &schema, key_schema.as_ref(), ingested_at);
-                    (end, outcome)
+                    self.read_changes(i..end, &schema, key_schema.as_deref(), ingested_at);
+                    i = end;
+                    continue;
                 }
                 Payload::Transaction(_) => {
                     let end = (i..self.events.len())
@@ -288,13 +271,13 @@ impl TopicBuffer {
         let mut key_schema: Option<Arc<ReadSchema>> = None;
         let mut j = start;
         while j < self.events.len() {
-            let Payload::Decoded(s, _, key) = &self.events[j].state else {
+            let Payload::Framed(s, key) = &self.events[j].state else {
                 break;
             };
             if s.id != schema.id {
                 break;
             }
-            if let Some((ks, _)) = key {
+            if let Some(ks) = key {
                 match &key_schema {
                     Some(current) if current.id != ks.id => break,
                     Some(_) => {}
@@ -306,47 +289,110 @@ impl TopicBuffer {
         (j, key_schema)
     }
 
-    /// The Bronze rows of a run of change events.
-    fn change_batch(
-        &self,
+    /// Reads a run of change events (one value schema, one key schema) into runs of
+    /// Bronze rows. An event that cannot be read becomes a run of its own that is
+    /// quarantined, and the events around it go on; if the schema itself cannot be read
+    /// into columns, the whole run is quarantined.
+    fn read_changes(
+        &mut self,
         run: std::ops::Range<usize>,
         schema: &ReadSchema,
-        key_schema: Option<&Arc<ReadSchema>>,
+        key_schema: Option<&ReadSchema>,
         ingested_at: i64,
-    ) -> Result<RecordBatch, (&'static str, String)> {
-        let events = &self.events[run];
-        let (values, keys): (Vec<&Value>, Vec<Option<&Value>>) = events
-            .iter()
-            .filter_map(|e| match &e.state {
-                Payload::Decoded(_, v, k) => Some((v, k.as_ref().map(|(_, k)| k))),
-                _ => None,
-            })
-            .unzip();
-        let coordinates: Vec<KafkaCoordinates> = events.iter().map(|e| e.coordinates).collect();
-        let unsupported = |e: &dyn std::fmt::Display| ("unsupported_schema", e.to_string());
-        let cols = envelope_columns(&schema.parsed, schema.id, &values)
-            .and_then(|mut cols| {
-                if let Some(ks) = key_schema {
-                    if let Some((field, array)) = key_column(&ks.parsed, &keys)? {
-                        cols.fields.push(field);
-                        cols.arrays.push(array);
-                    }
+    ) {
+        let plans = schema.envelope_plan().and_then(|value| {
+            let key = key_schema.map(ReadSchema::key_plan).transpose()?;
+            Ok((value, key))
+        });
+        let (value_plan, key_plan) = match plans {
+            Ok(p) => p,
+            Err(e) => {
+                for ev in &mut self.events[run.clone()] {
+                    let (datum, _) = ev.datums();
+                    let p = schema.position_of(datum);
+                    ev.set_position(p);
+                    ev.state = Payload::Converted;
                 }
-                let (field, array) = out_of_range_column(&values, &keys)?;
-                cols.fields.push(field);
-                cols.arrays.push(array);
-                Ok(cols)
-            })
-            .map_err(|e| unsupported(&e))?;
-        bronze_batch(
-            &self.table,
-            &self.topic,
-            cols.fields,
-            cols.arrays,
-            &coordinates,
-            ingested_at,
-        )
-        .map_err(|e| unsupported(&e))
+                self.runs.push(Run {
+                    start: run.start,
+                    end: run.end,
+                    outcome: Err(("unsupported_schema", e.to_string())),
+                });
+                return;
+            }
+        };
+        let mut reader = EnvelopeReader::new(value_plan, key_plan);
+        let mut start = run.start;
+        let mut j = run.start;
+        while j < run.end {
+            let ev = &self.events[j];
+            let (value, key) = ev.datums();
+            match reader.read_event(value, key) {
+                Ok(p) => {
+                    self.events[j].set_position(p);
+                    self.events[j].state = Payload::Converted;
+                    j += 1;
+                }
+                // The columns are full: the rows so far become a batch and the event is
+                // read again into fresh ones.
+                Err(ReadError::Full) if reader.rows() > 0 => {
+                    self.push_rows(&mut reader, start..j, ingested_at);
+                    start = j;
+                }
+                Err(e) => {
+                    let p = schema.position_of(value);
+                    self.push_rows(&mut reader, start..j, ingested_at);
+                    let detail = format!("schema id {}: {e}", schema.id);
+                    let ev = &mut self.events[j];
+                    ev.set_position(p);
+                    ev.state = Payload::Converted;
+                    self.runs.push(Run {
+                        start: j,
+                        end: j + 1,
+                        outcome: Err((e.reason_code(), detail)),
+                    });
+                    j += 1;
+                    start = j;
+                }
+            }
+        }
+        self.push_rows(&mut reader, start..run.end, ingested_at);
+    }
+
+    /// The rows `reader` holds, events `rows` of the buffer, as a run (none if empty).
+    fn push_rows(
+        &mut self,
+        reader: &mut EnvelopeReader,
+        rows: std::ops::Range<usize>,
+        ingested_at: i64,
+    ) {
+        if rows.is_empty() {
+            return;
+        }
+        let coordinates: Vec<KafkaCoordinates> = self.events[rows.clone()]
+            .iter()
+            .map(|e| e.coordinates)
+            .collect();
+        let unsupported = |e: &dyn std::fmt::Display| ("unsupported_schema", e.to_string());
+        let outcome = reader
+            .finish()
+            .map_err(|e| unsupported(&e))
+            .and_then(|cols| {
+                bronze_batch(
+                    &self.table,
+                    &self.topic,
+                    cols.fields,
+                    cols.arrays,
+                    &coordinates,
+                    ingested_at,
+                )
+                .map_err(|e| unsupported(&e))
+            });
+        self.runs.push(Run {
+            start: rows.start,
+            end: rows.end,
+            outcome,
+        });
     }
 
     /// The Bronze rows of a run of transaction records.

@@ -36,7 +36,7 @@ use wal2delta_stream::StreamError;
 use crate::config::Config;
 use crate::metrics as m;
 use crate::supervisor::{Backoff, Next, StageError, Supervisor};
-use batch::{BufferedEvent, DecodedEvent, MicroBatch, TopicBuffer};
+use batch::{BufferedEvent, FramedEvent, MicroBatch, TopicBuffer};
 use offsets::{BronzeTopics, LakeOffsets, TRANSACTIONS_TABLE};
 
 /// Why a session ended.
@@ -388,20 +388,20 @@ impl Session<'_> {
                 .push(&topic, &table, BufferedEvent::tombstone(msg));
             return Ok(());
         }
-        let decoded = match &msg.payload {
+        // Only the schemas are looked up here; the bytes are read into columns in chunks
+        // (`batch`).
+        let framed = match &msg.payload {
             None => Err(("empty_payload", "the message has no value".to_owned())),
-            Some(p) => match self.decoder.decode(p).await {
-                Ok(d) => match &msg.key {
-                    None => Ok(DecodedEvent {
-                        schema: d.schema,
-                        value: d.value,
+            Some(p) => match self.decoder.resolve(p).await {
+                Ok(v) => match &msg.key {
+                    None => Ok(FramedEvent {
+                        schema: v.schema,
                         key: None,
                     }),
-                    Some(k) => match self.decoder.decode(k).await {
-                        Ok(key) => Ok(DecodedEvent {
-                            schema: d.schema,
-                            value: d.value,
-                            key: Some((key.schema, key.value)),
+                    Some(k) => match self.decoder.resolve(k).await {
+                        Ok(key) => Ok(FramedEvent {
+                            schema: v.schema,
+                            key: Some(key.schema),
                         }),
                         Err(e) if e.class() == ErrorClass::Transient => return Err(e.into()),
                         Err(e) => Err((e.reason_code(), format!("key: {e}"))),
@@ -415,7 +415,7 @@ impl Session<'_> {
             return Ok(()); // not a table topic; the subscription pattern excludes these
         };
         self.batch
-            .push(&topic, &table, BufferedEvent::new(msg, decoded));
+            .push(&topic, &table, BufferedEvent::new(msg, framed));
         Ok(())
     }
 
