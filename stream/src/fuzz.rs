@@ -143,8 +143,8 @@ fn fixture() -> &'static Fixture {
             name: "cdc".into(),
             db: "app".into(),
         };
-        let encoded = encode_change(&table, &schemas, &source, &change, 5, None)
-            .expect("a truncate encodes");
+        let encoded =
+            encode_change(&table, &schemas, &source, &change, 5, None).expect("a truncate encodes");
         let framed = frame(7, &schemas.value, encoded.value).expect("a truncate frames");
         Fixture {
             plan: plan.into(),
@@ -196,7 +196,11 @@ pub fn kafka_record(data: &[u8]) {
             columns.arrays.extend([key.1, out_of_range.1]);
             assert_eq!(direct.fields, columns.fields, "schema id {id}");
             for (a, b) in direct.arrays.iter().zip(&columns.arrays) {
-                assert_eq!(a.to_data(), b.to_data(), "columns read directly and through values differ");
+                assert_eq!(
+                    a.to_data(),
+                    b.to_data(),
+                    "columns read directly and through values differ"
+                );
             }
         }
         if let Value::Record(fields) = &value {
