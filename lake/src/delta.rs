@@ -46,17 +46,14 @@ pub(crate) async fn refresh(
     }
 }
 
-/// The version of `app_id`'s last `txn` action in the loaded state of `table`.
+/// The version of `app_id`'s last `txn` action in the loaded state of `table` (kept up
+/// to date from the commits since it was last asked: [`crate::txns`]).
 pub(crate) async fn txn_version(
     name: &str,
     table: &DeltaTable,
     app_id: String,
 ) -> Result<Option<i64>, LakeError> {
-    table
-        .snapshot()
-        .map_err(LakeError::delta(&name))?
-        .snapshot()
-        .transaction_version(table.log_store().as_ref(), app_id)
+    crate::txns::version(table, &app_id)
         .await
         .map_err(LakeError::delta(&name))
 }
