@@ -90,6 +90,20 @@ enum Command {
         /// Diagnostics: update exactly these keys (comma-separated) instead.
         #[arg(long, value_delimiter = ',')]
         keys: Vec<i64>,
+        /// Change only rows among the RECENT newest keys (key-local changes, as on a
+        /// payments table where recent rows change); 0: any existing key.
+        #[arg(long, default_value_t = 0)]
+        recent: i64,
+    },
+    /// Rewrites the Silver table into files of about TARGET_BYTES ordered by the columns
+    /// ORDER_BY (comma-separated; a Z-order), keeping Silver's commit info.
+    Layout {
+        #[arg(long)]
+        lake: PathBuf,
+        #[arg(long)]
+        target_bytes: u64,
+        #[arg(long, value_delimiter = ',')]
+        order_by: Vec<String>,
     },
     /// Silver rounds until Silver has applied everything in Bronze.
     Apply {
@@ -376,6 +390,7 @@ async fn changes(
     tx_events: i64,
     commit_events: usize,
     keys: &[i64],
+    recent: i64,
 ) -> anyhow::Result<Value> {
     let lake = lake_of(path)?;
     let mut s = load_state(path)?;
@@ -388,6 +403,15 @@ async fn changes(
     if (n as f64) > 0.5 * (s.rows as f64) {
         bail!("{n} changes on {} rows: at most half the table", s.rows);
     }
+    // Keys drawn from the newest `span` (deleted ones skipped).
+    let span = if recent > 0 {
+        if n > recent / 2 {
+            bail!("{n} changes among the {recent} newest keys: at most half of them");
+        }
+        recent.min(existing)
+    } else {
+        existing
+    };
     let n = if keys.is_empty() {
         n
     } else {
@@ -418,7 +442,7 @@ async fn changes(
                 (Op::Insert, id)
             } else {
                 let id = loop {
-                    let k = 1 + rng.below(existing as u64) as i64;
+                    let k = existing - rng.below(span as u64) as i64;
                     if used.insert(k) {
                         break k;
                     }
@@ -951,6 +975,27 @@ async fn sums(path: &Path, table: Option<&Path>) -> anyhow::Result<Value> {
     Ok(json!(sums))
 }
 
+async fn layout(path: &Path, target_bytes: u64, order_by: &[String]) -> anyhow::Result<Value> {
+    let url = dir_url(&silver_dir(path))?;
+    let started = Instant::now();
+    let report =
+        wal2delta_lake::maintenance::rewrite_ordered("silver", &url, target_bytes, order_by)
+            .await?;
+    let table = open(&url).await?;
+    let sizes: Vec<i64> = table
+        .snapshot()?
+        .log_data()
+        .iter()
+        .map(|f| f.size())
+        .collect();
+    Ok(json!({
+        "seconds": started.elapsed().as_secs_f64(),
+        "files_removed": report.files_removed,
+        "files": sizes.len(),
+        "mean_file_mib": sizes.iter().sum::<i64>() as f64 / sizes.len().max(1) as f64 / 1048576.0,
+    }))
+}
+
 async fn vacuum(path: &Path) -> anyhow::Result<Value> {
     let mut removed = 0;
     let tombstones = path
@@ -1006,6 +1051,7 @@ fn main() -> anyhow::Result<()> {
                 tx_events,
                 commit_events,
                 keys,
+                recent,
             } => {
                 changes(
                     &lake,
@@ -1016,9 +1062,15 @@ fn main() -> anyhow::Result<()> {
                     tx_events,
                     commit_events,
                     &keys,
+                    recent,
                 )
                 .await
             }
+            Command::Layout {
+                lake,
+                target_bytes,
+                order_by,
+            } => layout(&lake, target_bytes, &order_by).await,
             Command::Apply {
                 lake,
                 window,

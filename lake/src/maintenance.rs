@@ -59,6 +59,37 @@ pub async fn maintain(
     })
 }
 
+/// Rewrites every file of the table into files of about `target_bytes` whose rows are
+/// ordered by `columns` (a Z-order; one column is a plain sort), carrying the commit info
+/// forward as [`maintain`] does. What `ops/bench silver-files` lays Silver out with to
+/// measure how file size and key clustering change the cost of a round.
+pub async fn rewrite_ordered(
+    name: &str,
+    url: &Url,
+    target_bytes: u64,
+    columns: &[String],
+) -> Result<MaintenanceReport, LakeError> {
+    let Some(table) = delta::open(name, url).await? else {
+        return Ok(MaintenanceReport::default());
+    };
+    let target = NonZeroU64::new(target_bytes.max(1)).unwrap_or(NonZeroU64::MIN);
+    let carried = own_commit_info(name, &table).await?;
+    let (table, metrics) = table
+        .optimize()
+        .with_type(deltalake::operations::optimize::OptimizeType::ZOrder(
+            columns.to_vec(),
+        ))
+        .with_target_size(target)
+        .with_commit_properties(CommitProperties::default().with_metadata(carried))
+        .await
+        .map_err(LakeError::delta(&name))?;
+    Ok(MaintenanceReport {
+        files_removed: metrics.num_files_removed,
+        files_added: metrics.num_files_added,
+        checkpoint_version: table.version(),
+    })
+}
+
 /// The version of the table's latest checkpoint, from `_delta_log/_last_checkpoint`.
 async fn last_checkpoint(url: &Url) -> Option<u64> {
     let bytes = crate::storage::read(url, "_delta_log/_last_checkpoint").await?;

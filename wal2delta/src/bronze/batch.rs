@@ -14,8 +14,7 @@ use wal2delta_lake::bronze::{bronze_batch, merge_schemas, KafkaCoordinates, Offs
 use wal2delta_lake::deltalake::arrow::array::RecordBatch;
 use wal2delta_lake::deltalake::arrow::datatypes::Schema;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
-use wal2delta_stream::avro::columnar::EventPosition;
-use wal2delta_stream::avro::columnar::{EnvelopeReader, ReadError};
+use wal2delta_stream::avro::columnar::{EnvelopeReader, EventPosition, ReadError};
 use wal2delta_stream::consumer::RawMessage;
 use wal2delta_stream::decode::ReadSchema;
 use wal2delta_stream::transactions::{transaction_columns, TransactionRecord};
