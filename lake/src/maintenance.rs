@@ -100,7 +100,7 @@ async fn last_checkpoint(url: &Url) -> Option<u64> {
 }
 
 /// The `wal2delta.*` entries of the commit info of the table's latest commit.
-async fn own_commit_info(
+pub(crate) async fn own_commit_info(
     name: &str,
     table: &DeltaTable,
 ) -> Result<Vec<(String, Value)>, LakeError> {

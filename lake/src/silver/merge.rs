@@ -20,6 +20,9 @@ use super::tombstones::{keys_equal, newer};
 use crate::delta::{self, ident, literal};
 use crate::LakeError;
 
+/// The Delta table property delta-rs' writers size their files by.
+const FILE_SIZE_PROPERTY: &str = "delta.targetFileSize";
+
 impl SilverTable {
     /// Fills the unchanged values of moved rows (`_moved_from_{k}` set by the fold) from
     /// Silver's row under the old key, read before this round's MERGE deletes it; the
@@ -113,17 +116,48 @@ impl SilverTable {
                     .any(|f| have.field_with_name(f.name()).is_err())
             }
         };
+        let creating = silver.is_none();
         let table = match silver {
             Some(t) => t,
             None => delta::handle(&self.name, &self.url)?,
         };
-        if !needs {
+        let table = if !needs {
+            table
+        } else {
+            let mut write = table
+                .write(vec![RecordBatch::new_empty(wanted)])
+                .with_save_mode(SaveMode::Append)
+                .with_schema_mode(SchemaMode::Merge);
+            if let (true, Some(bytes)) = (creating, self.file_bytes) {
+                write = write.with_configuration([(FILE_SIZE_PROPERTY, Some(bytes.to_string()))]);
+            }
+            write.await.map_err(LakeError::delta(&self.name))?
+        };
+        self.ensure_file_size(table).await
+    }
+
+    /// Sets the table's `delta.targetFileSize` to [`SilverTable::with_file_size`]'s when
+    /// it differs (a table made before, or a changed setting), in a commit that carries
+    /// the last commit's `wal2delta.*` info forward as compaction does, so the masking
+    /// the last MERGE recorded stays visible.
+    async fn ensure_file_size(&self, table: DeltaTable) -> Result<DeltaTable, LakeError> {
+        use deltalake::table::config::TablePropertiesExt;
+        let Some(bytes) = self.file_bytes else {
+            return Ok(table);
+        };
+        let state = table.snapshot().map_err(LakeError::delta(&self.name))?;
+        let explicit = state
+            .metadata()
+            .configuration()
+            .contains_key(FILE_SIZE_PROPERTY);
+        if explicit && state.table_config().target_file_size().get() == bytes {
             return Ok(table);
         }
+        let carried = crate::maintenance::own_commit_info(&self.name, &table).await?;
         table
-            .write(vec![RecordBatch::new_empty(wanted)])
-            .with_save_mode(SaveMode::Append)
-            .with_schema_mode(SchemaMode::Merge)
+            .set_tbl_properties()
+            .with_properties([(FILE_SIZE_PROPERTY.to_owned(), bytes.to_string())].into())
+            .with_commit_properties(CommitProperties::default().with_metadata(carried))
             .await
             .map_err(LakeError::delta(&self.name))
     }
@@ -358,5 +392,55 @@ mod tests {
         .unwrap();
         assert!(key_ranges(&text, &keys, 32).is_none());
         assert!(key_ranges(&batch(&[1]), &["id".into(), "x".into()], 32).is_none());
+    }
+
+    /// A new table is made with the file size; a table made before, or with another size,
+    /// gets it in a commit that keeps the last commit's `wal2delta.*` info visible.
+    #[tokio::test]
+    async fn the_merge_file_size_is_the_tables_property() {
+        use deltalake::table::config::TablePropertiesExt;
+        let lake = crate::Lake::new("memory:///silver-file-size/").unwrap();
+        let fields = [Field::new("id", DataType::Int32, true)];
+        let size = |t: &DeltaTable| {
+            t.snapshot()
+                .unwrap()
+                .table_config()
+                .target_file_size()
+                .get()
+        };
+        let t = SilverTable::new(&lake, "public", "t", 10)
+            .with_file_size(8 << 20)
+            .ensure_columns(None, &fields)
+            .await
+            .unwrap();
+        assert_eq!(size(&t), 8 << 20);
+        let created = t.version();
+        // Unchanged: no commit.
+        let silver = SilverTable::new(&lake, "public", "t", 10).with_file_size(8 << 20);
+        let t = silver.ensure_columns(Some(t), &fields).await.unwrap();
+        assert_eq!(t.version(), created);
+        // A commit recording masking, then another size.
+        let t = t
+            .write(vec![batch(&[1])])
+            .with_commit_properties(
+                CommitProperties::default()
+                    .with_metadata([("wal2delta.masking".to_owned(), serde_json::json!({"v": 1}))]),
+            )
+            .await
+            .unwrap();
+        let silver = SilverTable::new(&lake, "public", "t", 10).with_file_size(32 << 20);
+        let t = silver.ensure_columns(Some(t), &fields).await.unwrap();
+        assert_eq!(size(&t), 32 << 20);
+        let info = crate::maintenance::own_commit_info("t", &t).await.unwrap();
+        assert_eq!(
+            info,
+            vec![("wal2delta.masking".to_owned(), serde_json::json!({"v": 1}))]
+        );
+        // Without a size, the table's setting is left alone.
+        let t = SilverTable::new(&lake, "public", "t", 10)
+            .ensure_columns(Some(t), &fields)
+            .await
+            .unwrap();
+        assert_eq!(size(&t), 32 << 20);
     }
 }

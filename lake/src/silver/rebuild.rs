@@ -94,6 +94,7 @@ impl SilverTable {
             // No transitions while rebuilding: the rebuilt table's commits carry no rules
             // seq, so the first round after the swap backfills every rule against it.
             rules: None,
+            file_bytes: self.file_bytes,
         };
         let (top, mut counts) = transaction_counts(lake, 0).await?;
         let counts = counts.remove(&self.name).unwrap_or(TransactionCounts {

@@ -87,6 +87,9 @@ pub struct SilverTable {
     pub(super) quarantine: QuarantineTable,
     /// The table's rules, evaluated in every round (`None`: no rules stage).
     pub(super) rules: Option<TableRules>,
+    /// The size of the files its MERGE writes (`delta.targetFileSize`; `None`: leave the
+    /// table's setting alone).
+    pub(super) file_bytes: Option<u64>,
 }
 
 impl SilverTable {
@@ -102,7 +105,18 @@ impl SilverTable {
             checks: Vec::new(),
             quarantine: QuarantineTable::new(lake.quarantine_records()),
             rules: None,
+            file_bytes: None,
         }
+    }
+
+    /// Has the MERGE write files of about `bytes` (`[silver] target_file_bytes`), the size
+    /// compaction packs small files into: kept as the table's `delta.targetFileSize`,
+    /// which delta-rs' MERGE writes by (100 MiB when unset). A MERGE rewrites every file
+    /// holding a changed key, so the size of the files it writes is the size the next
+    /// round rewrites when the same keys change again (`ops/bench silver-files`).
+    pub fn with_file_size(mut self, bytes: u64) -> Self {
+        self.file_bytes = Some(bytes);
+        self
     }
 
     /// Evaluates the rules of `source` for this table in every round (docs/rules.md).

@@ -31,8 +31,9 @@ pub struct SilverConfig {
     /// tombstones and the quarantine tables (run between rounds); 0 disables.
     #[serde(default = "SilverConfig::default_maintenance_interval_s")]
     pub maintenance_interval_s: u64,
-    /// Target size of the files compaction writes. A MERGE rewrites every file holding a
-    /// changed key, so smaller files cost less per round when changes are scattered.
+    /// Target size of the files compaction and the MERGE write. A MERGE rewrites every
+    /// file holding a changed key, so smaller files cost less per round when the changed
+    /// keys are close together (recent rows) and the files hold key ranges.
     #[serde(default = "SilverConfig::default_target_file_bytes")]
     pub target_file_bytes: u64,
     /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null.
@@ -82,9 +83,11 @@ impl SilverConfig {
     fn default_maintenance_interval_s() -> u64 {
         3_600
     }
-    /// 64 MiB.
+    /// 8 MiB: on a 10M-row table with files sorted by key, a round of key-local changes
+    /// cost 1.2 s with 8 MiB files against 2.0 s with 32 MiB ones, and random changes the
+    /// same at any size (`ops/bench silver-files`, docs/benchmarks.md).
     fn default_target_file_bytes() -> u64 {
-        64 << 20
+        8 << 20
     }
     fn default_max_rows_per_partition() -> i64 {
         100_000

@@ -234,6 +234,7 @@ pub fn silver_table(
     let policy = policies.of(&format!("{schema}.{table}"));
     SilverTable::new(lake, schema, table, config.silver.max_rows_per_partition)
         .with_policy(policy.masking, policy.checks)
+        .with_file_size(config.silver.target_file_bytes)
 }
 
 /// Opens a table for the stage. When the masking its last commit recorded differs from
