@@ -12,6 +12,7 @@
 use std::num::NonZeroU64;
 
 use deltalake::kernel::transaction::CommitProperties;
+use deltalake::operations::optimize::OptimizeType;
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use serde_json::Value;
@@ -34,17 +35,10 @@ pub async fn maintain(
     url: &Url,
     target_bytes: u64,
 ) -> Result<MaintenanceReport, LakeError> {
-    let Some(table) = delta::open(name, url).await? else {
+    let Some((table, report)) = optimize(name, url, target_bytes, OptimizeType::Compact).await?
+    else {
         return Ok(MaintenanceReport::default());
     };
-    let target = NonZeroU64::new(target_bytes.max(1)).unwrap_or(NonZeroU64::MIN);
-    let carried = own_commit_info(name, &table).await?;
-    let (table, metrics) = table
-        .optimize()
-        .with_target_size(target)
-        .with_commit_properties(CommitProperties::default().with_metadata(carried))
-        .await
-        .map_err(LakeError::delta(&name))?;
     // A table unchanged since its last checkpoint (idle, nothing compacted) needs none:
     // writing it again would only rewrite the same state.
     if last_checkpoint(url).await != table.version() {
@@ -52,11 +46,7 @@ pub async fn maintain(
             .await
             .map_err(LakeError::delta(&name))?;
     }
-    Ok(MaintenanceReport {
-        files_removed: metrics.num_files_removed,
-        files_added: metrics.num_files_added,
-        checkpoint_version: table.version(),
-    })
+    Ok(report)
 }
 
 /// Rewrites every file of the table into files of about `target_bytes` whose rows are
@@ -69,25 +59,39 @@ pub async fn rewrite_ordered(
     target_bytes: u64,
     columns: &[String],
 ) -> Result<MaintenanceReport, LakeError> {
+    let kind = OptimizeType::ZOrder(columns.to_vec());
+    Ok(optimize(name, url, target_bytes, kind)
+        .await?
+        .map(|(_, report)| report)
+        .unwrap_or_default())
+}
+
+/// Optimizes the table at `url` (none there: `None`) into files of about `target_bytes`,
+/// carrying its last commit's `wal2delta.*` info forward.
+async fn optimize(
+    name: &str,
+    url: &Url,
+    target_bytes: u64,
+    kind: OptimizeType,
+) -> Result<Option<(DeltaTable, MaintenanceReport)>, LakeError> {
     let Some(table) = delta::open(name, url).await? else {
-        return Ok(MaintenanceReport::default());
+        return Ok(None);
     };
     let target = NonZeroU64::new(target_bytes.max(1)).unwrap_or(NonZeroU64::MIN);
     let carried = own_commit_info(name, &table).await?;
     let (table, metrics) = table
         .optimize()
-        .with_type(deltalake::operations::optimize::OptimizeType::ZOrder(
-            columns.to_vec(),
-        ))
+        .with_type(kind)
         .with_target_size(target)
         .with_commit_properties(CommitProperties::default().with_metadata(carried))
         .await
         .map_err(LakeError::delta(&name))?;
-    Ok(MaintenanceReport {
+    let report = MaintenanceReport {
         files_removed: metrics.num_files_removed,
         files_added: metrics.num_files_added,
         checkpoint_version: table.version(),
-    })
+    };
+    Ok(Some((table, report)))
 }
 
 /// The version of the table's latest checkpoint, from `_delta_log/_last_checkpoint`.

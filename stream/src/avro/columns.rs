@@ -296,23 +296,40 @@ pub fn out_of_range_column(
         }
         offsets.push(i32::try_from(columns.len()).map_err(|_| build("too many items".into()))?);
     }
+    out_of_range_list(
+        StringArray::from(columns),
+        StringArray::from(values),
+        OffsetBuffer::new(offsets.into()),
+        valid,
+    )
+}
+
+/// The `out_of_range_values` column from its entries (`columns[i]`, `values[i]`) and each
+/// event's `offsets` into them; null for an event whose `valid` is false (it has none).
+pub(crate) fn out_of_range_list(
+    columns: StringArray,
+    values: StringArray,
+    offsets: OffsetBuffer<i32>,
+    valid: Vec<bool>,
+) -> Result<(Field, ArrayRef), ArrowMappingError> {
+    let build = |reason: String| ArrowMappingError::Build {
+        path: OUT_OF_RANGE_VALUES.into(),
+        reason,
+    };
     let entry = Fields::from(vec![
         Field::new("column", DataType::Utf8, true),
         Field::new("value", DataType::Utf8, true),
     ]);
     let entries = StructArray::try_new(
         entry.clone(),
-        vec![
-            Arc::new(StringArray::from(columns)) as ArrayRef,
-            Arc::new(StringArray::from(values)),
-        ],
+        vec![Arc::new(columns) as ArrayRef, Arc::new(values)],
         None,
     )
     .map_err(|e| build(e.to_string()))?;
     let item = Arc::new(Field::new(LIST_ITEM, DataType::Struct(entry), true));
     let list = ListArray::try_new(
         item.clone(),
-        OffsetBuffer::new(offsets.into()),
+        offsets,
         Arc::new(entries),
         Some(NullBuffer::from(valid)),
     )

@@ -3,9 +3,9 @@
 use std::sync::Arc;
 
 use apache_avro::schema::Schema;
-use arrow::array::{ArrayRef, Int32Array, ListArray, StructArray};
+use arrow::array::{ArrayRef, Int32Array, ListArray};
 use arrow::buffer::{OffsetBuffer, ScalarBuffer};
-use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
+use arrow::datatypes::{DataType, Field, TimeUnit};
 
 use wal2delta_model::bronze::{
     AFTER, BEFORE, COMMIT_LSN, COMMIT_TS, EVENT_TS, KEY, LSN, OP, ORDINAL, OUT_OF_RANGE_VALUES,
@@ -16,7 +16,7 @@ use super::buffers::{Buffer, Scalars, Varlen};
 use super::plan::{Compiler, Node, Shape};
 use super::read::{read, scalar, skip, texts, Context, ReadError, Scalar};
 use crate::avro::arrow::{ArrowMappingError, LIST_ITEM};
-use crate::avro::columns::EnvelopeColumns;
+use crate::avro::columns::{out_of_range_list, EnvelopeColumns};
 use crate::avro::cursor::Cursor;
 
 fn not_envelope(reason: &str) -> ArrowMappingError {
@@ -538,35 +538,15 @@ impl EnvelopeReader {
             path: OUT_OF_RANGE_VALUES.into(),
             reason: e,
         };
-        let entry = Fields::from(vec![
-            Field::new("column", DataType::Utf8, true),
-            Field::new("value", DataType::Utf8, true),
-        ]);
-        let entries = StructArray::try_new(
-            entry.clone(),
-            vec![
-                Arc::new(self.oor_columns.finish_text().map_err(build)?) as ArrayRef,
-                Arc::new(self.oor_values.finish_text().map_err(build)?),
-            ],
-            None,
-        )
-        .map_err(|e| build(e.to_string()))?;
-        let item = Arc::new(Field::new(LIST_ITEM, DataType::Struct(entry), true));
-        let valid = std::mem::take(&mut self.oor_valid);
-        let list = ListArray::try_new(
-            item.clone(),
+        out_of_range_list(
+            self.oor_columns.finish_text().map_err(build)?,
+            self.oor_values.finish_text().map_err(build)?,
             OffsetBuffer::new(ScalarBuffer::from(std::mem::replace(
                 &mut self.oor_offsets,
                 vec![0],
             ))),
-            Arc::new(entries),
-            Some(valid.into()),
+            std::mem::take(&mut self.oor_valid),
         )
-        .map_err(|e| build(e.to_string()))?;
-        Ok((
-            Field::new(OUT_OF_RANGE_VALUES, DataType::List(item), true),
-            Arc::new(list),
-        ))
     }
 }
 
