@@ -95,3 +95,43 @@ async fn a_wrong_registry_password_stops_capture_with_the_reason() -> Result<()>
     );
     Ok(())
 }
+
+/// Refused registry credentials are an operator's problem, not the events': when the
+/// registry's password is rotated under a running Bronze, Bronze stops with the reason and
+/// the keys to fix at the first schema it must fetch, and quarantines none of the events
+/// (it used to quarantine every one of them as `registry_refused`).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rotated_registry_password_stops_bronze_and_quarantines_nothing() -> Result<()> {
+    let stack = Stack::from_env();
+    let (mut registry, _tls, w) = world(&stack, "regbronze", None).await?;
+    let (name, pg, mut d) = (w.name, w.pg, w.d);
+    // Bronze starts (and checks the registry) before any event exists.
+    let mut bronze = d.spawn_stage("bronze", "bronze")?;
+    std::thread::sleep(Duration::from_secs(5));
+    bronze.assert_running()?;
+    // The password is rotated; capture starts with the new one and registers the table.
+    let rotated = "registry-Rotated-7qP";
+    registry.rotate_password(rotated)?;
+    d.env.retain(|(k, _)| k != PASSWORD_VAR);
+    d.env.push((PASSWORD_VAR.to_owned(), rotated.to_owned()));
+    d.start()?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.t SELECT g, 'v' || g FROM generate_series(1, 50) g"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    let status = bronze.wait_exit(Duration::from_secs(90))?;
+    let log = bronze.log_text();
+    ensure!(status.is_some(), "Bronze stops: {log}");
+    ensure!(
+        log.contains("[schema_registry] username"),
+        "the keys to fix are named: {log}"
+    );
+    let quarantine = d.lake().join("quarantine/records");
+    ensure!(
+        !quarantine.join("_delta_log").exists()
+            || duckdb_i64(&format!("SELECT count(*) FROM {}", scan(&quarantine)))? == 0,
+        "nothing quarantined"
+    );
+    Ok(())
+}

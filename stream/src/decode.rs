@@ -54,6 +54,16 @@ impl DecodeError {
         }
     }
 
+    /// What an operator should check, for an error that needs one.
+    pub fn hint(&self) -> Option<&'static str> {
+        match self {
+            DecodeError::RegistryRefused { .. } => Some(
+                "check [schema_registry] username and the password its password_env or password_file names",
+            ),
+            _ => None,
+        }
+    }
+
     /// The quarantine reason code.
     pub fn reason_code(&self) -> &'static str {
         match self {

@@ -22,44 +22,63 @@ pub struct AuthRegistry {
 
 impl AuthRegistry {
     pub fn start(stack: &Stack) -> Result<AuthRegistry> {
-        let bin = std::env::var("WAL2DELTA_STACK_REGISTRY_BIN")
-            .context("WAL2DELTA_STACK_REGISTRY_BIN is not set: run the tests through ops/test")?;
         let dir = PathBuf::from(&stack.stack_dir)
             .join("tests")
             .join(unique("authregistry"));
         std::fs::create_dir_all(&dir)?;
         let (user, password) = ("sr-user".to_owned(), REGISTRY_PASSWORD.to_owned());
-        std::fs::write(dir.join("auth"), format!("{user}:{password}\n"))?;
         let port = free_port()?;
-        let log = std::fs::File::create(dir.join("registry.log"))?;
-        let child = Command::new(bin)
-            .arg("--listen")
-            .arg(format!("127.0.0.1:{port}"))
-            .arg("--data-file")
-            .arg(dir.join("schemas.json"))
-            .arg("--basic-auth-file")
-            .arg(dir.join("auth"))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .spawn()
-            .context("starting wal2delta-dev-registry")?;
-        let registry = AuthRegistry {
+        let child = spawn(&dir, port, &user, &password)?;
+        Ok(AuthRegistry {
             port,
             user,
             password,
             dir,
             child,
-        };
-        let start = Instant::now();
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            if start.elapsed() > Duration::from_secs(30) {
-                bail!("the registry did not listen on {port} within 30 s");
-            }
-            std::thread::sleep(Duration::from_millis(100));
-        }
-        Ok(registry)
+        })
     }
+
+    /// Restarts the registry on the same port and schemas, accepting only `password`:
+    /// a credential rotation that clients still holding the old one meet.
+    pub fn rotate_password(&mut self, password: &str) -> Result<()> {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn(&self.dir, self.port, &self.user, password)?;
+        self.password = password.to_owned();
+        Ok(())
+    }
+}
+
+/// Starts the registry in `dir` on `port`, and waits until it listens.
+fn spawn(dir: &std::path::Path, port: u16, user: &str, password: &str) -> Result<Child> {
+    let bin = std::env::var("WAL2DELTA_STACK_REGISTRY_BIN")
+        .context("WAL2DELTA_STACK_REGISTRY_BIN is not set: run the tests through ops/test")?;
+    std::fs::write(dir.join("auth"), format!("{user}:{password}\n"))?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("registry.log"))?;
+    let mut child = Command::new(bin)
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-file")
+        .arg(dir.join("schemas.json"))
+        .arg("--basic-auth-file")
+        .arg(dir.join("auth"))
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting wal2delta-dev-registry")?;
+    let start = Instant::now();
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+        if start.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            bail!("the registry did not listen on {port} within 30 s");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(child)
 }
 
 impl Drop for AuthRegistry {

@@ -75,6 +75,7 @@ impl StageError for SessionError {
         match self {
             SessionError::Lake(e) => e.hint(),
             SessionError::Stream(e) => e.hint().map(str::to_owned),
+            SessionError::Decode(e) => e.hint().map(str::to_owned),
             _ => None,
         }
     }
@@ -403,11 +404,13 @@ impl Session<'_> {
                             schema: v.schema,
                             key: Some(key.schema),
                         }),
-                        Err(e) if e.class() == ErrorClass::Transient => return Err(e.into()),
+                        Err(e) if e.class() != ErrorClass::Record => return Err(e.into()),
                         Err(e) => Err((e.reason_code(), format!("key: {e}"))),
                     },
                 },
-                Err(e) if e.class() == ErrorClass::Transient => return Err(e.into()),
+                // An unreachable registry is retried; refused credentials stop the stage
+                // (no event is at fault, so none is quarantined for it).
+                Err(e) if e.class() != ErrorClass::Record => return Err(e.into()),
                 Err(e) => Err((e.reason_code(), e.to_string())),
             },
         };
