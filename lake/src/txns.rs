@@ -4,10 +4,11 @@
 //! delta-rs answers "the last version of app id X" by replaying the table's log segment
 //! (every JSON commit since the last checkpoint, and the checkpoint) on every call. Bronze
 //! asks it for each partition before each commit, Silver and the rules for their progress
-//! every round: with commits a few times a second, those replays were most of Bronze's
-//! CPU in the low-latency setting. So each table's answers are kept in memory, and when
+//! every round: with commits a few times a second, `perf` on Bronze in the low-latency
+//! setting showed those replays (JSON decoding, schema conversions, the allocator behind
+//! them) among its largest costs. So each table's answers are kept in memory, and when
 //! the table has moved on, only the commits since are read and their `txn` actions
-//! applied.
+//! applied (Bronze at 250 ms batches: 70 -> 61 µs per change, one run each).
 //!
 //! Invariant: an answer is given for version `v` of a table only when it was read from
 //! that table at `v` (an answer from a full replay) or derived from such an answer and
