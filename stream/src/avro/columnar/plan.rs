@@ -311,3 +311,24 @@ impl<'s> Compiler<'s> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recursive named type (a linked list) is refused with an error, not a stack
+    /// overflow, both as a column and as a skipped value.
+    #[test]
+    fn recursive_types_are_refused() {
+        let s = Schema::parse_str(
+            r#"{"type":"record","name":"L","fields":[{"name":"v","type":"long"},{"name":"next","type":["null","L"]}]}"#,
+        )
+        .unwrap();
+        let c = Compiler::new(&s).unwrap();
+        assert!(matches!(
+            c.node(&s, "after"),
+            Err(ArrowMappingError::Unsupported { kind, .. }) if kind.contains("nesting")
+        ));
+        assert!(c.shape(&s, "x").is_err());
+    }
+}
