@@ -6,9 +6,10 @@
 //! asks it for each partition before each commit, Silver and the rules for their progress
 //! every round: with commits a few times a second, `perf` on Bronze in the low-latency
 //! setting showed those replays (JSON decoding, schema conversions, the allocator behind
-//! them) among its largest costs. So each table's answers are kept in memory, and when
-//! the table has moved on, only the commits since are read and their `txn` actions
-//! applied (Bronze at 250 ms batches: 70 -> 61 µs per change, one run each).
+//! them) among its costs. So each table's answers are kept in memory, and when the table
+//! has moved on, only the commits since are read and their `txn` actions applied. (In
+//! the whole chain at 250 ms batches Bronze's CPU per change stayed within the runs'
+//! spread, 70 before and 69 after: docs/benchmarks.md.)
 //!
 //! Invariant: an answer is given for version `v` of a table only when it was read from
 //! that table at `v` (an answer from a full replay) or derived from such an answer and
