@@ -142,12 +142,6 @@ impl ReadSchema {
     }
 }
 
-/// An event's schema and its Avro datum (the payload after the Confluent frame).
-pub struct Framed<'p> {
-    pub schema: Arc<ReadSchema>,
-    pub datum: &'p [u8],
-}
-
 /// One decoded event.
 pub struct Decoded {
     pub schema: Arc<ReadSchema>,
@@ -183,15 +177,11 @@ impl EventDecoder {
 
     /// The schema `payload` was written with, without decoding it: Bronze reads the datum
     /// straight into columns ([`ReadSchema::envelope_plan`]).
-    pub async fn resolve<'p>(&self, payload: &'p [u8]) -> Result<Framed<'p>, DecodeError> {
-        let Some((id, datum)) = unframe(payload) else {
+    pub async fn resolve(&self, payload: &[u8]) -> Result<Arc<ReadSchema>, DecodeError> {
+        let Some((id, _)) = unframe(payload) else {
             return Err(DecodeError::NotFramed);
         };
-        let reader = self.reader(id).await?;
-        Ok(Framed {
-            schema: reader.schema.clone(),
-            datum,
-        })
+        Ok(self.reader(id).await?.schema.clone())
     }
 
     pub async fn decode(&self, payload: &[u8]) -> Result<Decoded, DecodeError> {

@@ -394,15 +394,12 @@ impl Session<'_> {
         let framed = match &msg.payload {
             None => Err(("empty_payload", "the message has no value".to_owned())),
             Some(p) => match self.decoder.resolve(p).await {
-                Ok(v) => match &msg.key {
-                    None => Ok(FramedEvent {
-                        schema: v.schema,
-                        key: None,
-                    }),
+                Ok(schema) => match &msg.key {
+                    None => Ok(FramedEvent { schema, key: None }),
                     Some(k) => match self.decoder.resolve(k).await {
                         Ok(key) => Ok(FramedEvent {
-                            schema: v.schema,
-                            key: Some(key.schema),
+                            schema,
+                            key: Some(key),
                         }),
                         Err(e) if e.class() != ErrorClass::Record => return Err(e.into()),
                         Err(e) => Err((e.reason_code(), format!("key: {e}"))),

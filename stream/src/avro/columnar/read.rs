@@ -141,26 +141,20 @@ pub fn read(
             },
         ) => {
             let mut n = 0usize;
-            loop {
-                let block = cur.block()?;
-                if block == 0 {
-                    break;
+            each_item(cur, |cur| {
+                n += 1;
+                if *dates {
+                    // PostgreSQL's array indexes start at 1.
+                    ctx.within(
+                        |p| {
+                            let _ = write!(p, "[{n}]");
+                        },
+                        |ctx| read(item, items, cur, ctx),
+                    )
+                } else {
+                    read(item, items, cur, ctx)
                 }
-                for _ in 0..block {
-                    n += 1;
-                    if *dates {
-                        // PostgreSQL's array indexes start at 1.
-                        ctx.within(
-                            |p| {
-                                let _ = write!(p, "[{n}]");
-                            },
-                            |ctx| read(item, items, cur, ctx),
-                        )?;
-                    } else {
-                        read(item, items, cur, ctx)?;
-                    }
-                }
-            }
+            })?;
             offsets.push(i32::try_from(items.len()).map_err(|_| ReadError::Full)?);
             valid.push(true);
         }
@@ -246,25 +240,11 @@ pub fn skip(shape: &Shape, cur: &mut Cursor) -> Result<(), ReadError> {
                 skip(f, cur)?;
             }
         }
-        Shape::Array(item) => loop {
-            let n = cur.block()?;
-            if n == 0 {
-                break;
-            }
-            for _ in 0..n {
-                skip(item, cur)?;
-            }
-        },
-        Shape::Map(values) => loop {
-            let n = cur.block()?;
-            if n == 0 {
-                break;
-            }
-            for _ in 0..n {
-                cur.str()?;
-                skip(values, cur)?;
-            }
-        },
+        Shape::Array(item) => each_item(cur, |cur| skip(item, cur))?,
+        Shape::Map(values) => each_item(cur, |cur| {
+            cur.str()?;
+            skip(values, cur)
+        })?,
     }
     Ok(())
 }
@@ -278,17 +258,29 @@ pub fn texts<'b>(
 ) -> Result<(), ReadError> {
     match shape {
         Shape::Union(variants) => texts(&variants[cur.branch(variants.len())?], cur, out),
-        Shape::Array(item) => loop {
-            let n = cur.block()?;
-            if n == 0 {
-                return Ok(());
+        Shape::Array(item) => each_item(cur, |cur| {
+            if let Scalar::Text(s) = scalar(item, cur)? {
+                out.push(s);
             }
-            for _ in 0..n {
-                if let Scalar::Text(s) = scalar(item, cur)? {
-                    out.push(s);
-                }
-            }
-        },
+            Ok(())
+        }),
         other => skip(other, cur),
+    }
+}
+
+/// Reads the items of an array or map (blocks of items, a count of 0 ending them), each
+/// with `item`.
+fn each_item<'b>(
+    cur: &mut Cursor<'b>,
+    mut item: impl FnMut(&mut Cursor<'b>) -> Result<(), ReadError>,
+) -> Result<(), ReadError> {
+    loop {
+        let n = cur.block()?;
+        if n == 0 {
+            return Ok(());
+        }
+        for _ in 0..n {
+            item(cur)?;
+        }
     }
 }
