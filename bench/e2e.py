@@ -33,7 +33,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from rules_latency import commits, latency, lags_of, summary  # noqa: E402
+from rules_latency import commits, latency, lags_of, log_entries, summary  # noqa: E402
 
 
 def micros(column):
@@ -53,33 +53,6 @@ def kafka_lags(path, since_ms, until_ms):
                 if since_ms <= commit / 1000 < until_ms:
                     lags.append((sent - commit) / 1e6)
     return lags
-
-
-def log_entries(path):
-    """(version, commit timestamp in ms, commitInfo, added paths, whether it changed data)
-    of every JSON commit in the Delta log, in version order."""
-    log = os.path.join(path, "_delta_log")
-    out = []
-    if not os.path.isdir(log):
-        return out
-    for name in os.listdir(log):
-        stem = name[: -len(".json")]
-        if not name.endswith(".json") or not stem.isdigit():
-            continue
-        info, adds, changed = {}, [], False
-        with open(os.path.join(log, name)) as f:
-            for line in f:
-                action = json.loads(line)
-                if "commitInfo" in action:
-                    info = action["commitInfo"]
-                elif "add" in action:
-                    adds.append(action["add"]["path"])
-                    changed = True
-                elif "remove" in action:
-                    changed = True
-        out.append((int(stem), info.get("timestamp"), info, adds, changed))
-    out.sort(key=lambda e: e[0])
-    return out
 
 
 def silver_first(path, key, since_ms, until_ms):

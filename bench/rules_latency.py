@@ -33,41 +33,42 @@ def rows(lake, schema, table):
     return DeltaTable(path).to_pyarrow_dataset().count_rows()
 
 
-def commits(path):
-    """(commit timestamp in ms, added file paths) of every commit in the log."""
+def log_entries(path):
+    """(version, commit timestamp in ms, commitInfo, added paths, whether it changed data)
+    of every JSON commit in the Delta log, in version order."""
     log = os.path.join(path, "_delta_log")
     out = []
-    for name in sorted(os.listdir(log)):
-        if not name.endswith(".json"):
+    if not os.path.isdir(log):
+        return out
+    for name in os.listdir(log):
+        stem = name[: -len(".json")]
+        if not name.endswith(".json") or not stem.isdigit():
             continue
-        ts, adds = None, []
+        info, adds, changed = {}, [], False
         with open(os.path.join(log, name)) as f:
             for line in f:
                 action = json.loads(line)
                 if "commitInfo" in action:
-                    ts = action["commitInfo"].get("timestamp")
+                    info = action["commitInfo"]
                 elif "add" in action:
                     adds.append(action["add"]["path"])
-        if ts is not None:
-            out.append((ts, adds))
+                    changed = True
+                elif "remove" in action:
+                    changed = True
+        out.append((int(stem), info.get("timestamp"), info, adds, changed))
+    out.sort(key=lambda e: e[0])
     return out
+
+
+def commits(path):
+    """(commit timestamp in ms, added file paths) of every commit in the log."""
+    return [(ts, adds) for _, ts, _, adds, _ in log_entries(path) if ts is not None]
 
 
 def watermark(lake, schema, table):
     path = os.path.join(lake, "silver", schema, table)
-    if not os.path.isdir(os.path.join(path, "_delta_log")):
-        return 0
-    best = 0
-    for name in sorted(os.listdir(os.path.join(path, "_delta_log"))):
-        if not name.endswith(".json"):
-            continue
-        with open(os.path.join(path, "_delta_log", name)) as f:
-            for line in f:
-                info = json.loads(line).get("commitInfo") or {}
-                w = info.get("wal2delta.watermark")
-                if isinstance(w, int):
-                    best = max(best, w)
-    return best
+    marks = [info.get("wal2delta.watermark") for _, _, info, _, _ in log_entries(path)]
+    return max([w for w in marks if isinstance(w, int)], default=0)
 
 
 def lags_of(path, column, keep, since_ms, until_ms, extra=()):
