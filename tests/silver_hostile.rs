@@ -458,3 +458,126 @@ async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhil
     run.stop()?;
     Ok(())
 }
+
+/// The commits of the Delta table at `table` whose commit info names a partial source
+/// transaction (`wal2delta.partial_transaction`), read from its JSON log.
+fn partial_commits(table: &std::path::Path) -> Result<Vec<i64>> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(table.join("_delta_log")) else {
+        return Ok(out);
+    };
+    for entry in dir {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path)?.lines() {
+            let v: Value = serde_json::from_str(line)?;
+            if let Some(lsn) = v["commitInfo"]["wal2delta.partial_transaction"].as_i64() {
+                out.push(lsn);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Issue 15: a transaction over `[silver] max_atomic_transaction_rows` is applied in
+/// pieces of the read window (memory stays bounded by the window, not the transaction),
+/// each piece's commit marked as partial; a SIGKILL between pieces loses and doubles
+/// nothing; the watermark passes the transaction after its last piece, so the
+/// transactions behind it follow. The transaction inserts, updates, deletes and
+/// re-inserts keys, on three partitions.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a_kill() -> Result<()>
+{
+    let stack = Stack::from_env();
+    let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n\
+                [silver]\ninterval_ms = 300\nmax_rows_per_partition = 40\nmax_atomic_transaction_rows = 300\n";
+    let (name, pg, d) = scenario(
+        &stack,
+        "pieces",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);",
+        toml,
+        3,
+    )
+    .await?;
+    let s = &name;
+    let mut feed = d.spawn_stage("capture,bronze", "feed")?;
+    let mut silver = d.spawn_stage("silver", "silver")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.t SELECT g, 'v' || g, g FROM generate_series(1, 30) g;"
+    ))
+    .await?;
+    wait_equal(&pg, &d, s, "t", &mut silver).await?;
+
+    // About 3,000 changes in one transaction: far over the limit of 300, and 25 windows
+    // of 40 offsets on each of the 3 partitions.
+    pg.batch_execute(&format!(
+        "BEGIN;
+         UPDATE {s}.t SET n = n + 1;
+         INSERT INTO {s}.t SELECT g, 'w' || g, g FROM generate_series(31, 2400) g;
+         DELETE FROM {s}.t WHERE id % 7 = 0;
+         INSERT INTO {s}.t SELECT g, 'again' || g, -g FROM generate_series(7, 700, 7) g;
+         UPDATE {s}.t SET v = 'last' WHERE id % 5 = 0;
+         COMMIT;"
+    ))
+    .await?;
+    let silver_path = d.silver("t");
+    let start = Instant::now();
+    while partial_commits(&silver_path)?.len() < 3 {
+        silver.assert_running()?;
+        feed.assert_running()?;
+        if start.elapsed() > Duration::from_secs(120) {
+            bail!(
+                "Silver committed no pieces of the large transaction; log: {}",
+                silver.log_text()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Partly applied: the source's final rows are not all in Silver yet.
+    let want = source_rows(&pg, s, "t").await?;
+    let have = duckdb(&format!(
+        "SELECT id, v, n FROM {} ORDER BY id",
+        scan(&silver_path)
+    ))?;
+    assert_ne!(
+        have, want,
+        "the transaction was applied whole, not in pieces"
+    );
+    let status = silver_status(&d, &format!("{s}.t"))?;
+    assert!(
+        status["partial_transaction_lsn"].is_string(),
+        "status names the transaction applied in pieces: {status}"
+    );
+    let first_log = silver.log_text();
+    assert!(
+        first_log.contains("applying it in pieces"),
+        "the stage says it applies the transaction in pieces: {first_log}"
+    );
+    silver.kill9();
+    let mut silver = d.spawn_stage("silver", "silver-2")?;
+    pg.batch_execute(&format!("INSERT INTO {s}.t VALUES (5000, 'after', 1);"))
+        .await?;
+    let rows = wait_equal(&pg, &d, s, "t", &mut silver).await?;
+    assert_eq!(rows, 2400 - 2400 / 7 + 700 / 7 + 1);
+
+    let partial = partial_commits(&silver_path)?;
+    assert!(
+        partial.len() >= 5 && partial.iter().all(|l| *l == partial[0]),
+        "pieces of one transaction, each marked: {partial:?}"
+    );
+    let log = silver.log_text();
+    assert!(
+        log.contains("the last piece"),
+        "the restarted stage resumes the pieces and says when the last is applied: {log}"
+    );
+    let status = silver_status(&d, &format!("{s}.t"))?;
+    assert!(
+        status.get("partial_transaction_lsn").is_none(),
+        "no transaction is partial once its last piece is applied: {status}"
+    );
+    silver.stop()?;
+    feed.stop()?;
+    Ok(())
+}

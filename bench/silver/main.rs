@@ -118,6 +118,9 @@ enum Command {
         /// `[rules] hits_interval_ms` (0: `rules/hits` committed every round).
         #[arg(long, default_value_t = 5_000)]
         hits_interval_ms: u64,
+        /// `[silver] max_atomic_transaction_rows`.
+        #[arg(long, default_value_t = wal2delta_lake::silver::Pieces::DEFAULT_LIMIT)]
+        atomic_limit: u64,
     },
     /// The rules stage alone: RULES rules over ROWS merged Silver rows.
     RulesEval {
@@ -578,12 +581,14 @@ async fn apply(
     window: i64,
     rules: usize,
     hits_interval: Duration,
+    atomic_limit: u64,
 ) -> anyhow::Result<Value> {
     let lake = lake_of(path)?;
     let dir = silver_dir(path);
     let before_version = table_version(&dir);
-    let mut table =
-        rules::silver_with_rules(&lake, window, rules).with_hits_interval(hits_interval);
+    let mut table = rules::silver_with_rules(&lake, window, rules)
+        .with_hits_interval(hits_interval)
+        .with_atomic_limit(atomic_limit);
     // As the stage does once per table when it starts.
     let mut watermark = table.progress().await?.watermark;
     let started = Instant::now();
@@ -654,6 +659,7 @@ async fn apply(
         "watermark": watermark,
         "peak_rss_kib": peak,
         "cpu_seconds": cpu_seconds(),
+        "atomic_limit": atomic_limit,
         "rules": rules,
         "rules_transitions": rules_transitions,
         "rules_eval_seconds": rules_eval,
@@ -841,7 +847,7 @@ fn batch_bytes(b: &RecordBatch) -> usize {
 async fn profile(path: &Path, window: i64) -> anyhow::Result<Value> {
     use wal2delta_lake::deltalake::arrow::compute::filter_record_batch;
     use wal2delta_lake::deltalake::kernel::schema::cast::cast_record_batch;
-    use wal2delta_lake::silver::{fold, plan, BronzeRows};
+    use wal2delta_lake::silver::{fold, plan, BronzeRows, Pieces};
     let lake = lake_of(path)?;
     let table = SilverTable::new(&lake, synth::SCHEMA, synth::TABLE, window);
     let progress = table.progress().await?;
@@ -919,7 +925,7 @@ async fn profile(path: &Path, window: i64) -> anyhow::Result<Value> {
     record("read", t, batch_bytes(&rows));
     reset_peak();
     let t = Instant::now();
-    let planned = plan(&BronzeRows::new(&rows)?, &progress, &counts)?;
+    let planned = plan(&BronzeRows::new(&rows)?, &progress, &counts, Pieces::NEVER)?;
     let applicable = filter_record_batch(&rows, &planned.applicable)?;
     record("plan", t, batch_bytes(&applicable));
     reset_peak();
@@ -1076,12 +1082,14 @@ fn main() -> anyhow::Result<()> {
                 window,
                 rules,
                 hits_interval_ms,
+                atomic_limit,
             } => {
                 apply(
                     &lake,
                     window,
                     rules,
                     Duration::from_millis(hits_interval_ms),
+                    atomic_limit,
                 )
                 .await
             }

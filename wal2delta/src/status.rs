@@ -25,7 +25,7 @@ struct Report {
     wal_rate: Option<f64>,
     snapshots: Result<HashMap<String, SnapshotProgress>, String>,
     bronze: Result<Vec<TableLag>, String>,
-    silver: Result<Vec<(String, Option<i64>)>, String>,
+    silver: Result<Vec<(String, Option<SilverPosition>)>, String>,
     /// Open Bronze quarantine records by table: (id, commit LSN).
     held: BTreeMap<String, Vec<(String, Option<i64>)>>,
     quarantine: Result<BTreeMap<String, u64>, String>,
@@ -212,7 +212,7 @@ fn to_json(r: &Report) -> Value {
         let tables: Vec<Value> = tables
             .iter()
             .map(|(t, w)| match w {
-                Some(w) => silver_table_json(r, t, *w),
+                Some((w, partial)) => silver_table_json(r, t, *w, *partial),
                 None => json!({ "table": t, "not_in_silver": KEYLESS }),
             })
             .collect();
@@ -235,12 +235,16 @@ fn to_json(r: &Report) -> Value {
     doc
 }
 
-fn silver_table_json(r: &Report, table: &str, watermark: i64) -> Value {
+fn silver_table_json(r: &Report, table: &str, watermark: i64, partial: Option<i64>) -> Value {
     let mut doc = json!({
         "table": table,
         "watermark_lsn": lsn_text(watermark),
         "lag_bytes": r.behind(watermark),
     });
+    if let Some(l) = partial {
+        doc["partial_transaction_lsn"] = json!(lsn_text(l));
+        doc["partial_reason"] = json!(PARTIAL);
+    }
     let held = r.held_for(table, watermark);
     if !held.is_empty() {
         let held: Vec<Value> = held
@@ -321,7 +325,7 @@ fn silver_text(r: &Report) -> String {
     };
     let mut out = String::from("silver:\n");
     for (t, w) in tables {
-        let Some(w) = *w else {
+        let Some((w, partial)) = *w else {
             out += &format!("  {t}: not in Silver ({KEYLESS})\n");
             continue;
         };
@@ -329,6 +333,9 @@ fn silver_text(r: &Report) -> String {
             format!(" ({b} bytes behind the slot's confirmed position)")
         });
         out += &format!("  {t}: watermark {}{behind}\n", lsn_text(w));
+        if let Some(l) = partial {
+            out += &format!("    PARTIAL: transaction {}: {PARTIAL}\n", lsn_text(l));
+        }
         let held = r.held_for(t, w);
         if !held.is_empty() {
             let ids: Vec<String> = held
@@ -400,7 +407,9 @@ pub const KEYLESS: &str = "no primary key: Bronze only (append-only history)";
 
 /// Each Silver table's watermark (commit LSN), by `schema.table`; `None` for a table
 /// without a primary key, which Silver does not hold.
-async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>, String> {
+async fn silver_positions(
+    config: &Config,
+) -> Result<Vec<(String, Option<SilverPosition>)>, String> {
     let lake = config.lake.open().map_err(|e| e.to_string())?;
     let mut out = Vec::new();
     for (schema, table, url) in lake.bronze_tables().await.map_err(|e| e.to_string())? {
@@ -414,10 +423,16 @@ async fn silver_positions(config: &Config) -> Result<Vec<(String, Option<i64>)>,
         }
         let t = wal2delta_lake::silver::SilverTable::new(&lake, &schema, &table, 1);
         let p = t.progress().await.map_err(|e| e.to_string())?;
-        out.push((name, Some(p.watermark)));
+        out.push((name, Some((p.watermark, p.partial))));
     }
     Ok(out)
 }
+
+/// A Silver table's watermark, and the transaction it applies in pieces, if any.
+type SilverPosition = (i64, Option<i64>);
+
+/// What a Silver table applying a transaction in pieces means for readers.
+pub const PARTIAL: &str = "larger than [silver] max_atomic_transaction_rows, so applied in pieces: Silver shows it partly applied until its last piece commits (docs/silver.md)";
 
 /// Why a Silver table's watermark holds while Bronze quarantine records of its changes
 /// are open.

@@ -14,12 +14,21 @@ const CHATTY: [&str; 5] = [
     "object_store",
 ];
 
+/// Modules that warn on every call about something no operator can act on (delta-rs'
+/// MERGE: "Missing target skipped-file metric", once per MERGE); quieted to ERROR unless
+/// the filter names them.
+const NOISY: [&str; 1] = ["deltalake_core::operations::merge"];
+
 pub fn init(log: &LogConfig) {
     let spec = std::env::var("RUST_LOG").unwrap_or_else(|_| log.level.clone());
     let mut filter = EnvFilter::try_new(&spec).unwrap_or_else(|_| EnvFilter::new(&log.level));
-    for target in CHATTY {
+    let quiet = CHATTY
+        .iter()
+        .map(|t| (t, "warn"))
+        .chain(NOISY.iter().map(|t| (t, "error")));
+    for (target, level) in quiet {
         if !spec.contains(target) {
-            if let Ok(d) = format!("{target}=warn").parse() {
+            if let Ok(d) = format!("{target}={level}").parse() {
                 filter = filter.add_directive(d);
             }
         }

@@ -374,7 +374,10 @@ impl TableRules {
                     _ => true,
                 }
             }
-            Some(p) => rows.commit_lsn(i) > p.watermark,
+            Some(p) => match (rows.partition(i), rows.offset(i)) {
+                (Some(part), Some(o)) => !p.applied(rows.commit_lsn(i), part, o),
+                _ => rows.commit_lsn(i) > p.watermark,
+            },
         };
         let keys = rows.key_names();
         let v = versions(rows, truncated).map_err(|e| self.error(e.0))?;

@@ -15,7 +15,9 @@
 //!   at all. It only moves to `T` (the highest LSN the transaction records have reached)
 //!   when, for every END record in `(W, T]` naming the table, Bronze holds as many
 //!   distinct events `(commit_lsn, partition, ordinal)` as the record counts. Changes
-//!   above `W` wait.
+//!   above `W` wait. The one exception is a transaction larger than
+//!   `[silver] max_atomic_transaction_rows` ([`Pieces`]): it is applied in pieces, in
+//!   successive commits recorded as partial, and `W` passes it after its last piece.
 //! - **Exactly-once progress.** What was read from Bronze is a Kafka offset per
 //!   partition, stored as `txn` actions in the same commit as the rows, next to `W`.
 //!   The offset never passes a change that is still waiting, so a restart re-reads it.
@@ -42,7 +44,7 @@ pub use columns::{
 };
 pub use counts::transaction_counts;
 pub use fold::{fold, versions, FoldError, Folded, Versions};
-pub use progress::{plan, Plan, Progress, TransactionCounts};
+pub use progress::{plan, Pieces, Plan, Progress, TransactionCounts};
 pub use rebuild::RebuildReport;
 pub use rows::{BronzeError, BronzeRows};
 pub use screen::{ScreenError, CHECK_FAILED, MISSING_KEY};

@@ -20,6 +20,9 @@ pub struct Progress {
     pub cursors: BTreeMap<i32, i64>,
     /// The latest TRUNCATE applied.
     pub truncated: Option<Position>,
+    /// A source transaction above the watermark applied in pieces ([`Pieces`]): its
+    /// events at or below the cursors are applied, the rest are not yet.
+    pub partial: Option<i64>,
 }
 
 /// The `txn` app id prefix of Silver's own progress.
@@ -51,10 +54,14 @@ impl Progress {
             (Some(l), Some(o)) => Some(Position(l, o)),
             _ => None,
         };
+        // Written as 0 once the transaction is whole; a value the watermark passed is
+        // stale in the same way.
+        let partial = get("partial_lsn").await?.filter(|l| *l > watermark);
         Ok(Progress {
             watermark,
             cursors,
             truncated,
+            partial,
         })
     }
 
@@ -80,8 +87,51 @@ impl Progress {
             out.push(Transaction::new(app(table, "truncate_lsn"), l));
             out.push(Transaction::new(app(table, "truncate_ordinal"), o));
         }
+        // Always written, so that the commit which completes the transaction clears it.
+        out.push(Transaction::new(
+            app(table, "partial_lsn"),
+            self.partial.unwrap_or(0),
+        ));
         out
     }
+
+    /// Whether the change at `lsn`, read at `offset` of `partition`, is applied in this
+    /// progress: its transaction is at or below the watermark, or it is a piece of the
+    /// partial transaction the cursor has passed.
+    pub fn applied(&self, lsn: i64, partition: i32, offset: i64) -> bool {
+        lsn <= self.watermark
+            || (self.partial == Some(lsn)
+                && self.cursors.get(&partition).is_some_and(|c| offset <= *c))
+    }
+}
+
+/// How a source transaction too large for one round is applied (issue 15).
+///
+/// Silver applies a source transaction in one commit, so a reader never sees part of it;
+/// a round then holds the whole transaction in memory. Beyond `limit` events that stops:
+/// the first transaction above the watermark is applied in pieces of the read window, in
+/// successive commits (each records it as [`Progress::partial`]), and the watermark
+/// passes it only when every one of its events is applied. Readers see it partly applied
+/// meanwhile; promise 2 still holds, because every piece merges by position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pieces {
+    /// Events above which a transaction is applied in pieces.
+    pub limit: u64,
+    /// The partial transaction whose every event this round's cursors pass (checked
+    /// against Bronze by the caller after a first plan): it now counts as whole.
+    pub complete: Option<i64>,
+}
+
+impl Pieces {
+    /// The default limit (`[silver] max_atomic_transaction_rows`): a round holds about
+    /// 1.4 KB per change of a whole transaction (docs/benchmarks.md), so about 0.7 GB.
+    pub const DEFAULT_LIMIT: u64 = 500_000;
+
+    /// Every transaction is applied whole, whatever its size.
+    pub const NEVER: Pieces = Pieces {
+        limit: u64::MAX,
+        complete: None,
+    };
 }
 
 /// What the transaction records say, for one table.
@@ -130,6 +180,7 @@ pub fn plan(
     rows: &BronzeRows,
     before: &Progress,
     counts: &TransactionCounts,
+    pieces: Pieces,
 ) -> Result<Plan, BronzeError> {
     let coordinates = rows.coordinates()?;
     let n = rows.num_rows();
@@ -148,6 +199,7 @@ pub fn plan(
     let mut watermark = counts.top.max(before.watermark);
     let mut waiting = 0;
     let mut first_waiting_lsn = None;
+    let mut partial = None;
     // `range` panics on an empty inclusive range whose start passed its end: the records
     // may reach no further than the watermark (nothing new, or counts read earlier).
     let above = counts
@@ -156,16 +208,25 @@ pub fn plan(
         .take_while(|(l, _)| **l <= counts.top);
     for (&l, &need) in above {
         let have = counts.held(l, held.get(&l));
-        if have < need {
+        if have < need && pieces.complete != Some(l) {
             if waiting == 0 {
                 watermark = l - 1;
                 first_waiting_lsn = Some(l);
+                // The first waiting transaction is the first above the watermark; once
+                // in pieces it stays so (a changed limit must not strand the pieces
+                // already applied behind the cursors).
+                if before.partial == Some(l) || need > pieces.limit {
+                    partial = Some(l);
+                }
             }
             waiting += 1;
         }
     }
     let applicable: BooleanArray = (0..n)
-        .map(|i| Some(!streamed(i) || rows.commit_lsn(i) <= watermark))
+        .map(|i| {
+            let l = rows.commit_lsn(i);
+            Some(!streamed(i) || l <= watermark || Some(l) == partial)
+        })
         .collect();
 
     // Each partition's cursor stops before its first row that waits.
@@ -199,6 +260,7 @@ pub fn plan(
             watermark,
             cursors,
             truncated,
+            partial,
         },
         waiting,
         first_waiting: first_waiting_lsn,
@@ -219,7 +281,7 @@ mod tests {
         before: &Progress,
         c: &TransactionCounts,
     ) -> Result<Plan, BronzeError> {
-        super::plan(&BronzeRows::new(r)?, before, c)
+        super::plan(&BronzeRows::new(r)?, before, c, Pieces::NEVER)
     }
 
     /// Rows: (op, commit_lsn, ordinal, partition, offset).
@@ -344,5 +406,68 @@ mod tests {
         assert_eq!(p.waiting, 0);
         let p = plan(&r, &before, &counts(200, &[(100, 1)])).unwrap();
         assert_eq!(p.progress.watermark, 300);
+    }
+
+    #[test]
+    fn a_transaction_over_the_limit_is_applied_in_pieces() {
+        // Transaction 200 has 5 events; the read holds 3 of them (cut off by the window
+        // in partition 0) and one event of 300 behind them in partition 1.
+        let r = rows(&[
+            ("u", 200, 1, 0, 10),
+            ("u", 200, 2, 0, 11),
+            ("u", 200, 4, 1, 20),
+            ("c", 300, 1, 1, 21),
+        ]);
+        let before = Progress {
+            watermark: 100,
+            ..Progress::default()
+        };
+        let c = counts(300, &[(200, 5), (300, 1)]);
+        let whole = super::plan(&BronzeRows::new(&r).unwrap(), &before, &c, Pieces::NEVER).unwrap();
+        assert!(
+            (0..4).all(|i| !whole.applicable.value(i)),
+            "under the limit it waits whole"
+        );
+        assert_eq!(whole.progress.partial, None);
+
+        let pieces = Pieces {
+            limit: 4,
+            complete: None,
+        };
+        let p = super::plan(&BronzeRows::new(&r).unwrap(), &before, &c, pieces).unwrap();
+        let applied: Vec<bool> = (0..4).map(|i| p.applicable.value(i)).collect();
+        assert_eq!(applied, vec![true, true, true, false]);
+        assert_eq!(
+            p.progress.watermark, 199,
+            "the watermark waits for its last piece"
+        );
+        assert_eq!(p.progress.partial, Some(200));
+        assert_eq!(p.progress.cursors, BTreeMap::from([(0, 11), (1, 20)]));
+        assert_eq!(p.first_waiting, Some(200));
+        assert!(p.progress.applied(200, 0, 11) && !p.progress.applied(200, 0, 12));
+        assert!(p.progress.applied(150, 5, 0) && !p.progress.applied(300, 1, 21));
+
+        // Once in pieces it stays so, even when the limit is raised meanwhile.
+        let next = rows(&[("u", 200, 3, 0, 12), ("u", 200, 5, 1, 22)]);
+        let p2 = super::plan(
+            &BronzeRows::new(&next).unwrap(),
+            &p.progress,
+            &c,
+            Pieces::NEVER,
+        )
+        .unwrap();
+        assert!(p2.applicable.value(0) && p2.applicable.value(1));
+        assert_eq!(p2.progress.partial, Some(200));
+
+        // The caller found every event applied: the watermark passes it, and the
+        // transaction behind it applies in the same round.
+        let done = Pieces {
+            limit: 4,
+            complete: Some(200),
+        };
+        let p3 = super::plan(&BronzeRows::new(&r).unwrap(), &before, &c, done).unwrap();
+        assert_eq!(p3.progress.watermark, 300);
+        assert_eq!(p3.progress.partial, None);
+        assert!((0..4).all(|i| p3.applicable.value(i)));
     }
 }

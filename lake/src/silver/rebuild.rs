@@ -95,6 +95,7 @@ impl SilverTable {
             // seq, so the first round after the swap backfills every rule against it.
             rules: None,
             file_bytes: self.file_bytes,
+            atomic_limit: self.atomic_limit,
         };
         let (top, mut counts) = transaction_counts(lake, 0).await?;
         let counts = counts.remove(&self.name).unwrap_or(TransactionCounts {

@@ -22,7 +22,7 @@ use super::rows::BronzeRows;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::Tombstones;
 use super::window::Window;
-use super::{fold, plan, Progress, TransactionCounts};
+use super::{fold, plan, Pieces, Progress, TransactionCounts};
 use crate::delta::{self, ident};
 use crate::quarantine::QuarantineTable;
 use crate::rules::{RuleSource, TableRules};
@@ -90,6 +90,8 @@ pub struct SilverTable {
     /// The size of the files its MERGE writes (`delta.targetFileSize`; `None`: leave the
     /// table's setting alone).
     pub(super) file_bytes: Option<u64>,
+    /// Events above which a source transaction is applied in pieces ([`Pieces`]).
+    pub(super) atomic_limit: u64,
 }
 
 impl SilverTable {
@@ -106,7 +108,16 @@ impl SilverTable {
             quarantine: QuarantineTable::new(lake.quarantine_records()),
             rules: None,
             file_bytes: None,
+            atomic_limit: u64::MAX,
         }
+    }
+
+    /// Applies a source transaction of more than `events` changes in pieces of the read
+    /// window, in successive commits, instead of holding it whole in one round
+    /// (`[silver] max_atomic_transaction_rows`; [`Pieces`]).
+    pub fn with_atomic_limit(mut self, events: u64) -> Self {
+        self.atomic_limit = events.max(1);
+        self
     }
 
     /// Has the MERGE write files of about `bytes` (`[silver] target_file_bytes`), the size
@@ -228,7 +239,29 @@ impl SilverTable {
             },
             None => None,
         };
-        let planned = plan(&read, &before, counts).map_err(|e| self.rows_error(e.to_string()))?;
+        let pieces = Pieces {
+            limit: self.atomic_limit,
+            complete: None,
+        };
+        let mut planned =
+            plan(&read, &before, counts, pieces).map_err(|e| self.rows_error(e.to_string()))?;
+        if let Some(lsn) = planned.progress.partial {
+            if before.partial != Some(lsn) {
+                tracing::info!(table = %self.name, commit_lsn = lsn, events = counts.events.get(&lsn).copied().unwrap_or(0), limit = self.atomic_limit, "a source transaction is larger than [silver] max_atomic_transaction_rows: applying it in pieces; Silver shows it partly applied until its last piece commits");
+            }
+            if self
+                .pieces_complete(&bronze, lsn, &planned.progress, counts)
+                .await?
+            {
+                let complete = Pieces {
+                    complete: Some(lsn),
+                    ..pieces
+                };
+                planned = plan(&read, &before, counts, complete)
+                    .map_err(|e| self.rows_error(e.to_string()))?;
+                tracing::info!(table = %self.name, commit_lsn = lsn, "the last piece of a large source transaction is applied in this round");
+            }
+        }
         report.waiting = planned.waiting;
         report.watermark = planned.progress.watermark;
         report.again = self
@@ -249,7 +282,6 @@ impl SilverTable {
             }
             return Ok(report);
         }
-        let mut planned = planned;
         let applicable = filter_record_batch(&rows, &planned.applicable)
             .map_err(|e| self.rows_error(e.to_string()))?;
         // The end of a re-snapshot: once every partition's end is applied (so every row
@@ -315,6 +347,14 @@ impl SilverTable {
                 ),
                 (MASKING_KEY.to_owned(), self.masking.describe()),
             ]);
+        // Readers can tell a commit that holds part of a source transaction.
+        let props = match planned.progress.partial {
+            Some(lsn) => props.with_metadata([(
+                "wal2delta.partial_transaction".to_owned(),
+                serde_json::json!(lsn),
+            )]),
+            None => props,
+        };
         let Some(source) = folded.rows else {
             // Nothing to write; the progress still moves (and a TRUNCATE still empties).
             let version = match (silver, new_truncate) {
@@ -366,6 +406,56 @@ impl SilverTable {
         report.upserts = written.upserts;
         report.version = Some(written.version);
         Ok(report)
+    }
+
+    /// Whether every event of the partial transaction `lsn` is applied once `after`'s
+    /// cursors are: Bronze holds as many distinct events of it as its END record counts
+    /// (resolved quarantine records included), and in every partition each of its
+    /// distinct events has a copy at or below the cursor (pieces apply only rows the
+    /// cursors pass). Reads only positions, by an aggregate over the transaction's rows.
+    async fn pieces_complete(
+        &self,
+        bronze: &DeltaTable,
+        lsn: i64,
+        after: &Progress,
+        counts: &TransactionCounts,
+    ) -> Result<bool, LakeError> {
+        let need = counts.events.get(&lsn).copied().unwrap_or(0);
+        let passed = if after.cursors.is_empty() {
+            "false".to_owned()
+        } else {
+            let arms: Vec<String> = after
+                .cursors
+                .iter()
+                .map(|(p, c)| format!("WHEN {p} THEN kafka_offset <= {c}"))
+                .collect();
+            format!("CASE kafka_partition {} ELSE false END", arms.join(" "))
+        };
+        let sql = format!(
+            "SELECT COUNT(DISTINCT ordinal) AS events, \
+             COUNT(DISTINCT CASE WHEN {passed} THEN ordinal END) AS applied \
+             FROM t WHERE commit_lsn = {lsn} AND op <> 'r' AND op <> 's' GROUP BY kafka_partition"
+        );
+        let mut held = counts.held(lsn, None);
+        for b in delta::query(&self.name, bronze, &sql).await? {
+            let (Some(events), Some(applied)) = (
+                b.column(0)
+                    .as_primitive_opt::<deltalake::arrow::datatypes::Int64Type>(),
+                b.column(1)
+                    .as_primitive_opt::<deltalake::arrow::datatypes::Int64Type>(),
+            ) else {
+                return Err(self.rows_error(
+                    "unexpected types counting a partial transaction's Bronze events".into(),
+                ));
+            };
+            for i in 0..b.num_rows() {
+                if events.value(i) != applied.value(i) {
+                    return Ok(false);
+                }
+                held += events.value(i).max(0) as u64;
+            }
+        }
+        Ok(held >= need)
     }
 
     /// The position below which rows go, when this round completes a re-snapshot: some

@@ -10,6 +10,8 @@
 //!   its commit LSN, which reads no row values), the window of every partition it touches
 //!   reaches to its last event. Memory then holds that transaction's rows at once: Silver
 //!   applies a source transaction in one commit, so a reader never sees part of it.
+//!   Beyond `[silver] max_atomic_transaction_rows` events it does not widen: the
+//!   transaction is applied in pieces of the window instead ([`super::Pieces`]).
 //! - **A gap in a partition's offsets wider than the window** (events Bronze quarantined
 //!   or the topic dropped): the range holds no row. When a partition reads nothing while
 //!   the Bronze table has moved on, the next stored offset is looked up and the window
@@ -202,6 +204,10 @@ impl Window {
         let need = counts.events.get(&first).copied().unwrap_or(0);
         if !cut_off || need == 0 {
             return Ok(changed);
+        }
+        if plan.progress.partial == Some(first) {
+            // Applied in pieces of this window: the next piece is ready now.
+            return Ok(true);
         }
         let sql = format!(
             "SELECT kafka_partition, MAX(kafka_offset) AS last, COUNT(DISTINCT ordinal) AS events \

@@ -24,6 +24,12 @@ pub struct SilverConfig {
     /// Most Bronze rows read per Kafka partition and table in one round (bounds memory).
     #[serde(default = "SilverConfig::default_max_rows_per_partition")]
     pub max_rows_per_partition: i64,
+    /// Changes above which one source transaction is applied in pieces of the read
+    /// window, in successive commits, instead of whole in one commit: bounds a round's
+    /// memory whatever the transaction's size, at the cost of readers seeing such a
+    /// transaction partly applied until its last piece (docs/silver.md).
+    #[serde(default = "SilverConfig::default_max_atomic_transaction_rows")]
+    pub max_atomic_transaction_rows: u64,
     /// Hours a delete tombstone is kept once the watermark has passed it (`docs/silver.md`).
     #[serde(default = "SilverConfig::default_tombstone_retention_hours")]
     pub tombstone_retention_hours: u64,
@@ -93,6 +99,9 @@ impl SilverConfig {
     fn default_max_rows_per_partition() -> i64 {
         100_000
     }
+    fn default_max_atomic_transaction_rows() -> u64 {
+        wal2delta_lake::silver::Pieces::DEFAULT_LIMIT
+    }
     fn default_tombstone_retention_hours() -> u64 {
         168
     }
@@ -110,6 +119,12 @@ impl SilverConfig {
         if self.max_rows_per_partition <= 0 {
             return Err(invalid(
                 "silver.max_rows_per_partition",
+                "must be greater than 0",
+            ));
+        }
+        if self.max_atomic_transaction_rows == 0 {
+            return Err(invalid(
+                "silver.max_atomic_transaction_rows",
                 "must be greater than 0",
             ));
         }
@@ -285,6 +300,7 @@ impl Default for SilverConfig {
         SilverConfig {
             interval_ms: Self::default_interval_ms(),
             max_rows_per_partition: Self::default_max_rows_per_partition(),
+            max_atomic_transaction_rows: Self::default_max_atomic_transaction_rows(),
             tombstone_retention_hours: Self::default_tombstone_retention_hours(),
             maintenance_interval_s: Self::default_maintenance_interval_s(),
             target_file_bytes: Self::default_target_file_bytes(),

@@ -235,6 +235,7 @@ pub fn silver_table(
     SilverTable::new(lake, schema, table, config.silver.max_rows_per_partition)
         .with_policy(policy.masking, policy.checks)
         .with_file_size(config.silver.target_file_bytes)
+        .with_atomic_limit(config.silver.max_atomic_transaction_rows)
 }
 
 /// Opens a table for the stage. When the masking its last commit recorded differs from
