@@ -1,5 +1,6 @@
 //! The `wal2delta` binary: loads the config, sets up tracing and metrics, runs a command.
 
+mod allocator;
 mod bronze;
 mod capture;
 mod cli;
@@ -24,6 +25,8 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    // Before any thread exists, so that every thread's allocations follow it.
+    allocator::limit_arenas();
     let cli = cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
