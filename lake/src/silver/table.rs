@@ -246,9 +246,6 @@ impl SilverTable {
         let mut planned =
             plan(&read, &before, counts, pieces).map_err(|e| self.rows_error(e.to_string()))?;
         if let Some(lsn) = planned.progress.partial {
-            if before.partial != Some(lsn) {
-                tracing::info!(table = %self.name, commit_lsn = lsn, events = counts.events.get(&lsn).copied().unwrap_or(0), limit = self.atomic_limit, "a source transaction is larger than [silver] max_atomic_transaction_rows: applying it in pieces; Silver shows it partly applied until its last piece commits");
-            }
             if self
                 .pieces_complete(&bronze, lsn, &planned.progress, counts)
                 .await?
@@ -261,6 +258,15 @@ impl SilverTable {
                     .map_err(|e| self.rows_error(e.to_string()))?;
                 tracing::info!(table = %self.name, commit_lsn = lsn, "the last piece of a large source transaction is applied in this round");
             }
+        }
+        // After the completion check: the transaction behind a completed one may be the
+        // next to go in pieces, in the same round.
+        if let Some(lsn) = planned
+            .progress
+            .partial
+            .filter(|l| before.partial != Some(*l))
+        {
+            tracing::info!(table = %self.name, commit_lsn = lsn, events = counts.events.get(&lsn).copied().unwrap_or(0), limit = self.atomic_limit, "a source transaction is larger than [silver] max_atomic_transaction_rows: applying it in pieces; Silver shows it partly applied until its last piece commits");
         }
         report.waiting = planned.waiting;
         report.watermark = planned.progress.watermark;
