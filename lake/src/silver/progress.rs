@@ -109,7 +109,8 @@ impl Progress {
 ///
 /// Silver applies a source transaction in one commit, so a reader never sees part of it;
 /// a round then holds the whole transaction in memory. Beyond `limit` events that stops:
-/// the first transaction above the watermark is applied in pieces of the read window, in
+/// the first transaction that waits (every one below it is applied, so the watermark
+/// stands right below it) is applied in pieces of the read window, in
 /// successive commits (each records it as [`Progress::partial`]), and the watermark
 /// passes it only when every one of its events is applied. Readers see it partly applied
 /// meanwhile; promise 2 still holds, because every piece merges by position.
@@ -212,9 +213,9 @@ pub fn plan(
             if waiting == 0 {
                 watermark = l - 1;
                 first_waiting_lsn = Some(l);
-                // The first waiting transaction is the first above the watermark; once
-                // in pieces it stays so (a changed limit must not strand the pieces
-                // already applied behind the cursors).
+                // Everything below the first waiting transaction applies, so it can go
+                // in pieces; once in pieces it stays so (a changed limit must not strand
+                // the pieces already applied behind the cursors).
                 if before.partial == Some(l) || need > pieces.limit {
                     partial = Some(l);
                 }
