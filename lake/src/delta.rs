@@ -27,6 +27,41 @@ pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, La
     }
 }
 
+/// A table kept open between rounds. Opening a table replays its log from the last
+/// checkpoint, a cost that grows with the files the table holds (Bronze gains a few every
+/// batch until compaction); refreshing an open one replays only the commits since.
+#[derive(Default)]
+pub(crate) struct Kept {
+    table: Option<DeltaTable>,
+}
+
+impl Kept {
+    /// The table's latest state (a clone sharing the kept snapshot), or `None` when no
+    /// table exists at `url` (any kept state is dropped then: a table created there later
+    /// is opened afresh). A failed refresh opens the table again.
+    pub(crate) async fn latest(
+        &mut self,
+        name: &str,
+        url: &Url,
+    ) -> Result<Option<DeltaTable>, LakeError> {
+        if !crate::storage::table_exists(url).await? {
+            self.table = None;
+            return Ok(None);
+        }
+        if let Some(t) = &mut self.table {
+            match t.update_state().await {
+                Ok(()) => return Ok(Some(t.clone())),
+                Err(e) => {
+                    tracing::debug!(table = %name, error = %e, "refreshing the kept table failed; opening it again");
+                    self.table = None;
+                }
+            }
+        }
+        self.table = open(name, url).await?;
+        Ok(self.table.clone())
+    }
+}
+
 /// Refreshes `slot` to the latest state (opening it when needed); `false` when no table
 /// exists yet.
 pub(crate) async fn refresh(
@@ -122,7 +157,9 @@ pub(crate) async fn collect(
 }
 
 /// `ty` with text and binary views replaced by plain `Utf8`/`Binary`, at any depth.
-fn plain(ty: &deltalake::arrow::datatypes::DataType) -> deltalake::arrow::datatypes::DataType {
+pub(crate) fn plain(
+    ty: &deltalake::arrow::datatypes::DataType,
+) -> deltalake::arrow::datatypes::DataType {
     use deltalake::arrow::datatypes::{DataType, Field};
     use std::sync::Arc;
     let field = |f: &Field| Arc::new(f.clone().with_data_type(plain(f.data_type())));

@@ -4,8 +4,12 @@
 
 use std::collections::HashMap;
 
-use deltalake::arrow::array::{Array, AsArray};
+use std::sync::Arc;
 
+use deltalake::arrow::array::{Array, AsArray, RecordBatch};
+use deltalake::arrow::datatypes::{Schema, SchemaRef};
+
+use super::files::{self, Pick};
 use super::TransactionCounts;
 use crate::delta;
 use crate::{Lake, LakeError};
@@ -43,21 +47,99 @@ pub async fn resolved_bronze_events(
 }
 
 /// The END counts of every table, and how far the records reach, read from
-/// `bronze/_wal2delta/transactions` above `after`.
+/// `bronze/_wal2delta/transactions` above `after` (the table opened for this call; a
+/// stage that counts every round keeps a [`TransactionLog`]).
 pub async fn transaction_counts(
     lake: &Lake,
     after: i64,
 ) -> Result<(i64, HashMap<String, TransactionCounts>), LakeError> {
-    const NAME: &str = "_wal2delta.transactions";
-    let Some(t) = delta::open(NAME, &lake.bronze_transactions()).await? else {
-        return Ok((after, HashMap::new()));
-    };
-    let batches = delta::query(
-        NAME,
-        &t,
-        &format!("SELECT status, commit_lsn, data_collections FROM t WHERE commit_lsn > {after}"),
-    )
-    .await?;
+    TransactionLog::default().counts(lake, after).await
+}
+
+const NAME: &str = "_wal2delta.transactions";
+const READS: [&str; 3] = ["status", "commit_lsn", "data_collections"];
+
+/// The transaction records table kept open between rounds ([`delta::Kept`]); its records
+/// above a watermark are read from the files that can hold them ([`files`]).
+#[derive(Default)]
+pub struct TransactionLog {
+    kept: delta::Kept,
+    footers: files::Footers,
+}
+
+/// Transaction records committed above an LSN.
+struct Above(i64);
+
+impl Pick for Above {
+    fn columns(&self) -> &'static [&'static str] {
+        &["commit_lsn"]
+    }
+
+    fn may_hold(&self, ranges: &[(i64, i64)]) -> bool {
+        ranges[0].1 > self.0
+    }
+
+    fn keeps(&self, values: &[i64]) -> bool {
+        values[0] > self.0
+    }
+}
+
+impl TransactionLog {
+    /// [`transaction_counts`], with the table kept open.
+    pub async fn counts(
+        &mut self,
+        lake: &Lake,
+        after: i64,
+    ) -> Result<(i64, HashMap<String, TransactionCounts>), LakeError> {
+        let Some(t) = self.kept.latest(NAME, &lake.bronze_transactions()).await? else {
+            return Ok((after, HashMap::new()));
+        };
+        let batches = match read_schema(&t) {
+            Some(schema) => files::read(NAME, &t, &Above(after), &schema, &mut self.footers)
+                .await
+                .map(|b| vec![b]),
+            None => None,
+        };
+        let batches = match batches {
+            Some(b) => b,
+            None => {
+                delta::query(
+                    NAME,
+                    &t,
+                    &format!(
+                        "SELECT {} FROM t WHERE commit_lsn > {after}",
+                        READS.join(", ")
+                    ),
+                )
+                .await?
+            }
+        };
+        count(lake, after, &batches).await
+    }
+}
+
+/// The columns counted, typed as the table has them; `None` when it lacks one (the query
+/// then says which).
+fn read_schema(t: &deltalake::DeltaTable) -> Option<SchemaRef> {
+    let schema = delta::arrow_schema(NAME, t).ok()?;
+    let fields = READS
+        .iter()
+        .map(|c| {
+            schema
+                .field_with_name(c)
+                .ok()
+                .map(|f| f.clone().with_data_type(delta::plain(f.data_type())))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(Arc::new(Schema::new(fields)))
+}
+
+/// The counts of the records in `batches` (above `after`).
+async fn count(
+    lake: &Lake,
+    after: i64,
+    batches: &[RecordBatch],
+) -> Result<(i64, HashMap<String, TransactionCounts>), LakeError> {
     let mut top = after;
     let mut by_table: HashMap<String, TransactionCounts> = HashMap::new();
     let bad = |what: &str| LakeError::Rows {
@@ -65,7 +147,7 @@ pub async fn transaction_counts(
         reason: format!("unexpected type of {what}"),
     };
     use deltalake::arrow::datatypes::Int64Type;
-    for b in &batches {
+    for b in batches {
         let lsn = b
             .column(1)
             .as_primitive_opt::<Int64Type>()

@@ -25,6 +25,7 @@
 mod checks;
 pub mod columns;
 mod counts;
+mod files;
 mod fold;
 mod keys;
 pub mod mask;
@@ -42,12 +43,12 @@ pub use checks::{evaluate as evaluate_checks, Check, CheckError, Failure};
 pub use columns::{
     Position, COMMIT_LSN, COMMIT_TS, MASKING_KEY, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED,
 };
-pub use counts::transaction_counts;
+pub use counts::{transaction_counts, TransactionLog};
 pub use fold::{fold, versions, FoldError, Folded, Versions};
 pub use progress::{plan, Pieces, Plan, Progress, TransactionCounts};
 pub use rebuild::RebuildReport;
 pub use rows::{BronzeError, BronzeRows};
 pub use screen::{ScreenError, CHECK_FAILED, MISSING_KEY};
-pub use table::{ApplyReport, Redrive, SilverTable};
+pub use table::{ApplyReport, Redrive, SilverTable, Steps};
 pub use tombstones::Tombstones;
 pub(crate) use tombstones::{keys_equal, newer};

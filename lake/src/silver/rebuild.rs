@@ -96,6 +96,7 @@ impl SilverTable {
             rules: None,
             file_bytes: self.file_bytes,
             atomic_limit: self.atomic_limit,
+            kept: Default::default(),
         };
         let (top, mut counts) = transaction_counts(lake, 0).await?;
         let counts = counts.remove(&self.name).unwrap_or(TransactionCounts {

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
@@ -50,6 +51,43 @@ pub struct ApplyReport {
     pub again: bool,
     /// What the table's rules did (a backfill, the round's transitions).
     pub rules: Vec<crate::rules::RulesReport>,
+    /// Where the round's time went.
+    pub steps: Steps,
+}
+
+/// How long each step of a round took: what an operator (or a benchmark) reads to tell
+/// which part of a slow round to tune. Steps a round did not reach stay zero.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Steps {
+    /// Opening Silver and Bronze and loading the progress (the Delta logs' new commits).
+    pub open: Duration,
+    /// Reading Bronze after the cursors.
+    pub read: Duration,
+    /// Rules' start, planning the whole transactions, the completion checks, the window.
+    pub plan: Duration,
+    /// Screening, quarantine appends and folding to one change per key.
+    pub screen: Duration,
+    /// Evaluating the rules and committing their transitions.
+    pub rules: Duration,
+    /// The MERGE (or progress-only commit) into Silver.
+    pub write: Duration,
+}
+
+/// Marks the end of one step after another.
+struct Stopwatch(Instant);
+
+impl Stopwatch {
+    fn start() -> Self {
+        Self(Instant::now())
+    }
+
+    /// The time since the last lap (or the start), restarting it.
+    fn lap(&mut self) -> Duration {
+        let now = Instant::now();
+        let d = now - self.0;
+        self.0 = now;
+        d
+    }
 }
 
 /// What writing one round's folded changes did.
@@ -92,6 +130,17 @@ pub struct SilverTable {
     pub(super) file_bytes: Option<u64>,
     /// Events above which a source transaction is applied in pieces ([`Pieces`]).
     pub(super) atomic_limit: u64,
+    /// The Silver and Bronze tables, kept open between rounds.
+    pub(super) kept: KeptTables,
+}
+
+/// A Silver table's Delta tables kept open between its rounds ([`delta::Kept`]).
+#[derive(Default)]
+pub(super) struct KeptTables {
+    silver: delta::Kept,
+    bronze: delta::Kept,
+    /// What the Bronze files' footers say of their Kafka coordinates.
+    footers: super::files::Footers,
 }
 
 impl SilverTable {
@@ -109,6 +158,7 @@ impl SilverTable {
             rules: None,
             file_bytes: None,
             atomic_limit: u64::MAX,
+            kept: KeptTables::default(),
         }
     }
 
@@ -205,16 +255,25 @@ impl SilverTable {
 
     /// One round: read, plan, fold, write tombstones, MERGE with progress.
     pub async fn apply(&mut self, counts: &TransactionCounts) -> Result<ApplyReport, LakeError> {
-        let silver = delta::open(&self.name, &self.url).await?;
+        let mut clock = Stopwatch::start();
+        let mut steps = Steps::default();
+        let silver = self.kept.silver.latest(&self.name, &self.url).await?;
         let before = match &silver {
             Some(t) => Progress::load(&self.name, t).await?,
             None => Progress::default(),
         };
-        let Some(bronze) = delta::open(&self.name, &self.bronze_url).await? else {
+        let Some(bronze) = self
+            .kept
+            .bronze
+            .latest(&self.name, &self.bronze_url)
+            .await?
+        else {
             return Ok(ApplyReport::default());
         };
+        steps.open = clock.lap();
         let rows = self.read_bronze(&bronze, &before).await?;
         let read = self.view(&rows)?;
+        steps.read = clock.lap();
         let mut report = ApplyReport {
             read: rows.num_rows(),
             watermark: before.watermark,
@@ -274,6 +333,7 @@ impl SilverTable {
             .window
             .adjust(&self.name, &bronze, &before, &read, &planned, counts)
             .await?;
+        steps.plan = clock.lap();
         if planned.progress == before {
             if let (Some(t), false) = (&silver, report.rules.is_empty()) {
                 // A backfill committed a new rules seq: record it in Silver, or the next
@@ -285,7 +345,9 @@ impl SilverTable {
                         .await
                         .map_err(LakeError::delta(&self.name))?,
                 );
+                steps.write = clock.lap();
             }
+            report.steps = steps;
             return Ok(report);
         }
         let applicable = filter_record_batch(&rows, &planned.applicable)
@@ -313,6 +375,7 @@ impl SilverTable {
         let applicable = self.view(&screened.rows)?;
         let folded = fold(&applicable, before.truncated.max(resnapshot))
             .map_err(|e| self.rows_error(e.0))?;
+        steps.screen = clock.lap();
         if let Some(r) = &mut self.rules {
             if resnapshot.is_some() {
                 r.backfill_next();
@@ -341,6 +404,7 @@ impl SilverTable {
                 }
             }
         }
+        steps.rules = clock.lap();
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
 
         let props = CommitProperties::default()
@@ -395,6 +459,8 @@ impl SilverTable {
                 }
             };
             report.version = version;
+            steps.write = clock.lap();
+            report.steps = steps;
             return Ok(report);
         };
         let keys = applicable.key_names();
@@ -411,6 +477,8 @@ impl SilverTable {
         report.deletes = written.deletes;
         report.upserts = written.upserts;
         report.version = Some(written.version);
+        steps.write = clock.lap();
+        report.steps = steps;
         Ok(report)
     }
 
@@ -612,16 +680,18 @@ impl SilverTable {
         p: &Progress,
     ) -> Result<RecordBatch, LakeError> {
         self.window.discover(&self.name, bronze, p).await?;
-        let condition = self.window.condition(p);
-        self.select_bronze(bronze, &condition).await
+        let selection = self.window.selection(p);
+        let schema = self.read_schema(bronze)?;
+        let footers = &mut self.kept.footers;
+        match super::files::read(&self.name, bronze, &selection, &schema, footers).await {
+            Some(rows) => Ok(rows),
+            None => self.select_bronze(bronze, &selection.sql()).await,
+        }
     }
 
-    /// The Bronze rows matching `condition`, in Kafka order.
-    pub(super) async fn select_bronze(
-        &self,
-        bronze: &DeltaTable,
-        condition: &str,
-    ) -> Result<RecordBatch, LakeError> {
+    /// The Bronze columns Silver reads, typed as the table has them (text as `Utf8`); an
+    /// error when the table lacks one.
+    pub(super) fn read_schema(&self, bronze: &DeltaTable) -> Result<Arc<Schema>, LakeError> {
         let schema = delta::arrow_schema(&self.name, bronze)?;
         let missing: Vec<&str> = bronze::SILVER_READS
             .iter()
@@ -634,6 +704,16 @@ impl SilverTable {
                 missing.join(", ")
             )));
         }
+        Ok(Arc::new(Schema::new(bronze_fields(&schema))))
+    }
+
+    /// The Bronze rows matching `condition`, in Kafka order.
+    pub(super) async fn select_bronze(
+        &self,
+        bronze: &DeltaTable,
+        condition: &str,
+    ) -> Result<RecordBatch, LakeError> {
+        let schema = self.read_schema(bronze)?;
         let sql = format!(
             "SELECT {} FROM t WHERE {condition} ORDER BY kafka_partition, kafka_offset",
             bronze::SILVER_READS
@@ -643,10 +723,7 @@ impl SilverTable {
                 .join(", "),
         );
         let batches = delta::query(&self.name, bronze, &sql).await?;
-        let schema = batches
-            .first()
-            .map(|b| b.schema())
-            .unwrap_or_else(|| Arc::new(Schema::new(bronze_fields(&schema))));
+        let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
         concat_batches(&schema, &batches).map_err(|e| self.rows_error(e.to_string()))
     }
 }
@@ -672,7 +749,8 @@ use wal2delta_model::clock::unix_us as now_us;
 fn bronze_fields(schema: &Schema) -> Vec<Field> {
     bronze::SILVER_READS
         .iter()
-        .filter_map(|c| schema.field_with_name(c).ok().cloned())
+        .filter_map(|c| schema.field_with_name(c).ok())
+        .map(|f| f.clone().with_data_type(delta::plain(f.data_type())))
         .collect()
 }
 

@@ -50,6 +50,71 @@ pub(super) struct Window {
     gap_checked: HashMap<i32, (i64, Option<u64>)>,
 }
 
+/// The Bronze rows one round reads: in each partition read by range, the offsets after
+/// the cursor through the window's end; in any other partition (one not seen yet), the
+/// offsets below the window's size.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Selection {
+    /// Per partition: (after, through).
+    pub(super) ranges: BTreeMap<i32, (i64, i64)>,
+    pub(super) others_below: i64,
+}
+
+impl Selection {
+    /// Whether the row at `offset` of `partition` is selected.
+    pub(super) fn contains(&self, partition: i32, offset: i64) -> bool {
+        match self.ranges.get(&partition) {
+            Some((after, through)) => offset > *after && offset <= *through,
+            None => offset < self.others_below,
+        }
+    }
+
+    /// Whether a file whose rows lie in partitions `partitions` and offsets `offsets`
+    /// (its statistics) may hold a selected row.
+    pub(super) fn may_hold(&self, partitions: (i32, i32), offsets: (i64, i64)) -> bool {
+        let (low, high) = partitions;
+        if low > high {
+            return false;
+        }
+        let mut listed = 0i64;
+        for (after, through) in self.ranges.range(low..=high).map(|(_, r)| r) {
+            listed += 1;
+            if offsets.1 > *after && offsets.0 <= *through {
+                return true;
+            }
+        }
+        // A partition in the file's span that is not read by range.
+        listed < i64::from(high) - i64::from(low) + 1 && offsets.0 < self.others_below
+    }
+
+    /// The same rows as an SQL condition over the Bronze table.
+    pub(super) fn sql(&self) -> String {
+        let mut terms: Vec<String> = self
+            .ranges
+            .iter()
+            .map(|(part, (after, through))| {
+                format!(
+                    "(kafka_partition = {part} AND kafka_offset > {after} AND kafka_offset <= {through})"
+                )
+            })
+            .collect();
+        terms.push(if self.ranges.is_empty() {
+            format!("kafka_offset < {}", self.others_below)
+        } else {
+            format!(
+                "(kafka_partition NOT IN ({}) AND kafka_offset < {})",
+                self.ranges
+                    .keys()
+                    .map(i32::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.others_below
+            )
+        });
+        terms.join(" OR ")
+    }
+}
+
 impl Window {
     pub(super) fn new(size: i64) -> Self {
         Window {
@@ -81,30 +146,19 @@ impl Window {
             .collect()
     }
 
-    /// The SQL condition selecting this round's Bronze rows after `p`'s cursors.
-    pub(super) fn condition(&self, p: &Progress) -> String {
-        let parts = self.partitions(p);
-        let mut ranges: Vec<String> = parts
-            .iter()
-            .map(|part| {
-                let c = p.cursors.get(part).copied().unwrap_or(-1);
-                format!(
-                    "(kafka_partition = {part} AND kafka_offset > {c} AND kafka_offset <= {})",
-                    self.end(*part, c)
-                )
-            })
-            .collect();
-        let known: Vec<String> = parts.iter().map(i32::to_string).collect();
-        ranges.push(if known.is_empty() {
-            format!("kafka_offset < {}", self.size)
-        } else {
-            format!(
-                "(kafka_partition NOT IN ({}) AND kafka_offset < {})",
-                known.join(", "),
-                self.size
-            )
-        });
-        ranges.join(" OR ")
+    /// The Bronze rows this round reads after `p`'s cursors.
+    pub(super) fn selection(&self, p: &Progress) -> Selection {
+        Selection {
+            ranges: self
+                .partitions(p)
+                .into_iter()
+                .map(|part| {
+                    let c = p.cursors.get(&part).copied().unwrap_or(-1);
+                    (part, (c, self.end(part, c)))
+                })
+                .collect(),
+            others_below: self.size,
+        }
     }
 
     /// Before a round's read: discovers partitions when due.

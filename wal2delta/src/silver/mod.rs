@@ -16,7 +16,7 @@ pub mod replay;
 
 use tokio::sync::watch;
 use wal2delta_lake::rules::{RuleSource, RulesOutput, RulesReport};
-use wal2delta_lake::silver::{transaction_counts, SilverTable, TransactionCounts};
+use wal2delta_lake::silver::{SilverTable, TransactionCounts, TransactionLog};
 use wal2delta_lake::{Lake, LakeError};
 
 use crate::config::{Config, Policies};
@@ -73,6 +73,7 @@ pub async fn run(
         failing: HashMap::new(),
         held: HashMap::new(),
         listed: None,
+        transactions: TransactionLog::default(),
     };
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
@@ -144,6 +145,8 @@ struct Stage<'a> {
     held: HashMap<String, Instant>,
     /// The Bronze tables as last listed, and when ([`LIST_EVERY`]).
     listed: Option<(Instant, Vec<BronzeTable>)>,
+    /// The transaction records, kept open between rounds.
+    transactions: TransactionLog,
 }
 
 impl Stage<'_> {
@@ -289,7 +292,12 @@ impl Stage<'_> {
             .copied()
             .min()
             .unwrap_or(0);
-        let (top, counts) = transaction_counts(self.lake, lowest).await?;
+        let started = Instant::now();
+        let (top, counts) = self.transactions.counts(self.lake, lowest).await?;
+        tracing::debug!(
+            ms = started.elapsed().as_millis() as u64,
+            "transaction counts read"
+        );
         let targets = self
             .rules
             .as_ref()
@@ -510,7 +518,10 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
         report_rules(&name, rules);
     }
     if let Some(v) = r.version {
-        tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark, "silver commit");
+        let s = &r.steps;
+        tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark,
+            open_ms = s.open.as_millis() as u64, read_ms = s.read.as_millis() as u64, plan_ms = s.plan.as_millis() as u64,
+            screen_ms = s.screen.as_millis() as u64, rules_ms = s.rules.as_millis() as u64, write_ms = s.write.as_millis() as u64, "silver commit");
     }
 }
 
