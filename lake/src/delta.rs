@@ -30,6 +30,11 @@ pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, La
 /// A table kept open between rounds. Opening a table replays its log from the last
 /// checkpoint, a cost that grows with the files the table holds (Bronze gains a few every
 /// batch until compaction); refreshing an open one replays only the commits since.
+///
+/// A refresh assumes the table at the URL is the one opened: the stages only ever add
+/// commits (a Silver rebuild swaps its rows in by a commit too). A table removed is seen
+/// on the next call; one removed and made again between two calls is not, so a caller
+/// drops its kept tables after a failed round and opens them afresh.
 #[derive(Default)]
 pub(crate) struct Kept {
     table: Option<DeltaTable>,

@@ -85,8 +85,21 @@ impl Pick for Above {
 }
 
 impl TransactionLog {
-    /// [`transaction_counts`], with the table kept open.
+    /// [`transaction_counts`], with the table kept open (dropped after a failure: the
+    /// next call opens it afresh).
     pub async fn counts(
+        &mut self,
+        lake: &Lake,
+        after: i64,
+    ) -> Result<(i64, HashMap<String, TransactionCounts>), LakeError> {
+        let counted = self.read(lake, after).await;
+        if counted.is_err() {
+            *self = Self::default();
+        }
+        counted
+    }
+
+    async fn read(
         &mut self,
         lake: &Lake,
         after: i64,

@@ -542,6 +542,66 @@ mod tests {
         out
     }
 
+    /// Commit `commit` of 3 partitions, 10 offsets each.
+    async fn append(table: &mut BronzeTable, commit: i64, evolved: bool, wide: usize) {
+        let mut batches = Vec::new();
+        let mut ranges = BTreeMap::new();
+        for p in 0..3 {
+            batches.push(batch(p, commit * 10, 10, evolved, wide));
+            ranges.insert(
+                p,
+                OffsetRange {
+                    first: commit * 10,
+                    last: commit * 10 + 9,
+                },
+            );
+        }
+        let out = table
+            .append(Append {
+                topic: "topic".into(),
+                batches,
+                ranges,
+            })
+            .await
+            .unwrap();
+        assert!(
+            matches!(out, crate::bronze::AppendOutcome::Committed { .. }),
+            "{out:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_kept_table_follows_new_commits_and_a_table_removed_and_made_again() {
+        let dir = std::env::temp_dir().join(format!("w2d-kept-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let url = lake.bronze("s", "t");
+        let mut kept = delta::Kept::default();
+        assert!(kept.latest("s.t", &url).await.unwrap().is_none());
+        let mut table = BronzeTable::new("s.t", url.clone());
+        append(&mut table, 0, false, 0).await;
+        let files = |t: &DeltaTable| t.snapshot().unwrap().log_data().num_files();
+        let first = kept.latest("s.t", &url).await.unwrap().unwrap();
+        append(&mut table, 1, false, 0).await;
+        append(&mut table, 2, false, 0).await;
+        let later = kept.latest("s.t", &url).await.unwrap().unwrap();
+        let opened = delta::open("s.t", &url).await.unwrap().unwrap();
+        assert_eq!(later.version(), opened.version());
+        assert_eq!(files(&later), files(&opened));
+        assert!(files(&later) > files(&first));
+        // Removed: nothing, and a table made there again is opened afresh (its versions
+        // start over, so a refresh of the old state would not see it).
+        std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
+        assert!(kept.latest("s.t", &url).await.unwrap().is_none());
+        let mut table = BronzeTable::new("s.t", url.clone());
+        append(&mut table, 0, false, 0).await;
+        let again = kept.latest("s.t", &url).await.unwrap().unwrap();
+        let opened = delta::open("s.t", &url).await.unwrap().unwrap();
+        assert_eq!(again.version(), opened.version());
+        assert_eq!(files(&again), files(&first));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     #[tokio::test]
     async fn the_files_read_directly_give_the_rows_the_query_gives() {
         // Narrow row images: the log has statistics of the Kafka columns. Wide ones (more
@@ -560,31 +620,7 @@ mod tests {
         // 12 commits of 3 partitions, 10 offsets each; the row images gain a column
         // halfway (files written before lack it).
         for commit in 0..12i64 {
-            let evolved = commit >= 6;
-            let mut batches = Vec::new();
-            let mut ranges = BTreeMap::new();
-            for p in 0..3 {
-                batches.push(batch(p, commit * 10, 10, evolved, wide));
-                ranges.insert(
-                    p,
-                    OffsetRange {
-                        first: commit * 10,
-                        last: commit * 10 + 9,
-                    },
-                );
-            }
-            let out = table
-                .append(Append {
-                    topic: "topic".into(),
-                    batches,
-                    ranges,
-                })
-                .await
-                .unwrap();
-            assert!(
-                matches!(out, crate::bronze::AppendOutcome::Committed { .. }),
-                "{out:?}"
-            );
+            append(&mut table, commit, commit >= 6, wide).await;
         }
         let silver = SilverTable::new(&lake, "s", "t", 10);
         let bronze = delta::open("s.t", &url).await.unwrap().unwrap();

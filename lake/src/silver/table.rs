@@ -254,7 +254,19 @@ impl SilverTable {
     }
 
     /// One round: read, plan, fold, write tombstones, MERGE with progress.
+    ///
+    /// A failed round drops the tables kept open: whatever made it fail (a table
+    /// replaced under the stage, files gone) is not read again from a kept state, the next
+    /// round opens both tables afresh.
     pub async fn apply(&mut self, counts: &TransactionCounts) -> Result<ApplyReport, LakeError> {
+        let applied = self.round(counts).await;
+        if applied.is_err() {
+            self.kept = KeptTables::default();
+        }
+        applied
+    }
+
+    async fn round(&mut self, counts: &TransactionCounts) -> Result<ApplyReport, LakeError> {
         let mut clock = Stopwatch::start();
         let mut steps = Steps::default();
         let silver = self.kept.silver.latest(&self.name, &self.url).await?;
