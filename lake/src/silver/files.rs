@@ -344,19 +344,30 @@ fn select(batch: &RecordBatch, pick: &dyn Pick) -> Result<RecordBatch, ArrowErro
 /// `batch` with `schema`'s columns: a column the file lacks (it was written before the
 /// table gained it) is null, a struct field it lacks likewise, other types are cast.
 fn conform_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
-    let columns = schema
-        .fields()
+    let columns = conform_all(schema.fields(), batch.num_rows(), |n| {
+        batch.column_by_name(n)
+    })?;
+    RecordBatch::try_new(schema.clone(), columns)
+}
+
+/// For each of `fields`, the column `named` gives, conformed to its type; null when it
+/// gives none and the field may be null.
+fn conform_all<'a>(
+    fields: &Fields,
+    rows: usize,
+    named: impl Fn(&str) -> Option<&'a ArrayRef>,
+) -> Result<Vec<ArrayRef>, ArrowError> {
+    fields
         .iter()
-        .map(|f| match batch.column_by_name(f.name()) {
+        .map(|f| match named(f.name()) {
             Some(a) => conform(a, f.data_type()),
-            None if f.is_nullable() => Ok(new_null_array(f.data_type(), batch.num_rows())),
+            None if f.is_nullable() => Ok(new_null_array(f.data_type(), rows)),
             None => Err(ArrowError::SchemaError(format!(
                 "a Bronze file lacks the required column {}",
                 f.name()
             ))),
         })
-        .collect::<Result<Vec<_>, _>>()?;
-    RecordBatch::try_new(schema.clone(), columns)
+        .collect()
 }
 
 fn conform(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowError> {
@@ -364,29 +375,17 @@ fn conform(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowError> {
         return Ok(array.clone());
     }
     match (array.data_type(), to) {
-        (DataType::Struct(_), DataType::Struct(fields)) => conform_struct(array, fields),
+        (DataType::Struct(_), DataType::Struct(fields)) => {
+            let s = array.as_struct();
+            let children = conform_all(fields, s.len(), |n| s.column_by_name(n))?;
+            Ok(Arc::new(StructArray::try_new(
+                fields.clone(),
+                children,
+                s.nulls().cloned(),
+            )?))
+        }
         _ => cast(array, to),
     }
-}
-
-fn conform_struct(array: &ArrayRef, fields: &Fields) -> Result<ArrayRef, ArrowError> {
-    let s = array.as_struct();
-    let children = fields
-        .iter()
-        .map(|f| match s.column_by_name(f.name()) {
-            Some(c) => conform(c, f.data_type()),
-            None if f.is_nullable() => Ok(new_null_array(f.data_type(), s.len())),
-            None => Err(ArrowError::SchemaError(format!(
-                "a Bronze file lacks the required field {}",
-                f.name()
-            ))),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    Ok(Arc::new(StructArray::try_new(
-        fields.clone(),
-        children,
-        s.nulls().cloned(),
-    )?))
 }
 
 /// `rows` ordered by `pick`'s columns (as the query orders a window: partition, then
