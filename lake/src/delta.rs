@@ -161,10 +161,21 @@ pub(crate) async fn collect(
         })
 }
 
+/// The fields of `schema` named `names` that it has, in that order, typed [`plain`]: the
+/// types a read gives them.
+pub(crate) fn plain_fields(
+    schema: &deltalake::arrow::datatypes::Schema,
+    names: &[&str],
+) -> Vec<deltalake::arrow::datatypes::Field> {
+    names
+        .iter()
+        .filter_map(|c| schema.field_with_name(c).ok())
+        .map(|f| f.clone().with_data_type(plain(f.data_type())))
+        .collect()
+}
+
 /// `ty` with text and binary views replaced by plain `Utf8`/`Binary`, at any depth.
-pub(crate) fn plain(
-    ty: &deltalake::arrow::datatypes::DataType,
-) -> deltalake::arrow::datatypes::DataType {
+fn plain(ty: &deltalake::arrow::datatypes::DataType) -> deltalake::arrow::datatypes::DataType {
     use deltalake::arrow::datatypes::{DataType, Field};
     use std::sync::Arc;
     let field = |f: &Field| Arc::new(f.clone().with_data_type(plain(f.data_type())));

@@ -135,16 +135,8 @@ impl TransactionLog {
 /// then says which).
 fn read_schema(t: &deltalake::DeltaTable) -> Option<SchemaRef> {
     let schema = delta::arrow_schema(NAME, t).ok()?;
-    let fields = READS
-        .iter()
-        .map(|c| {
-            schema
-                .field_with_name(c)
-                .ok()
-                .map(|f| f.clone().with_data_type(delta::plain(f.data_type())))
-        })
-        .collect::<Option<Vec<_>>>()?;
-    Some(Arc::new(Schema::new(fields)))
+    let fields = delta::plain_fields(&schema, &READS);
+    (fields.len() == READS.len()).then(|| Arc::new(Schema::new(fields)))
 }
 
 /// The counts of the records in `batches` (above `after`).

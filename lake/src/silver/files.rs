@@ -610,6 +610,29 @@ mod tests {
         }
     }
 
+    /// Reads `selection` directly and through the query, asserts both give the same rows,
+    /// and returns the direct read and how many rows the query gave.
+    async fn both(
+        silver: &SilverTable,
+        bronze: &DeltaTable,
+        selection: &Selection,
+        schema: &SchemaRef,
+        footers: &mut Footers,
+    ) -> (Read, usize) {
+        let direct = try_read(bronze, selection, schema, footers).await.unwrap();
+        let queried = silver
+            .select_bronze(bronze, &selection.sql())
+            .await
+            .unwrap();
+        let version = bronze.version();
+        assert_eq!(
+            shown(&direct.rows),
+            shown(&queried),
+            "{selection:?} at version {version:?}"
+        );
+        (direct, queried.num_rows())
+    }
+
     async fn same_rows_as_the_query(wide: usize) {
         let dir = std::env::temp_dir().join(format!("w2d-files-{}-{wide}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
@@ -653,15 +676,8 @@ mod tests {
         ];
         let mut footers = Footers::default();
         for selection in &selections {
-            let direct = try_read(&bronze, selection, &schema, &mut footers)
-                .await
-                .unwrap();
-            let queried = silver
-                .select_bronze(&bronze, &selection.sql())
-                .await
-                .unwrap();
-            assert!(queried.num_rows() > 0 || selection.others_below == 0);
-            assert_eq!(shown(&direct.rows), shown(&queried), "{selection:?}");
+            let (direct, queried) = both(&silver, &bronze, selection, &schema, &mut footers).await;
+            assert!(queried > 0 || selection.others_below == 0);
             assert!(
                 direct.files < total,
                 "{} of {total} files read for {selection:?}",
@@ -687,18 +703,7 @@ mod tests {
         let bronze = delta::open("s.t", &url).await.unwrap().unwrap();
         let total = bronze.snapshot().unwrap().log_data().num_files();
         for selection in &selections {
-            let direct = try_read(&bronze, selection, &schema, &mut footers)
-                .await
-                .unwrap();
-            let queried = silver
-                .select_bronze(&bronze, &selection.sql())
-                .await
-                .unwrap();
-            assert_eq!(
-                shown(&direct.rows),
-                shown(&queried),
-                "{selection:?} after compaction"
-            );
+            both(&silver, &bronze, selection, &schema, &mut footers).await;
         }
         assert!(
             footers.files.len() <= total,

@@ -716,7 +716,10 @@ impl SilverTable {
                 missing.join(", ")
             )));
         }
-        Ok(Arc::new(Schema::new(bronze_fields(&schema))))
+        Ok(Arc::new(Schema::new(delta::plain_fields(
+            &schema,
+            bronze::SILVER_READS,
+        ))))
     }
 
     /// The Bronze rows matching `condition`, in Kafka order.
@@ -757,14 +760,6 @@ fn take_snapshot_ends(rows: &BronzeRows) -> Result<(RecordBatch, Vec<(i64, i64)>
 }
 
 use wal2delta_model::clock::unix_us as now_us;
-
-fn bronze_fields(schema: &Schema) -> Vec<Field> {
-    bronze::SILVER_READS
-        .iter()
-        .filter_map(|c| schema.field_with_name(c).ok())
-        .map(|f| f.clone().with_data_type(delta::plain(f.data_type())))
-        .collect()
-}
 
 /// The columns of a Silver table created before any row reached it: Bronze's `after`
 /// columns and Silver's own, as the fold and MERGE write them.
