@@ -16,6 +16,7 @@ pub mod reconcile;
 pub mod rules;
 pub mod silver;
 pub mod storage;
+mod stopwatch;
 mod txns;
 
 pub use deltalake;

@@ -23,7 +23,7 @@ pub use shared::Evaluator;
 pub use source::RuleSource;
 pub use store::hit_counts;
 pub(crate) use table::untagged_silver_txn;
-pub use table::{RulesReport, Start, TableRules, DEFAULT_HITS_INTERVAL, RULE_FAILED};
+pub use table::{RulesReport, RulesSteps, Start, TableRules, DEFAULT_HITS_INTERVAL, RULE_FAILED};
 
 use wal2delta_model::TableName;
 

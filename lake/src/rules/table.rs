@@ -32,6 +32,7 @@ use super::walk::{walk, Event, Transition, What};
 use super::{compile_with, Evaluator, Related, Rule, RuleError, RuleSource};
 use crate::delta;
 use crate::silver::{versions, BronzeRows, Position, Progress, COMMIT_LSN, COMMIT_TS, OP, ORDINAL};
+use crate::stopwatch::Stopwatch;
 use crate::LakeError;
 
 /// What the rules did in one round.
@@ -68,6 +69,30 @@ pub struct RulesReport {
     pub lookups_avoided: usize,
     pub lookups_stale: usize,
     pub lookups_newer: usize,
+    /// Where a streamed round spent its time.
+    pub steps: RulesSteps,
+}
+
+/// Where one streamed round of rules spent its time (logged at debug with the Silver
+/// round's steps). Steps a round did not reach stay zero.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RulesSteps {
+    /// The round's row versions, and the Silver values of their unchanged (TOASTed)
+    /// columns or a snapshot's tombstones.
+    pub settle: Duration,
+    /// The active rules compiled, or checked against the table's and the looked-up
+    /// tables' schemas.
+    pub compile: Duration,
+    /// Every rule over the row versions, lookups included.
+    pub evaluate: Duration,
+    /// The keys, the events and the walk to transitions.
+    pub walk: Duration,
+    /// Publishing to the Kafka outputs.
+    pub publish: Duration,
+    /// Appending to `rules/transitions`.
+    pub append: Duration,
+    /// Committing `rules/hits`, when due.
+    pub hits: Duration,
 }
 
 /// How a round starts.
@@ -365,6 +390,7 @@ impl TableRules {
         after: &Progress,
     ) -> Result<RulesReport, LakeError> {
         let started = Instant::now();
+        let mut clock = Stopwatch::start();
         let mut report = RulesReport::default();
         let uncovered = |i: usize| match covered {
             None => true,
@@ -389,6 +415,7 @@ impl TableRules {
                 with_column(&batch, SOURCE, Arc::new(sources)).map_err(|e| self.error(e))?;
             let reads = (0..rows.num_rows()).any(|i| rows.op(i) == Some(ChangeOp::Read));
             let batch = self.settle(batch, silver, tombstones, &keys, reads).await?;
+            report.steps.settle = clock.lap();
             let schema = match silver {
                 Some(s) => delta::arrow_schema(&self.name, s)?,
                 None => value_schema(&batch),
@@ -397,9 +424,11 @@ impl TableRules {
             report.invalid = invalid;
             report.rules = compiled.rules().len();
             report.rows = batch.num_rows();
+            report.steps.compile = clock.lap();
             let mut row_hits = self
                 .evaluate_rows(&compiled, &batch, &schema, &mut report)
                 .await?;
+            report.steps.evaluate = clock.lap();
             let keys_json = key_json(&batch, &keys).map_err(|e| self.error(e))?;
             let col = |n: &str| batch.column_by_name(n).cloned();
             let (Some(src), Some(lsn), Some(ord), Some(op)) =
@@ -493,9 +522,11 @@ impl TableRules {
         let seq = state.seq + 1;
         report.eval_time = started.elapsed();
         count(&mut report, &walked.transitions);
+        report.steps.walk = clock.lap();
         // Published before the commits, acknowledged, or the round fails (super::output).
         self.publish(Origin::Stream, seq, &walked.transitions, &filter_events)
             .await?;
+        report.steps.publish = clock.lap();
         let state = self.state.as_mut().ok_or_else(|| LakeError::Rows {
             table: self.name.clone(),
             reason: "rules state not loaded".into(),
@@ -516,8 +547,10 @@ impl TableRules {
                 .await?;
             state.seq = seq;
             state.progress = after.clone();
+            report.steps.append = clock.lap();
             self.add_pending(changes_of(&walked.transitions));
             self.flush_hits(false).await?;
+            report.steps.hits = clock.lap();
         }
         Ok(report)
     }

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
@@ -27,6 +27,7 @@ use super::{fold, plan, Pieces, Progress, TransactionCounts};
 use crate::delta::{self, ident};
 use crate::quarantine::QuarantineTable;
 use crate::rules::{RuleSource, TableRules};
+use crate::stopwatch::Stopwatch;
 use crate::{Lake, LakeError};
 
 /// What one round did.
@@ -59,8 +60,12 @@ pub struct ApplyReport {
 /// which part of a slow round to tune. Steps a round did not reach stay zero.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Steps {
-    /// Opening Silver and Bronze and loading the progress (the Delta logs' new commits).
+    /// Opening Silver (its log's new commits).
     pub open: Duration,
+    /// Loading Silver's progress (its `txn` actions).
+    pub progress: Duration,
+    /// Opening Bronze (its log's new commits).
+    pub bronze: Duration,
     /// Reading Bronze after the cursors.
     pub read: Duration,
     /// Rules' start, planning the whole transactions, the completion checks, the window.
@@ -71,23 +76,6 @@ pub struct Steps {
     pub rules: Duration,
     /// The MERGE (or progress-only commit) into Silver.
     pub write: Duration,
-}
-
-/// Marks the end of one step after another.
-struct Stopwatch(Instant);
-
-impl Stopwatch {
-    fn start() -> Self {
-        Self(Instant::now())
-    }
-
-    /// The time since the last lap (or the start), restarting it.
-    fn lap(&mut self) -> Duration {
-        let now = Instant::now();
-        let d = now - self.0;
-        self.0 = now;
-        d
-    }
 }
 
 /// What writing one round's folded changes did.
@@ -270,10 +258,12 @@ impl SilverTable {
         let mut clock = Stopwatch::start();
         let mut steps = Steps::default();
         let silver = self.kept.silver.latest(&self.name, &self.url).await?;
+        steps.open = clock.lap();
         let before = match &silver {
             Some(t) => Progress::load(&self.name, t).await?,
             None => Progress::default(),
         };
+        steps.progress = clock.lap();
         let Some(bronze) = self
             .kept
             .bronze
@@ -282,7 +272,7 @@ impl SilverTable {
         else {
             return Ok(ApplyReport::default());
         };
-        steps.open = clock.lap();
+        steps.bronze = clock.lap();
         let rows = self.read_bronze(&bronze, &before).await?;
         let read = self.view(&rows)?;
         steps.read = clock.lap();

@@ -520,8 +520,14 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     if let Some(v) = r.version {
         let s = &r.steps;
         tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark,
-            open_ms = s.open.as_millis() as u64, read_ms = s.read.as_millis() as u64, plan_ms = s.plan.as_millis() as u64,
+            open_ms = s.open.as_millis() as u64, progress_ms = s.progress.as_millis() as u64, bronze_ms = s.bronze.as_millis() as u64, read_ms = s.read.as_millis() as u64, plan_ms = s.plan.as_millis() as u64,
             screen_ms = s.screen.as_millis() as u64, rules_ms = s.rules.as_millis() as u64, write_ms = s.write.as_millis() as u64, "silver commit");
+        if let Some(rules) = r.rules.last().filter(|x| !x.backfill) {
+            let ms = |d: std::time::Duration| d.as_millis() as u64;
+            let s = &rules.steps;
+            tracing::debug!(table = %name, version = v, rows = rules.rows, settle_ms = ms(s.settle), compile_ms = ms(s.compile), evaluate_ms = ms(s.evaluate),
+                walk_ms = ms(s.walk), publish_ms = ms(s.publish), append_ms = ms(s.append), hits_ms = ms(s.hits), "rules round");
+        }
     }
 }
 
