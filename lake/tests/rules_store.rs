@@ -46,7 +46,7 @@ fn pairs(hits: &wal2delta_lake::rules::walk::Hits) -> Vec<(String, String)> {
 #[tokio::test]
 async fn hits_trailing_the_transitions_are_rolled_forward() {
     let (lake, dir) = lake();
-    let store = RulesStore::new(&lake);
+    let mut store = RulesStore::new(&lake);
     let t = "public.payments";
     // Round 1: two keys enter; its hits are committed.
     let round1 = [tr(10, "a", "big", true), tr(10, "b", "big", true)];

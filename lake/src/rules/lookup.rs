@@ -245,15 +245,16 @@ impl TableRules {
         rows: &[u32],
     ) -> Result<Fetched, LakeError> {
         let label = format!("silver/{}", l.table);
-        let (s, t) = l.table.ident_parts();
-        let Some(table) = delta::open(&label, &self.lake.silver(&s, &t)).await? else {
+        // As of this round's refresh (`compiled`), like the schema the rules were
+        // compiled against.
+        let Some(table) = self.related.get(&lake_name(&l.table)) else {
             return Err(self.error(format!(
                 "lookup `{}`: {} has no Silver table",
                 l.name, l.table
             )));
         };
         // Silver records its progress under the table's lake name.
-        let watermark = Progress::load(&lake_name(&l.table), &table)
+        let watermark = Progress::load(&lake_name(&l.table), table)
             .await?
             .watermark;
         // The needed keys, as the related columns' types.
@@ -295,7 +296,7 @@ impl TableRules {
         .await?;
         let related_schema = match out.first() {
             Some(b) => b.schema(),
-            None => delta::arrow_schema(&label, &table)?,
+            None => delta::arrow_schema(&label, table)?,
         };
         let rows = concat_batches(&related_schema, &out).map_err(|e| self.error(e))?;
         let related_keys =

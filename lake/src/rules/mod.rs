@@ -10,6 +10,7 @@ pub mod compile;
 mod evaluate;
 mod lookup;
 pub mod output;
+mod related;
 mod shared;
 mod source;
 pub mod store;

@@ -103,6 +103,10 @@ pub type HitChange = (String, String, Hit);
 pub struct RulesStore {
     transitions: Url,
     hits: Url,
+    /// Both tables kept open between rounds ([`delta::Kept`]): every round appends to
+    /// `rules/transitions`, and reopening it replayed a log that grew with the run.
+    kept_transitions: delta::Kept,
+    kept_hits: delta::Kept,
 }
 
 fn utc() -> DataType {
@@ -140,7 +144,15 @@ impl RulesStore {
         RulesStore {
             transitions: lake.rules_transitions(),
             hits: lake.rules_hits(),
+            kept_transitions: delta::Kept::default(),
+            kept_hits: delta::Kept::default(),
         }
+    }
+
+    /// Drops the kept tables (after a failed round): the next commit opens them afresh.
+    pub fn forget(&mut self) {
+        self.kept_transitions = delta::Kept::default();
+        self.kept_hits = delta::Kept::default();
     }
 
     fn seq_app(table: &str) -> String {
@@ -149,7 +161,7 @@ impl RulesStore {
 
     /// The state of `table`'s rules: hits rolled forward to the last transitions, the
     /// rolled-forward hits committed to `rules/hits`.
-    pub async fn load(&self, table: &str) -> Result<Loaded, LakeError> {
+    pub async fn load(&mut self, table: &str) -> Result<Loaded, LakeError> {
         let (mut out, missed) = self.read(table).await?;
         if !missed.is_empty() {
             self.merge_hits(table, out.seq, &changes_of(&missed))
@@ -258,7 +270,7 @@ impl RulesStore {
     /// were computed with and the Silver progress they cover. `rules/hits` follows with
     /// [`Self::merge_hits`].
     pub async fn append(
-        &self,
+        &mut self,
         table: &str,
         seq: i64,
         ruleset: i64,
@@ -306,7 +318,11 @@ impl RulesStore {
         let props = CommitProperties::default()
             .with_application_transactions(txns)
             .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
-        let t = match delta::open("rules/transitions", &self.transitions).await? {
+        let t = match self
+            .kept_transitions
+            .latest("rules/transitions", &self.transitions)
+            .await?
+        {
             Some(t) => t,
             None => delta::handle("rules/transitions", &self.transitions)?,
         };
@@ -321,7 +337,7 @@ impl RulesStore {
     /// Commits `changes` (in order: the last change of a (key, rule) decides) to
     /// `rules/hits` as reflecting the transitions up to `seq`.
     pub async fn merge_hits(
-        &self,
+        &mut self,
         table: &str,
         seq: i64,
         changes: &[HitChange],
@@ -361,7 +377,7 @@ impl RulesStore {
             .with_application_transactions(vec![Transaction::new(Self::seq_app(table), seq)])
             .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
         let err = LakeError::delta(&"rules/hits");
-        let Some(target) = delta::open("rules/hits", &self.hits).await? else {
+        let Some(target) = self.kept_hits.latest("rules/hits", &self.hits).await? else {
             // The first commit: the matching rows are the table.
             let hits = deltalake::arrow::compute::filter_record_batch(
                 &batch,

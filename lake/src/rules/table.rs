@@ -127,6 +127,8 @@ pub struct TableRules {
     /// rule set (rows changed, or were tagged, without some rule).
     force_backfill: bool,
     compiled: Option<Compiled>,
+    /// The Silver tables the rules look up, kept open between rounds.
+    pub(super) related: super::related::RelatedTables,
     /// Where each round is published before its commits ([`super::output`]).
     pub(super) output: Option<Arc<dyn RulesOutput>>,
     /// The table's primary-key columns (Silver's names), as the last round gave them.
@@ -170,6 +172,7 @@ impl TableRules {
             installed: None,
             force_backfill: false,
             compiled: None,
+            related: Default::default(),
             output: None,
             keys: Vec::new(),
             hits_interval: DEFAULT_HITS_INTERVAL,
@@ -258,9 +261,17 @@ impl TableRules {
     /// Forgets the loaded state (after a failure: the next round loads it again, the
     /// pending hits changes rolled forward from the transitions).
     pub fn reset(&mut self) {
+        self.forget_tables();
         self.state = None;
         self.pending.clear();
         self.pending_since = None;
+    }
+
+    /// Drops the tables kept open between rounds (after a failed round: a table removed
+    /// and made again meanwhile must be opened afresh, [`delta::Kept`]).
+    pub fn forget_tables(&mut self) {
+        self.related.forget();
+        self.store.forget();
     }
 
     /// The next round compares every rule with every Silver row (after a re-snapshot
@@ -343,7 +354,7 @@ impl TableRules {
         schema: &SchemaRef,
     ) -> Result<(Arc<Evaluator>, Vec<RuleError>), LakeError> {
         let desired = self.source.of(&self.name);
-        let related = super::related_schemas(&self.lake, &desired).await?;
+        let related = self.related.refresh(&self.lake, &desired).await?;
         let fresh = self
             .compiled
             .as_ref()

@@ -250,6 +250,9 @@ impl SilverTable {
         let applied = self.round(counts).await;
         if applied.is_err() {
             self.kept = KeptTables::default();
+            if let Some(r) = &mut self.rules {
+                r.forget_tables();
+            }
         }
         applied
     }
