@@ -15,8 +15,8 @@ pub mod quarantine;
 pub mod reconcile;
 pub mod rules;
 pub mod silver;
-pub mod storage;
 mod stopwatch;
+pub mod storage;
 mod txns;
 
 pub use deltalake;

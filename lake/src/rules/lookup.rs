@@ -254,9 +254,7 @@ impl TableRules {
             )));
         };
         // Silver records its progress under the table's lake name.
-        let watermark = Progress::load(&lake_name(&l.table), table)
-            .await?
-            .watermark;
+        let watermark = Progress::load(&lake_name(&l.table), table).await?.watermark;
         // The needed keys, as the related columns' types.
         let wanted = take_record_batch(input, &UInt32Array::from(rows.to_vec()))
             .map_err(|e| self.error(e))?;
