@@ -28,8 +28,10 @@ pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, La
 }
 
 /// A table kept open between rounds. Opening a table replays its log from the last
-/// checkpoint, a cost that grows with the files the table holds (Bronze gains a few every
-/// batch until compaction); refreshing an open one replays only the commits since.
+/// checkpoint, up to 100 commits; refreshing an open one reads only the commits since.
+/// Both still cost in proportion to the files the table holds (delta-rs 1.1 rebuilds the
+/// file list on every refresh: `lake/examples/refresh_cost.rs`), so keeping pays most for
+/// tables with many commits and few files.
 ///
 /// A refresh assumes the table at the URL is the one opened: the stages only ever add
 /// commits (a Silver rebuild swaps its rows in by a commit too). A table removed is seen
