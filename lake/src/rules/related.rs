@@ -64,3 +64,106 @@ impl RelatedTables {
         self.latest.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use deltalake::arrow::array::{ArrayRef, Int64Array, StringArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Schema};
+    use deltalake::arrow::record_batch::RecordBatch;
+    use deltalake::protocol::SaveMode;
+    use wal2delta_model::TableName;
+
+    use super::*;
+    use crate::rules::Lookup;
+
+    fn rule(id: &str, looks_up: Option<&TableName>) -> Rule {
+        Rule {
+            id: id.into(),
+            table: TableName::new("s", "orders"),
+            when: "true".into(),
+            version: 1,
+            active: true,
+            lookups: looks_up
+                .map(|t| Lookup {
+                    name: "m".into(),
+                    table: t.clone(),
+                    on: vec![("merchant_id".into(), "id".into())],
+                })
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// Appends one row to the table at `url`; `category` adds that column.
+    async fn append(url: &url::Url, category: bool) {
+        let mut fields = vec![Field::new("id", DataType::Int64, true)];
+        let mut cols: Vec<ArrayRef> = vec![Arc::new(Int64Array::from(vec![1]))];
+        if category {
+            fields.push(Field::new("category", DataType::Utf8, true));
+            cols.push(Arc::new(StringArray::from(vec!["retail"])));
+        }
+        let batch = RecordBatch::try_new(Arc::new(Schema::new(fields)), cols).unwrap();
+        delta::handle("m", url)
+            .unwrap()
+            .write(vec![batch])
+            .with_save_mode(SaveMode::Append)
+            .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn related_tables_follow_new_commits_and_a_table_made_later_or_removed() {
+        let dir = std::env::temp_dir().join(format!("w2d-related-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let merchants = TableName::new("s", "merchants");
+        let name = lake_name(&merchants);
+        let url = lake.silver("s", "merchants");
+        // Two rules looking up the same table, one looking up nothing.
+        let rules = [
+            rule("a", Some(&merchants)),
+            rule("b", Some(&merchants)),
+            rule("c", None),
+        ];
+        let mut related = RelatedTables::default();
+
+        // No Silver table yet: no schema, nothing to look up in.
+        assert!(related.refresh(&lake, &rules).await.unwrap().is_empty());
+        assert!(related.get(&name).is_none());
+
+        append(&url, false).await;
+        let schemas = related.refresh(&lake, &rules).await.unwrap();
+        assert_eq!(schemas.keys().collect::<Vec<_>>(), [&name]);
+        assert!(schemas[&name].field_with_name("category").is_err());
+        let first = related.get(&name).unwrap().version();
+
+        // A new column: the next refresh has it, at the table's latest version.
+        append(&url, true).await;
+        let schemas = related.refresh(&lake, &rules).await.unwrap();
+        assert!(schemas[&name].field_with_name("category").is_ok());
+        let latest = delta::open("m", &url).await.unwrap().unwrap().version();
+        assert_eq!(related.get(&name).unwrap().version(), latest);
+        assert!(latest > first);
+
+        // No rule looks it up any more: let go.
+        assert!(related
+            .refresh(&lake, &rules[2..])
+            .await
+            .unwrap()
+            .is_empty());
+        assert!(related.get(&name).is_none());
+
+        // Removed: gone on the next refresh; and forget() drops what a refresh kept.
+        related.refresh(&lake, &rules).await.unwrap();
+        assert!(related.get(&name).is_some());
+        related.forget();
+        assert!(related.get(&name).is_none());
+        std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
+        assert!(related.refresh(&lake, &rules).await.unwrap().is_empty());
+        assert!(related.get(&name).is_none());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
