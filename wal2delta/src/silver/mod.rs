@@ -163,9 +163,11 @@ impl Stage<'_> {
         Ok(tables)
     }
 
-    /// Compacts and checkpoints the Silver tables the stage works on, their tombstones and
-    /// the quarantine tables (see [`crate::maintenance`]): between rounds, never beside a
-    /// MERGE of the same table.
+    /// Compacts and checkpoints the Silver tables the stage works on, their tombstones,
+    /// the quarantine tables and, with rules, `rules/transitions` and `rules/hits` (see
+    /// [`crate::maintenance`]): between rounds, never beside a MERGE of the same table.
+    /// `rules/transitions` gains a file in every round with transitions, and every append
+    /// refreshes it at a cost that grows with its files.
     async fn maintain(&self) {
         let target = self.config.silver.target_file_bytes;
         let mut silver = Vec::new();
@@ -186,6 +188,13 @@ impl Stage<'_> {
             ("resolutions".to_owned(), self.lake.quarantine_resolutions()),
         ];
         maintain_tables("quarantine", quarantine, target).await;
+        if self.rules.is_some() {
+            let rules = vec![
+                ("transitions".to_owned(), self.lake.rules_transitions()),
+                ("hits".to_owned(), self.lake.rules_hits()),
+            ];
+            maintain_tables("rules", rules, target).await;
+        }
     }
 
     /// On a clean stop: commits each table's pending `rules/hits` changes, so the lake's
