@@ -72,20 +72,11 @@ pub async fn silver_schema(
     }
 }
 
-/// The Silver schemas of the tables `rules` look up (those that have a Silver table).
+/// The Silver schemas of the tables `rules` look up (those that have a Silver table), as
+/// a round reads them ([`related::RelatedTables`]), without keeping the tables.
 pub async fn related_schemas(
     lake: &crate::Lake,
     rules: &[Rule],
 ) -> Result<Related, crate::LakeError> {
-    let mut out = Related::new();
-    for l in rules.iter().flat_map(|r| &r.lookups) {
-        let name = compile::lake_name(&l.table);
-        if out.contains_key(&name) {
-            continue;
-        }
-        if let Some(s) = silver_schema(lake, &l.table).await? {
-            out.insert(name, s);
-        }
-    }
-    Ok(out)
+    related::RelatedTables::default().refresh(lake, rules).await
 }
