@@ -8,6 +8,7 @@ pub mod bronze;
 mod conditions;
 mod delta;
 mod error;
+mod follow;
 pub mod gold;
 mod location;
 pub mod maintenance;

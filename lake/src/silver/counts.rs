@@ -12,6 +12,7 @@ use deltalake::arrow::datatypes::{Schema, SchemaRef};
 use super::files::{self, Pick};
 use super::TransactionCounts;
 use crate::delta;
+use crate::follow::Followed;
 use crate::{Lake, LakeError};
 
 /// The Bronze quarantine records a resolution names, of changes committed above `after`:
@@ -59,20 +60,32 @@ pub async fn transaction_counts(
 const NAME: &str = "_wal2delta.transactions";
 const READS: [&str; 3] = ["status", "commit_lsn", "data_collections"];
 
-/// The transaction records table kept open between rounds ([`delta::Kept`]); its records
-/// above a watermark are read from the files that can hold them ([`files`]).
-#[derive(Default)]
+/// The transaction records table followed from its log between rounds ([`Followed`]);
+/// its records above a watermark are read from the files that can hold them ([`files`]).
 pub struct TransactionLog {
-    kept: delta::Kept,
+    followed: Followed,
     footers: files::Footers,
+}
+
+impl Default for TransactionLog {
+    fn default() -> Self {
+        TransactionLog {
+            followed: Followed::new(Above::COLUMNS),
+            footers: files::Footers::default(),
+        }
+    }
 }
 
 /// Transaction records committed above an LSN.
 struct Above(i64);
 
+impl Above {
+    const COLUMNS: &[&str] = &["commit_lsn"];
+}
+
 impl Pick for Above {
     fn columns(&self) -> &'static [&'static str] {
-        &["commit_lsn"]
+        Self::COLUMNS
     }
 
     fn may_hold(&self, ranges: &[(i64, i64)]) -> bool {
@@ -104,13 +117,16 @@ impl TransactionLog {
         lake: &Lake,
         after: i64,
     ) -> Result<(i64, HashMap<String, TransactionCounts>), LakeError> {
-        let Some(t) = self.kept.latest(NAME, &lake.bronze_transactions()).await? else {
+        let url = lake.bronze_transactions();
+        let Some(listing) = self.followed.latest(NAME, &url).await? else {
             return Ok((after, HashMap::new()));
         };
-        let batches = match read_schema(&t) {
-            Some(schema) => files::read(NAME, &t, &Above(after), &schema, &mut self.footers)
-                .await
-                .map(|b| vec![b]),
+        let batches = match read_schema(&listing.schema) {
+            Some(schema) => {
+                files::read(NAME, &listing, &Above(after), &schema, &mut self.footers)
+                    .await
+                    .map(|b| vec![b])
+            }
             None => None,
         };
         let batches = match batches {
@@ -118,7 +134,7 @@ impl TransactionLog {
             None => {
                 delta::query(
                     NAME,
-                    &t,
+                    &self.followed.table(NAME).await?,
                     &format!(
                         "SELECT {} FROM t WHERE commit_lsn > {after}",
                         READS.join(", ")
@@ -133,9 +149,8 @@ impl TransactionLog {
 
 /// The columns counted, typed as the table has them; `None` when it lacks one (the query
 /// then says which).
-fn read_schema(t: &deltalake::DeltaTable) -> Option<SchemaRef> {
-    let schema = delta::arrow_schema(NAME, t).ok()?;
-    let fields = delta::plain_fields(&schema, &READS);
+fn read_schema(schema: &Schema) -> Option<SchemaRef> {
+    let fields = delta::plain_fields(schema, &READS);
     (fields.len() == READS.len()).then(|| Arc::new(Schema::new(fields)))
 }
 

@@ -15,7 +15,8 @@
 //! few row groups that can hold the window; those are read with the Parquet reader, only
 //! the columns Silver reads, and their rows filtered to the window exactly, so the result
 //! is the query's. The transaction records a round counts (`commit_lsn` above the lowest
-//! watermark) are read the same way.
+//! watermark) are read the same way. Which files the table holds comes from its log,
+//! followed commit by commit ([`crate::follow`]), not from a refreshed `DeltaTable`.
 //!
 //! Whatever this path cannot read exactly as the query would gives `None`, and the round
 //! reads through DataFusion instead: a table with column mapping, a file with a deletion
@@ -37,17 +38,15 @@ use deltalake::arrow::compute::{
 };
 use deltalake::arrow::datatypes::{DataType, Fields, Int64Type, SchemaRef};
 use deltalake::arrow::error::ArrowError;
-use deltalake::datafusion::common::Column;
-use deltalake::datafusion::physical_optimizer::pruning::PruningStatistics;
 use deltalake::parquet::arrow::async_reader::ParquetObjectReader;
 use deltalake::parquet::arrow::async_reader::{AsyncFileReader, ParquetRecordBatchStreamBuilder};
 use deltalake::parquet::arrow::ProjectionMask;
 use deltalake::parquet::file::statistics::Statistics;
-use deltalake::{DeltaTable, ObjectStore, Path};
+use deltalake::{ObjectStore, Path};
 use futures::TryStreamExt;
-use wal2delta_model::bronze;
 
 use super::window::Selection;
+use crate::follow::Listing;
 
 /// Why the direct read gave way to the query (logged at debug).
 type Fallback = String;
@@ -65,7 +64,7 @@ pub(super) trait Pick {
 
 impl Pick for Selection {
     fn columns(&self) -> &'static [&'static str] {
-        &[bronze::KAFKA_PARTITION, bronze::KAFKA_OFFSET]
+        super::window::COORDINATES
     }
 
     fn may_hold(&self, ranges: &[(i64, i64)]) -> bool {
@@ -77,22 +76,23 @@ impl Pick for Selection {
     }
 }
 
-/// The rows of `table` that `pick` keeps, with `schema`'s columns (typed as the table has
-/// them), ordered by the pick's columns; `None` when only a query can read them exactly.
+/// The rows of the listed table that `pick` keeps, with `schema`'s columns (typed as the
+/// table has them), ordered by the pick's columns; `None` when only a query can read them
+/// exactly.
 pub(super) async fn read(
     name: &str,
-    table: &DeltaTable,
+    listing: &Listing,
     pick: &dyn Pick,
     schema: &SchemaRef,
     footers: &mut Footers,
 ) -> Option<RecordBatch> {
-    match try_read(table, pick, schema, footers).await {
+    match try_read(listing, pick, schema, footers).await {
         Ok(read) => {
-            tracing::trace!(table = %name, files = read.files, rows = read.rows.num_rows(), "Bronze files read");
+            tracing::trace!(table = %name, version = listing.version, files = read.files, rows = read.rows.num_rows(), "Bronze files read");
             Some(read.rows)
         }
         Err(why) => {
-            tracing::debug!(table = %name, reason = %why, "reading Bronze through a query");
+            tracing::debug!(table = %name, version = listing.version, reason = %why, "reading Bronze through a query");
             None
         }
     }
@@ -171,64 +171,33 @@ struct Read {
 }
 
 async fn try_read(
-    table: &DeltaTable,
+    listing: &Listing,
     pick: &dyn Pick,
     schema: &SchemaRef,
     footers: &mut Footers,
 ) -> Result<Read, Fallback> {
-    let snapshot = table.snapshot().map_err(|e| e.to_string())?;
-    let mapped = snapshot
-        .metadata()
-        .configuration()
-        .get("delta.columnMapping.mode")
-        .is_some_and(|m| m != "none");
-    if mapped {
+    if listing.mapped {
         return Err("the table maps its column names".into());
     }
-    let files = snapshot.log_data();
     // The log's statistics, where it has them for every pick column, skip files without
     // reading their footers.
-    let logged: Option<Vec<(ArrayRef, ArrayRef)>> = pick
-        .columns()
-        .iter()
-        .map(|c| {
-            let column = Column::from_name(*c);
-            let int = |a: Option<ArrayRef>| cast(&a?, &DataType::Int64).ok();
-            Some((
-                int(files.min_values(&column))?,
-                int(files.max_values(&column))?,
-            ))
-        })
-        .collect();
-    let store = table.log_store().object_store(None);
+    let logged = listing.columns == pick.columns();
+    let store = &listing.store;
     let mut seen = HashSet::new();
     let mut wanted = Vec::new();
     let mut bytes = 0;
-    for (i, file) in files.iter().enumerate() {
-        let path = file.object_store_path();
+    for file in listing.files.values() {
+        let path = &file.path;
         seen.insert(path.to_string());
-        let ranges: Option<Vec<(i64, i64)>> = logged.as_ref().and_then(|stats| {
-            stats
-                .iter()
-                .map(|(low, high)| {
-                    let (low, high) = (
-                        low.as_primitive::<Int64Type>(),
-                        high.as_primitive::<Int64Type>(),
-                    );
-                    (i < low.len() && low.is_valid(i) && i < high.len() && high.is_valid(i))
-                        .then(|| (low.value(i), high.value(i)))
-                })
-                .collect()
-        });
-        if ranges.is_some_and(|r| !pick.may_hold(&r)) {
+        let ranges = file.ranges.as_ref().filter(|_| logged);
+        if ranges.is_some_and(|r| !pick.may_hold(r)) {
             continue;
         }
-        if file.deletion_vector_descriptor().is_some() {
+        if file.deletion_vector {
             return Err("a file has a deletion vector".into());
         }
-        let size = u64::try_from(file.size()).unwrap_or(0);
         // A row group without statistics for a column may hold anything: it is read.
-        let groups = footers.row_groups(&store, &path, size, pick).await?;
+        let groups = footers.row_groups(store, path, file.size, pick).await?;
         let chosen: Vec<usize> = groups
             .iter()
             .enumerate()
@@ -245,13 +214,13 @@ async fn try_read(
                 MOST_BYTES >> 20
             ));
         }
-        wanted.push((path, size, chosen));
+        wanted.push((path.clone(), file.size, chosen));
     }
     footers.files.retain(|path, _| seen.contains(path));
     let read = wanted.len();
     let mut batches = Vec::new();
     for (path, size, row_groups) in wanted {
-        read_file(&store, path, size, row_groups, pick, schema, &mut batches).await?;
+        read_file(store, path, size, row_groups, pick, schema, &mut batches).await?;
     }
     let rows = concat_batches(schema, &batches).map_err(|e| e.to_string())?;
     let rows = ordered(&rows, pick).map_err(|e| e.to_string())?;
@@ -417,11 +386,15 @@ mod tests {
         Int64Array, ListBuilder, StringArray, StringBuilder, TimestampMicrosecondArray,
     };
     use deltalake::arrow::datatypes::{Field, TimeUnit};
+    use wal2delta_model::bronze;
 
     use super::*;
     use crate::bronze::{bronze_batch, Append, BronzeTable, KafkaCoordinates, OffsetRange};
+    use crate::follow::Followed;
+    use crate::silver::window::COORDINATES;
     use crate::silver::SilverTable;
-    use crate::{delta, Lake};
+    use crate::Lake;
+    use url::Url;
 
     /// A row image `{id, v, c1..c<wide>}`, and with `note` once the source table gained a
     /// column.
@@ -569,35 +542,66 @@ mod tests {
         );
     }
 
+    /// A followed table's listing equals what a fresh load lists, and the followed one
+    /// loaded only where the log changed more than the files.
+    async fn same_as_a_fresh_load(followed: &mut Followed, url: &Url) -> Listing {
+        let listing = followed.latest("s.t", url).await.unwrap().unwrap();
+        let fresh = Followed::new(COORDINATES)
+            .latest("s.t", url)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(listing.version, fresh.version);
+        assert_eq!(listing.files, fresh.files, "at version {}", listing.version);
+        assert_eq!(listing.schema, fresh.schema);
+        assert_eq!(listing.mapped, fresh.mapped);
+        let table = followed.table("s.t").await.unwrap();
+        assert_eq!(table.version(), Some(listing.version), "the table for queries");
+        listing
+    }
+
     #[tokio::test]
-    async fn a_kept_table_follows_new_commits_and_a_table_removed_and_made_again() {
-        let dir = std::env::temp_dir().join(format!("w2d-kept-{}", std::process::id()));
+    async fn a_followed_table_lists_what_a_fresh_load_lists() {
+        let dir = std::env::temp_dir().join(format!("w2d-follow-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let lake = Lake::new(dir.to_str().unwrap()).unwrap();
         let url = lake.bronze("s", "t");
-        let mut kept = delta::Kept::default();
-        assert!(kept.latest("s.t", &url).await.unwrap().is_none());
+        let mut followed = Followed::new(COORDINATES);
+        assert!(followed.latest("s.t", &url).await.unwrap().is_none());
         let mut table = BronzeTable::new("s.t", url.clone());
         append(&mut table, 0, false, 0).await;
-        let files = |t: &DeltaTable| t.snapshot().unwrap().log_data().num_files();
-        let first = kept.latest("s.t", &url).await.unwrap().unwrap();
-        append(&mut table, 1, false, 0).await;
-        append(&mut table, 2, false, 0).await;
-        let later = kept.latest("s.t", &url).await.unwrap().unwrap();
-        let opened = delta::open("s.t", &url).await.unwrap().unwrap();
-        assert_eq!(later.version(), opened.version());
-        assert_eq!(files(&later), files(&opened));
-        assert!(files(&later) > files(&first));
-        // Removed: nothing, and a table made there again is opened afresh (its versions
-        // start over, so a refresh of the old state would not see it).
+        let first = same_as_a_fresh_load(&mut followed, &url).await;
+        assert!(first.files.values().all(|f| f.ranges.is_some()));
+        // New commits are followed, not loaded (several in one look).
+        for commit in 1..4 {
+            append(&mut table, commit, false, 0).await;
+        }
+        let later = same_as_a_fresh_load(&mut followed, &url).await;
+        assert_eq!(later.files.len(), first.files.len() * 4);
+        assert_eq!(followed.loads(), 1);
+        // A commit that changes the schema (the row images gain a column) is loaded.
+        append(&mut table, 4, true, 0).await;
+        let evolved = same_as_a_fresh_load(&mut followed, &url).await;
+        assert_ne!(evolved.schema, later.schema);
+        assert_eq!(followed.loads(), 2);
+        append(&mut table, 5, true, 0).await;
+        // Compaction: its removes and adds are followed, and so is a checkpoint.
+        crate::maintenance::maintain("s.t", &url, 64 << 20)
+            .await
+            .unwrap();
+        append(&mut table, 6, true, 0).await;
+        let compacted = same_as_a_fresh_load(&mut followed, &url).await;
+        assert!(compacted.files.len() < evolved.files.len());
+        assert_eq!(followed.loads(), 2);
+        // Removed: nothing, and a table made there again is loaded afresh (its versions
+        // start over, so following the old log would not see it).
         std::fs::remove_dir_all(url.to_file_path().unwrap()).unwrap();
-        assert!(kept.latest("s.t", &url).await.unwrap().is_none());
+        assert!(followed.latest("s.t", &url).await.unwrap().is_none());
         let mut table = BronzeTable::new("s.t", url.clone());
         append(&mut table, 0, false, 0).await;
-        let again = kept.latest("s.t", &url).await.unwrap().unwrap();
-        let opened = delta::open("s.t", &url).await.unwrap().unwrap();
-        assert_eq!(again.version(), opened.version());
-        assert_eq!(files(&again), files(&first));
+        let again = same_as_a_fresh_load(&mut followed, &url).await;
+        assert_eq!(again.files.len(), first.files.len());
+        assert_eq!(followed.loads(), 3);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -614,17 +618,19 @@ mod tests {
     /// and returns the direct read and how many rows the query gave.
     async fn both(
         silver: &SilverTable,
-        bronze: &DeltaTable,
+        bronze: &mut Followed,
         selection: &Selection,
         schema: &SchemaRef,
         footers: &mut Footers,
     ) -> (Read, usize) {
-        let direct = try_read(bronze, selection, schema, footers).await.unwrap();
+        let listing = bronze.latest("s.t", &silver.bronze_url).await.unwrap().unwrap();
+        let direct = try_read(&listing, selection, schema, footers).await.unwrap();
+        let table = bronze.table("s.t").await.unwrap();
         let queried = silver
-            .select_bronze(bronze, &selection.sql())
+            .select_bronze(&table, &selection.sql())
             .await
             .unwrap();
-        let version = bronze.version();
+        let version = listing.version;
         assert_eq!(
             shown(&direct.rows),
             shown(&queried),
@@ -645,13 +651,12 @@ mod tests {
             append(&mut table, commit, commit >= 6, wide).await;
         }
         let silver = SilverTable::new(&lake, "s", "t", 10);
-        let bronze = delta::open("s.t", &url).await.unwrap().unwrap();
-        let schema = silver.read_schema(&bronze).unwrap();
-        let files = bronze.snapshot().unwrap().log_data();
-        let total = files.num_files();
-        let logged = files
-            .min_values(&Column::from_name(bronze::KAFKA_OFFSET))
-            .is_some();
+        let mut bronze = Followed::new(COORDINATES);
+        let listing = bronze.latest("s.t", &url).await.unwrap().unwrap();
+        let schema = silver.read_schema(&listing.schema).unwrap();
+        let total = listing.files.len();
+        let logged = listing.files.values().all(|f| f.ranges.is_some());
+        assert!(logged || listing.files.values().all(|f| f.ranges.is_none()));
         assert_eq!(
             logged,
             wide == 0,
@@ -676,7 +681,8 @@ mod tests {
         ];
         let mut footers = Footers::default();
         for selection in &selections {
-            let (direct, queried) = both(&silver, &bronze, selection, &schema, &mut footers).await;
+            let (direct, queried) =
+                both(&silver, &mut bronze, selection, &schema, &mut footers).await;
             assert!(queried > 0 || selection.others_below == 0);
             assert!(
                 direct.files < total,
@@ -700,11 +706,10 @@ mod tests {
         crate::maintenance::maintain("s.t", &url, 64 << 20)
             .await
             .unwrap();
-        let bronze = delta::open("s.t", &url).await.unwrap().unwrap();
-        let total = bronze.snapshot().unwrap().log_data().num_files();
         for selection in &selections {
-            both(&silver, &bronze, selection, &schema, &mut footers).await;
+            both(&silver, &mut bronze, selection, &schema, &mut footers).await;
         }
+        let total = bronze.latest("s.t", &url).await.unwrap().unwrap().files.len();
         assert!(
             footers.files.len() <= total,
             "{} footers kept for {total} files",

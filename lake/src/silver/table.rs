@@ -25,6 +25,7 @@ use super::tombstones::Tombstones;
 use super::window::Window;
 use super::{fold, plan, Pieces, Progress, TransactionCounts};
 use crate::delta::{self, ident};
+use crate::follow::{Followed, Listing};
 use crate::quarantine::QuarantineTable;
 use crate::rules::{RuleSource, TableRules};
 use crate::stopwatch::Stopwatch;
@@ -122,13 +123,23 @@ pub struct SilverTable {
     pub(super) kept: KeptTables,
 }
 
-/// A Silver table's Delta tables kept open between its rounds ([`delta::Kept`]).
-#[derive(Default)]
+/// A Silver table's Delta tables kept open between its rounds: Silver ([`delta::Kept`])
+/// and Bronze, whose files are followed from its log ([`Followed`]).
 pub(super) struct KeptTables {
     silver: delta::Kept,
-    bronze: delta::Kept,
+    bronze: Followed,
     /// What the Bronze files' footers say of their Kafka coordinates.
     footers: super::files::Footers,
+}
+
+impl Default for KeptTables {
+    fn default() -> Self {
+        KeptTables {
+            silver: delta::Kept::default(),
+            bronze: Followed::new(super::window::COORDINATES),
+            footers: super::files::Footers::default(),
+        }
+    }
 }
 
 impl SilverTable {
@@ -311,7 +322,7 @@ impl SilverTable {
             plan(&read, &before, counts, pieces).map_err(|e| self.rows_error(e.to_string()))?;
         if let Some(lsn) = planned.progress.partial {
             if self
-                .pieces_complete(&bronze, lsn, &planned.progress, counts)
+                .pieces_complete(lsn, &planned.progress, counts)
                 .await?
             {
                 let complete = Pieces {
@@ -336,7 +347,14 @@ impl SilverTable {
         report.watermark = planned.progress.watermark;
         report.again = self
             .window
-            .adjust(&self.name, &bronze, &before, &read, &planned, counts)
+            .adjust(
+                &self.name,
+                &mut self.kept.bronze,
+                &before,
+                &read,
+                &planned,
+                counts,
+            )
             .await?;
         steps.plan = clock.lap();
         if planned.progress == before {
@@ -362,7 +380,7 @@ impl SilverTable {
         let (applicable, ends) = take_snapshot_ends(&self.view(&applicable)?)
             .map_err(|e| self.rows_error(e.to_string()))?;
         let resnapshot = self
-            .resnapshot_complete(&bronze, &ends, &planned.progress, before.truncated)
+            .resnapshot_complete(&ends, &planned.progress, before.truncated)
             .await?;
         if let Some(p) = resnapshot {
             tracing::info!(table = %self.name, from_lsn = p.0, "re-snapshot complete: deleting the rows it did not read again (deleted at the source while the slot was lost)");
@@ -493,8 +511,7 @@ impl SilverTable {
     /// distinct events has a copy at or below the cursor (pieces apply only rows the
     /// cursors pass). Reads only positions, by an aggregate over the transaction's rows.
     async fn pieces_complete(
-        &self,
-        bronze: &DeltaTable,
+        &mut self,
         lsn: i64,
         after: &Progress,
         counts: &TransactionCounts,
@@ -516,7 +533,8 @@ impl SilverTable {
              FROM t WHERE commit_lsn = {lsn} AND op <> 'r' AND op <> 's' GROUP BY kafka_partition"
         );
         let mut held = counts.held(lsn, None);
-        for b in delta::query(&self.name, bronze, &sql).await? {
+        let bronze = self.kept.bronze.table(&self.name).await?;
+        for b in delta::query(&self.name, &bronze, &sql).await? {
             let (Some(events), Some(applied)) = (
                 b.column(0)
                     .as_primitive_opt::<deltalake::arrow::datatypes::Int64Type>(),
@@ -542,8 +560,7 @@ impl SilverTable {
     /// (above `truncated`), Bronze holds it in as many partitions as it was sent to, and
     /// `after`'s cursors pass each of them, so every snapshot row before it is applied.
     async fn resnapshot_complete(
-        &self,
-        bronze: &DeltaTable,
+        &mut self,
         ends: &[(i64, i64)],
         after: &Progress,
         truncated: Option<Position>,
@@ -559,7 +576,8 @@ impl SilverTable {
                 end = ChangeOp::SnapshotEnd.code(),
             );
             let mut held = Vec::new();
-            for b in delta::query(&self.name, bronze, &sql).await? {
+            let bronze = self.kept.bronze.table(&self.name).await?;
+            for b in delta::query(&self.name, &bronze, &sql).await? {
                 let (Some(p), Some(o)) = (
                     b.column(0)
                         .as_primitive_opt::<deltalake::arrow::datatypes::Int32Type>(),
@@ -679,25 +697,31 @@ impl SilverTable {
         }
     }
 
+    /// The rows of this round's window, from the files of `bronze` that can hold them
+    /// (through a query when only a query can read them exactly).
     pub(super) async fn read_bronze(
         &mut self,
-        bronze: &DeltaTable,
+        bronze: &Listing,
         p: &Progress,
     ) -> Result<RecordBatch, LakeError> {
-        self.window.discover(&self.name, bronze, p).await?;
+        self.window
+            .discover(&self.name, &mut self.kept.bronze, p)
+            .await?;
         let selection = self.window.selection(p);
-        let schema = self.read_schema(bronze)?;
+        let schema = self.read_schema(&bronze.schema)?;
         let footers = &mut self.kept.footers;
         match super::files::read(&self.name, bronze, &selection, &schema, footers).await {
             Some(rows) => Ok(rows),
-            None => self.select_bronze(bronze, &selection.sql()).await,
+            None => {
+                let table = self.kept.bronze.table(&self.name).await?;
+                self.select_bronze(&table, &selection.sql()).await
+            }
         }
     }
 
-    /// The Bronze columns Silver reads, typed as the table has them (text as `Utf8`); an
-    /// error when the table lacks one.
-    pub(super) fn read_schema(&self, bronze: &DeltaTable) -> Result<Arc<Schema>, LakeError> {
-        let schema = delta::arrow_schema(&self.name, bronze)?;
+    /// The Bronze columns Silver reads, typed as the table (whose schema is `schema`) has
+    /// them (text as `Utf8`); an error when the table lacks one.
+    pub(super) fn read_schema(&self, schema: &Schema) -> Result<Arc<Schema>, LakeError> {
         let missing: Vec<&str> = bronze::SILVER_READS
             .iter()
             .copied()
@@ -710,7 +734,7 @@ impl SilverTable {
             )));
         }
         Ok(Arc::new(Schema::new(delta::plain_fields(
-            &schema,
+            schema,
             bronze::SILVER_READS,
         ))))
     }
@@ -721,7 +745,8 @@ impl SilverTable {
         bronze: &DeltaTable,
         condition: &str,
     ) -> Result<RecordBatch, LakeError> {
-        let schema = self.read_schema(bronze)?;
+        let whole = delta::arrow_schema(&self.name, bronze)?;
+        let schema = self.read_schema(&whole)?;
         let sql = format!(
             "SELECT {} FROM t WHERE {condition} ORDER BY kafka_partition, kafka_offset",
             bronze::SILVER_READS

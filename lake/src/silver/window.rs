@@ -27,11 +27,17 @@ use std::time::{Duration, Instant};
 
 use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::{Int32Type, Int64Type};
-use deltalake::DeltaTable;
 
 use super::rows::BronzeRows;
 use super::{Plan, Progress, TransactionCounts};
+use wal2delta_model::bronze;
+
+use crate::follow::Followed;
 use crate::{delta, LakeError};
+
+/// The Bronze columns a window selects by: the log's statistics of these are followed
+/// ([`Followed`]) and the files' footers read ([`super::files`]).
+pub(super) const COORDINATES: &[&str] = &[bronze::KAFKA_PARTITION, bronze::KAFKA_OFFSET];
 
 /// How often partitions are discovered by a scan.
 const DISCOVER_EVERY: Duration = Duration::from_secs(300);
@@ -165,7 +171,7 @@ impl Window {
     pub(super) async fn discover(
         &mut self,
         name: &str,
-        bronze: &DeltaTable,
+        bronze: &mut Followed,
         p: &Progress,
     ) -> Result<(), LakeError> {
         if self
@@ -188,7 +194,8 @@ impl Window {
             )
         };
         let sql = format!("SELECT DISTINCT kafka_partition FROM t{filter}");
-        for b in delta::query(name, bronze, &sql).await? {
+        let table = bronze.table(name).await?;
+        for b in delta::query(name, &table, &sql).await? {
             if let Some(a) = b.column(0).as_primitive_opt::<Int32Type>() {
                 self.discovered.extend(a.iter().flatten());
             }
@@ -204,7 +211,7 @@ impl Window {
     pub(super) async fn adjust(
         &mut self,
         name: &str,
-        bronze: &DeltaTable,
+        bronze: &mut Followed,
         before: &Progress,
         rows: &BronzeRows<'_>,
         plan: &Plan,
@@ -231,7 +238,8 @@ impl Window {
             let sql = format!(
                 "SELECT MIN(kafka_offset) FROM t WHERE kafka_partition = {part} AND kafka_offset > {c}"
             );
-            let next = delta::query(name, bronze, &sql)
+            let table = bronze.table(name).await?;
+            let next = delta::query(name, &table, &sql)
                 .await?
                 .iter()
                 .filter_map(|b| b.column(0).as_primitive_opt::<Int64Type>().cloned())
@@ -270,7 +278,8 @@ impl Window {
         // Resolved Bronze quarantine records of the transaction count as held.
         let mut held = counts.held(first, None);
         let mut ends = BTreeMap::new();
-        for b in delta::query(name, bronze, &sql).await? {
+        let table = bronze.table(name).await?;
+        for b in delta::query(name, &table, &sql).await? {
             let (Some(part), Some(last), Some(events)) = (
                 b.column(0).as_primitive_opt::<Int32Type>(),
                 b.column(1).as_primitive_opt::<Int64Type>(),
