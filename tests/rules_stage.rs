@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use wal2delta_tests::daemon::Daemon;
-use wal2delta_tests::lake::{duckdb, duckdb_pairs, rule_hits};
+use wal2delta_tests::lake::{compactions, duckdb, duckdb_pairs, rule_hits};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.payments (id bigint PRIMARY KEY, amount bigint NOT NULL, currency text NOT NULL, note text);";
@@ -216,17 +216,7 @@ async fn transitions_are_exact_replayable_and_rules_change_without_restart() -> 
     );
     // The stage's maintenance compacted rules/transitions (an OPTIMIZE commit), and the
     // transitions read from the compacted files are still exactly the history's.
-    let compacted = || -> Result<bool> {
-        for e in std::fs::read_dir(lake.join("rules/transitions/_delta_log"))? {
-            let path = e?.path();
-            if path.extension().is_some_and(|x| x == "json")
-                && std::fs::read_to_string(&path)?.contains("\"operation\":\"OPTIMIZE\"")
-            {
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    };
+    let compacted = || Ok(compactions(&lake.join("rules/transitions"))? > 0);
     run.wait_for("rules/transitions compacted", &true, compacted)
         .await?;
     ensure!(without_lsn(&transitions(&lake, "stream")?) == after);

@@ -1,7 +1,9 @@
 //! Silver under SIGKILL (promises 1, 2, 6): a randomised workload of more than 200,000
 //! changes (snapshot rows, inserts, updates with and without the TOASTed column, deletes,
 //! primary-key updates, a TRUNCATE) while capture, bronze and silver run as three
-//! processes, each SIGKILLed at random moments and restarted. Afterwards every Silver
+//! processes, each SIGKILLed at random moments and restarted, while Bronze compacts its
+//! tables and the transaction records every 3 s under Silver, which follows their logs
+//! (`lake/src/follow.rs`). Afterwards every Silver
 //! table equals the source row for row (read by DuckDB, masked column compared masked),
 //! holds each key once, `wal2delta reconcile` agrees, and `replay --layer silver` rebuilds
 //! the same tables from Bronze alone.
@@ -14,7 +16,7 @@ use rand::{Rng, SeedableRng};
 use serde_json::Value;
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
-use wal2delta_tests::lake::{duckdb, scan};
+use wal2delta_tests::lake::{compactions, duckdb, scan};
 use wal2delta_tests::{scenario, Stack};
 
 const CHANGES: u64 = 200_000;
@@ -25,6 +27,7 @@ mode = "initial"
 group_id = "{s}"
 max_batch_ms = 400
 topic_refresh_ms = 500
+maintenance_interval_s = 3
 consumer = { "session.timeout.ms" = "6000" }
 [silver]
 interval_ms = 500
@@ -286,6 +289,15 @@ async fn every_stage_sigkilled_silver_still_equals_the_source() -> Result<()> {
         ensure!(
             unresolved[0][0] == 0,
             "{t}: rows still missing an unchanged TOAST value"
+        );
+    }
+    // Bronze compacted what Silver read while it followed their logs.
+    let transactions = d.lake().join("bronze/_wal2delta/transactions");
+    for table in [d.bronze("acct"), d.bronze("pay"), transactions] {
+        ensure!(
+            compactions(&table)? > 0,
+            "Bronze never compacted {}",
+            table.display()
         );
     }
     eprintln!(

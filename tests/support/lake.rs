@@ -160,6 +160,20 @@ pub fn last_commit_info(table: &Path) -> Result<Value> {
         .context("the commit has no commitInfo")
 }
 
+/// How many commits of the table's log compacted it (`OPTIMIZE`).
+pub fn compactions(table: &Path) -> Result<usize> {
+    let mut n = 0;
+    for e in std::fs::read_dir(table.join("_delta_log"))? {
+        let path = e?.path();
+        if path.extension().is_some_and(|x| x == "json")
+            && std::fs::read_to_string(&path)?.contains("\"operation\":\"OPTIMIZE\"")
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
 /// Rows of a DuckDB query returning two text columns.
 pub fn duckdb_pairs(sql: &str) -> Result<Vec<(String, String)>> {
     let text = |v: &Value| v.as_str().unwrap_or_default().to_owned();

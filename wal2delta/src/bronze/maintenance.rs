@@ -1,4 +1,5 @@
-//! Scheduled compaction and checkpoints of the Bronze tables, beside ingestion.
+//! Scheduled compaction and checkpoints of the Bronze tables and the transaction records,
+//! beside ingestion.
 
 use std::time::Duration;
 
@@ -7,6 +8,7 @@ use tokio::task::JoinHandle;
 use wal2delta_lake::Lake;
 
 use crate::config::Config;
+use super::offsets::TRANSACTIONS_TABLE;
 use crate::maintenance::maintain_tables;
 
 /// Starts the maintenance task (`None` when `[bronze] maintenance_interval_s = 0`).
@@ -35,9 +37,12 @@ pub fn spawn(
                     continue;
                 }
             };
+            // The transaction records too: Bronze appends to them with every batch that
+            // carries a transaction's END, and Silver reads them every round.
             let tables = tables
                 .into_iter()
                 .map(|(schema, table, url)| (format!("{schema}.{table}"), url))
+                .chain([(TRANSACTIONS_TABLE.to_owned(), lake.bronze_transactions())])
                 .collect();
             maintain_tables("bronze", tables, target).await;
         }
