@@ -1,10 +1,24 @@
 //! Small helpers over delta-rs shared by every table kind.
 
-use deltalake::kernel::transaction::TransactionError;
+use deltalake::kernel::transaction::{CommitProperties, TransactionError};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use url::Url;
 
 use crate::LakeError;
+
+/// The commit properties every commit of the lake starts from: delta-rs' post-commit
+/// cleanup of expired log entries switched off.
+///
+/// With `delta.enableExpiredLogCleanup` on (the default), delta-rs lists the table's whole
+/// `_delta_log` after every commit to look for entries older than the log retention (30
+/// days by default). The stages commit several times a second (Silver records even an
+/// idle table's progress every round), so a log gains tens of thousands of entries a day
+/// and each commit's listing grows with them: `lake/examples/commit_cost.rs` measured
+/// it (docs/benchmarks.md). The cleanup runs with each table's scheduled maintenance
+/// instead ([`crate::maintenance::maintain`]), once per pass.
+pub(crate) fn commit_properties() -> CommitProperties {
+    CommitProperties::default().with_cleanup_expired_logs(Some(false))
+}
 
 /// An unloaded handle of the table at `url`.
 pub(crate) fn handle(name: &str, url: &Url) -> Result<DeltaTable, LakeError> {

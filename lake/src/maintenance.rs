@@ -11,7 +11,6 @@
 
 use std::num::NonZeroU64;
 
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::optimize::OptimizeType;
 use deltalake::DeltaTable;
 use futures::StreamExt;
@@ -28,8 +27,12 @@ pub struct MaintenanceReport {
     pub checkpoint_version: Option<u64>,
 }
 
-/// Compacts the table's small files (into files of about `target_bytes`) and writes a
-/// checkpoint of its log. A table that does not exist yet is left alone.
+/// Compacts the table's small files (into files of about `target_bytes`), writes a
+/// checkpoint of its log and removes the log entries older than the table's log
+/// retention (`delta.logRetentionDuration`, 30 days by default) that the checkpoint
+/// makes unnecessary. No commit of the lake removes them ([`delta::commit_properties`]):
+/// delta-rs would list the whole log after every commit to find them. A table that does
+/// not exist yet is left alone.
 pub async fn maintain(
     name: &str,
     url: &Url,
@@ -46,6 +49,11 @@ pub async fn maintain(
             .await
             .map_err(LakeError::delta(&name))?;
     }
+    // (delta-rs' OPTIMIZE commit runs its own cleanup whatever its commit properties
+    // say; a pass with nothing to compact makes no commit, hence this call.)
+    deltalake::checkpoints::cleanup_metadata(&table, None)
+        .await
+        .map_err(LakeError::delta(&name))?;
     Ok(report)
 }
 
@@ -83,7 +91,7 @@ async fn optimize(
         .optimize()
         .with_type(kind)
         .with_target_size(target)
-        .with_commit_properties(CommitProperties::default().with_metadata(carried))
+        .with_commit_properties(delta::commit_properties().with_metadata(carried))
         .await
         .map_err(LakeError::delta(&name))?;
     let report = MaintenanceReport {
@@ -144,7 +152,7 @@ mod tests {
             table = table
                 .write(vec![batch])
                 .with_commit_properties(
-                    CommitProperties::default()
+                    delta::commit_properties()
                         .with_metadata([("wal2delta.masking".to_owned(), json!({"v": i}))]),
                 )
                 .await
@@ -175,5 +183,73 @@ mod tests {
             checkpointed,
             "an unchanged table is not checkpointed again"
         );
+    }
+
+    /// The log entries of a table's directory.
+    fn log_entries(dir: &std::path::Path) -> usize {
+        std::fs::read_dir(dir.join("_delta_log"))
+            .unwrap()
+            .filter(|e| {
+                let name = e.as_ref().unwrap().file_name();
+                let name = name.to_string_lossy();
+                name.ends_with(".json") || name.ends_with(".parquet")
+            })
+            .count()
+    }
+
+    #[tokio::test]
+    async fn expired_log_entries_go_with_maintenance_and_never_with_a_commit() {
+        let dir = std::env::temp_dir().join(format!("w2d-log-cleanup-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = Url::from_directory_path(&dir).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let batch = |i: i64| {
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![i]))])
+                .unwrap()
+        };
+        // A log retention of one second: every entry expires at once.
+        let mut table = delta::handle("t", &url)
+            .unwrap()
+            .write(vec![batch(0)])
+            .with_configuration([("delta.logRetentionDuration", Some("interval 1 second"))])
+            .with_commit_properties(delta::commit_properties())
+            .await
+            .unwrap();
+        for i in 1..5 {
+            table = table
+                .write(vec![batch(i)])
+                .with_commit_properties(delta::commit_properties())
+                .await
+                .unwrap();
+        }
+        deltalake::checkpoints::create_checkpoint(&table, None)
+            .await
+            .unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+        // A commit after a checkpoint, with every earlier entry expired: delta-rs' own
+        // hook would remove them now; the lake's commits leave them.
+        let before = log_entries(&dir);
+        table
+            .write(vec![batch(5)])
+            .with_commit_properties(delta::commit_properties())
+            .await
+            .unwrap();
+        assert_eq!(log_entries(&dir), before + 1, "a commit removed log entries");
+
+        // Maintenance removes them, also when it has nothing to compact.
+        maintain("t", &url, 64 << 20).await.unwrap();
+        let after = log_entries(&dir);
+        assert!(after < before, "{after} log entries of {before} left");
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+        let report = maintain("t", &url, 64 << 20).await.unwrap();
+        assert_eq!(report.files_removed, 0, "{report:?}");
+        assert!(log_entries(&dir) < after, "nothing compacted: no entry removed");
+        let table = delta::open("t", &url).await.unwrap().unwrap();
+        let rows = delta::query("t", &table, "select sum(id), count(*) from t")
+            .await
+            .unwrap();
+        assert!(format!("{rows:?}").contains("15"), "{rows:?}");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

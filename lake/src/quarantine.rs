@@ -11,7 +11,6 @@
 
 use std::collections::BTreeMap;
 
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
@@ -117,7 +116,7 @@ impl QuarantineTable {
             // Tables written before `check_name` existed gain the column.
             .with_schema_mode(SchemaMode::Merge)
             .with_commit_properties(
-                CommitProperties::default()
+                delta::commit_properties()
                     .with_application_transactions(txns)
                     .with_metadata([(
                         "wal2delta.stage".to_owned(),
@@ -299,6 +298,7 @@ impl Resolutions {
         table
             .write(vec![batch])
             .with_save_mode(SaveMode::Append)
+            .with_commit_properties(delta::commit_properties())
             .await
             .map_err(LakeError::delta(&RESOLUTIONS))?;
         Ok(())

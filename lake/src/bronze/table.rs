@@ -201,7 +201,7 @@ impl BronzeTable {
                 .iter()
                 .map(|(p, r)| Transaction::new(app_id(&append.topic, *p), r.last))
                 .collect();
-            let props = CommitProperties::default()
+            let props = delta::commit_properties()
                 .with_application_transactions(txns)
                 .with_metadata([
                     ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),

@@ -192,7 +192,7 @@ pub(super) async fn merge(
         reason: e.to_string(),
     };
     let keys: usize = affected.iter().map(RecordBatch::num_rows).sum();
-    let props = CommitProperties::default().with_metadata([(GOLD_KEY.to_owned(), recorded)]);
+    let props = delta::commit_properties().with_metadata([(GOLD_KEY.to_owned(), recorded)]);
     let read_version = target.version();
     if keys == 0 {
         // The inputs' data files changed without changing a row the model reads (a

@@ -17,7 +17,6 @@ use deltalake::arrow::array::RecordBatch;
 use deltalake::datafusion::catalog::MemorySchemaProvider;
 use deltalake::datafusion::common::TableReference;
 use deltalake::datafusion::prelude::{SessionConfig, SessionContext};
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use deltalake::DeltaTable;
@@ -171,7 +170,7 @@ impl<'a> GoldTable<'a> {
             // A changed model may change its columns: each version is the whole result.
             .with_schema_mode(SchemaMode::Overwrite)
             .with_commit_properties(
-                CommitProperties::default().with_metadata([(GOLD_KEY.to_owned(), recorded)]),
+                delta::commit_properties().with_metadata([(GOLD_KEY.to_owned(), recorded)]),
             )
             .await
             .map_err(LakeError::delta(&name))?;

@@ -19,7 +19,6 @@ use deltalake::arrow::array::{
     Array, AsArray, Int64Array, RecordBatch, StringArray, TimestampMicrosecondArray,
 };
 use deltalake::arrow::datatypes::{DataType, Field, Schema, SchemaRef, TimeUnit};
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
 use deltalake::protocol::SaveMode;
 use url::Url;
@@ -315,7 +314,7 @@ impl RulesStore {
             ],
         )
         .map_err(|e| rows_error(table, e))?;
-        let props = CommitProperties::default()
+        let props = delta::commit_properties()
             .with_application_transactions(txns)
             .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
         let t = match self
@@ -373,7 +372,7 @@ impl RulesStore {
             ],
         )
         .map_err(|e| rows_error(table, e))?;
-        let props = CommitProperties::default()
+        let props = delta::commit_properties()
             .with_application_transactions(vec![Transaction::new(Self::seq_app(table), seq)])
             .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
         let err = LakeError::delta(&"rules/hits");

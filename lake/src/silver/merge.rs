@@ -127,7 +127,8 @@ impl SilverTable {
             let mut write = table
                 .write(vec![RecordBatch::new_empty(wanted)])
                 .with_save_mode(SaveMode::Append)
-                .with_schema_mode(SchemaMode::Merge);
+                .with_schema_mode(SchemaMode::Merge)
+                .with_commit_properties(delta::commit_properties());
             if let (true, Some(bytes)) = (creating, self.file_bytes) {
                 write = write.with_configuration([(FILE_SIZE_PROPERTY, Some(bytes.to_string()))]);
             }
@@ -157,7 +158,7 @@ impl SilverTable {
         table
             .set_tbl_properties()
             .with_properties([(FILE_SIZE_PROPERTY.to_owned(), bytes.to_string())].into())
-            .with_commit_properties(CommitProperties::default().with_metadata(carried))
+            .with_commit_properties(delta::commit_properties().with_metadata(carried))
             .await
             .map_err(LakeError::delta(&self.name))
     }

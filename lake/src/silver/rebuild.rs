@@ -11,7 +11,6 @@
 //! The silver stage must not commit to the table meanwhile: the rebuild refuses to swap
 //! when the live table's version moved since it started.
 
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
 use futures::StreamExt;
@@ -141,7 +140,7 @@ impl SilverTable {
             Some(t) => t,
             None => delta::handle(&self.name, &self.url)?,
         };
-        let props = CommitProperties::default()
+        let props = delta::commit_properties()
             .with_application_transactions(progress.transactions(&self.name))
             .with_metadata([
                 ("wal2delta.stage".to_owned(), serde_json::json!("silver")),

@@ -2,7 +2,6 @@
 //! like any change when it passes, unless something newer of its key is in Silver.
 
 use deltalake::arrow::array::RecordBatch;
-use deltalake::kernel::transaction::CommitProperties;
 use deltalake::DeltaTable;
 
 use super::columns::{COMMIT_LSN, MASKING_KEY};
@@ -61,7 +60,7 @@ impl SilverTable {
         let Some(source) = folded.rows else {
             return Ok(Redrive::Superseded);
         };
-        let props = CommitProperties::default().with_metadata([
+        let props = delta::commit_properties().with_metadata([
             ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
             (
                 "wal2delta.redrive".to_owned(),

@@ -361,7 +361,7 @@ impl SilverTable {
             if let (Some(t), false) = (&silver, report.rules.is_empty()) {
                 // A backfill committed a new rules seq: record it in Silver, or the next
                 // rule change would wait for the table's next change.
-                let props = CommitProperties::default()
+                let props = delta::commit_properties()
                     .with_application_transactions(self.transactions(&before));
                 report.version = Some(
                     delta::commit_progress_only(t, props, "wal2delta-silver", before.watermark)
@@ -430,7 +430,7 @@ impl SilverTable {
         steps.rules = clock.lap();
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
 
-        let props = CommitProperties::default()
+        let props = delta::commit_properties()
             .with_application_transactions(self.transactions(&planned.progress))
             .with_metadata([
                 ("wal2delta.stage".to_owned(), serde_json::json!("silver")),

@@ -60,6 +60,7 @@ impl Tombstones {
                 delta::handle(&self.name, &self.url)?
                     .write(vec![deletes])
                     .with_save_mode(SaveMode::Append)
+                    .with_commit_properties(delta::commit_properties())
                     .await
                     .map_err(err)?;
             }
@@ -80,6 +81,7 @@ impl Tombstones {
                     .with_source_alias("source")
                     .with_target_alias("target")
                     .with_session_state(delta::merge_session())
+                    .with_commit_properties(delta::commit_properties())
                     .when_matched_update(|u| {
                         [COMMIT_LSN, ORDINAL, COMMIT_TS]
                             .into_iter()
@@ -112,7 +114,10 @@ impl Tombstones {
         let Some(rebuilt) = other.open().await? else {
             // No delete in Bronze at all: no tombstone stays.
             if let Some(t) = live {
-                t.delete().await.map_err(err)?;
+                t.delete()
+                    .with_commit_properties(delta::commit_properties())
+                    .await
+                    .map_err(err)?;
             }
             return Ok(0);
         };
@@ -132,6 +137,7 @@ impl Tombstones {
             .with_input_plan(df.logical_plan().clone())
             .with_save_mode(SaveMode::Overwrite)
             .with_schema_mode(SchemaMode::Overwrite)
+            .with_commit_properties(delta::commit_properties())
             .await
             .map_err(err)?;
         Ok(n)
@@ -173,6 +179,7 @@ impl Tombstones {
             .with_predicate(format!(
                 "{COMMIT_LSN} <= {watermark} AND {COMMIT_TS} < '{cutoff}'"
             ))
+            .with_commit_properties(delta::commit_properties())
             .await
             .map_err(LakeError::delta(&self.name))?;
         Ok(metrics.num_deleted_rows.unwrap_or(0))
