@@ -12,9 +12,9 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::arrow::array::{Int64Array, RecordBatch};
 use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::kernel::transaction::{CommitBuilder, CommitProperties};
 use deltalake::kernel::{Action, Transaction};
 use deltalake::protocol::{DeltaOperation, OutputMode};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};

@@ -205,8 +205,7 @@ mod tests {
         let url = Url::from_directory_path(&dir).unwrap();
         let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
         let batch = |i: i64| {
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![i]))])
-                .unwrap()
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![i]))]).unwrap()
         };
         // A log retention of one second: every entry expires at once.
         let mut table = delta::handle("t", &url)
@@ -235,7 +234,11 @@ mod tests {
             .with_commit_properties(delta::commit_properties())
             .await
             .unwrap();
-        assert_eq!(log_entries(&dir), before + 1, "a commit removed log entries");
+        assert_eq!(
+            log_entries(&dir),
+            before + 1,
+            "a commit removed log entries"
+        );
 
         // Maintenance removes them, also when it has nothing to compact.
         maintain("t", &url, 64 << 20).await.unwrap();
@@ -244,7 +247,10 @@ mod tests {
         tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
         let report = maintain("t", &url, 64 << 20).await.unwrap();
         assert_eq!(report.files_removed, 0, "{report:?}");
-        assert!(log_entries(&dir) < after, "nothing compacted: no entry removed");
+        assert!(
+            log_entries(&dir) < after,
+            "nothing compacted: no entry removed"
+        );
         let table = delta::open("t", &url).await.unwrap().unwrap();
         let rows = delta::query("t", &table, "select sum(id), count(*) from t")
             .await

@@ -122,11 +122,9 @@ impl TransactionLog {
             return Ok((after, HashMap::new()));
         };
         let batches = match read_schema(&listing.schema) {
-            Some(schema) => {
-                files::read(NAME, &listing, &Above(after), &schema, &mut self.footers)
-                    .await
-                    .map(|b| vec![b])
-            }
+            Some(schema) => files::read(NAME, &listing, &Above(after), &schema, &mut self.footers)
+                .await
+                .map(|b| vec![b]),
             None => None,
         };
         let batches = match batches {

@@ -7,8 +7,8 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use wal2delta_lake::Lake;
 
-use crate::config::Config;
 use super::offsets::TRANSACTIONS_TABLE;
+use crate::config::Config;
 use crate::maintenance::maintain_tables;
 
 /// Starts the maintenance task (`None` when `[bronze] maintenance_interval_s = 0`).
