@@ -62,6 +62,7 @@ pub(crate) struct Followed {
 struct State {
     /// Loaded by delta-rs at a version at or below `version`; brought up when queried.
     table: DeltaTable,
+    url: Url,
     version: u64,
     files: Arc<HashMap<String, LoggedFile>>,
     schema: SchemaRef,
@@ -129,7 +130,7 @@ impl Followed {
             return Ok(None);
         };
         self.loads += 1;
-        let state = State::loaded(table, self.columns).map_err(LakeError::delta(&name))?;
+        let state = State::loaded(table, url, self.columns).map_err(LakeError::delta(&name))?;
         let listing = state.listing(self.columns);
         self.state = Some(state);
         Ok(Some(listing))
@@ -140,20 +141,36 @@ impl Followed {
         self.state.as_ref().map(|s| s.version)
     }
 
+    /// The version of the table kept for queries.
+    #[cfg(test)]
+    pub(crate) fn queried_version(&self) -> Option<u64> {
+        self.state.as_ref().and_then(|s| s.table.version())
+    }
+
     /// How many times delta-rs loaded the table.
     #[cfg(test)]
     pub(crate) fn loads(&self) -> u64 {
         self.loads
     }
 
-    /// The table at the version of the last [`Followed::latest`], for a query.
+    /// The table at the version of the last [`Followed::latest`], for a query. Far
+    /// behind that version, the table is loaded at it afresh (from the last checkpoint
+    /// before it) rather than brought forward commit by commit.
     pub(crate) async fn table(&mut self, name: &str) -> Result<DeltaTable, LakeError> {
         let Some(s) = &mut self.state else {
             return Err(LakeError::delta(&name)(DeltaTableError::NotATable(
                 "no table followed: look for its latest state first".into(),
             )));
         };
-        if s.table.version() < Some(s.version) {
+        let at = s.table.version().unwrap_or(0);
+        if at + MAX_CATCH_UP < s.version {
+            let mut fresh = delta::handle(name, &s.url)?;
+            fresh
+                .load_version(s.version)
+                .await
+                .map_err(LakeError::delta(&name))?;
+            s.table = fresh;
+        } else if at < s.version {
             s.table
                 .update_incremental(Some(s.version))
                 .await
@@ -165,7 +182,7 @@ impl Followed {
 
 impl State {
     /// The state delta-rs loaded into `table`.
-    fn loaded(table: DeltaTable, columns: &[&str]) -> Result<State, DeltaTableError> {
+    fn loaded(table: DeltaTable, url: &Url, columns: &[&str]) -> Result<State, DeltaTableError> {
         let snapshot = table.snapshot()?;
         let version = snapshot.version();
         let schema = snapshot.snapshot().arrow_schema();
@@ -180,7 +197,10 @@ impl State {
             .iter()
             .map(|c| {
                 let column = Column::from_name(*c);
-                Some((int(data.min_values(&column))?, int(data.max_values(&column))?))
+                Some((
+                    int(data.min_values(&column))?,
+                    int(data.max_values(&column))?,
+                ))
             })
             .collect();
         let mut files = HashMap::new();
@@ -216,6 +236,7 @@ impl State {
             mapped,
             store,
             table,
+            url: url.clone(),
         })
     }
 
@@ -256,7 +277,9 @@ impl State {
                 applied += 1;
             }
             if applied > MAX_CATCH_UP {
-                return Err(format!("more than {MAX_CATCH_UP} commits since the last look"));
+                return Err(format!(
+                    "more than {MAX_CATCH_UP} commits since the last look"
+                ));
             }
             ahead = READ_AHEAD;
         }
@@ -276,7 +299,11 @@ fn apply(
                 files.insert(key, file);
             }
             Action::Remove(remove) => {
-                files.remove(percent_decode_str(&remove.path).decode_utf8_lossy().as_ref());
+                files.remove(
+                    percent_decode_str(&remove.path)
+                        .decode_utf8_lossy()
+                        .as_ref(),
+                );
             }
             Action::Metadata(_) => return Err("changes the table's metadata"),
             Action::Protocol(_) => return Err("changes the table's protocol"),
@@ -290,7 +317,9 @@ fn apply(
 /// The entry of an `add` action: its key (the percent-decoded path) and file, with the
 /// object store path delta-rs would read it at.
 fn logged(add: &Add, columns: &[&str]) -> (String, LoggedFile) {
-    let key = percent_decode_str(&add.path).decode_utf8_lossy().into_owned();
+    let key = percent_decode_str(&add.path)
+        .decode_utf8_lossy()
+        .into_owned();
     let path = Path::parse(&key).unwrap_or_else(|_| Path::from(key.as_str()));
     let file = LoggedFile {
         path,

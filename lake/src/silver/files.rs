@@ -391,6 +391,7 @@ mod tests {
     use super::*;
     use crate::bronze::{bronze_batch, Append, BronzeTable, KafkaCoordinates, OffsetRange};
     use crate::follow::Followed;
+    use crate::silver::table::KeptTables;
     use crate::silver::window::COORDINATES;
     use crate::silver::SilverTable;
     use crate::Lake;
@@ -556,7 +557,11 @@ mod tests {
         assert_eq!(listing.schema, fresh.schema);
         assert_eq!(listing.mapped, fresh.mapped);
         let table = followed.table("s.t").await.unwrap();
-        assert_eq!(table.version(), Some(listing.version), "the table for queries");
+        assert_eq!(
+            table.version(),
+            Some(listing.version),
+            "the table for queries"
+        );
         listing
     }
 
@@ -606,6 +611,41 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn the_next_offset_of_a_partition_is_found_without_a_query_where_files_tell() {
+        let dir = std::env::temp_dir().join(format!("w2d-next-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let url = lake.bronze("s", "t");
+        let mut table = BronzeTable::new("s.t", url.clone());
+        // Wide row images: the log has no statistics of the Kafka columns, the footers do.
+        for commit in 0..4 {
+            append(&mut table, commit, false, 20).await;
+        }
+        let mut kept = KeptTables::default();
+        kept.bronze_latest("s.t", &url).await.unwrap().unwrap();
+        let cases = [
+            (1, 15, Some(16)),
+            (0, -1, Some(0)),
+            (2, 39, None),
+            (7, 0, None),
+        ];
+        for (partition, after, want) in cases {
+            let next = kept.next_offset("s.t", partition, after).await.unwrap();
+            assert_eq!(next, want, "partition {partition} after {after}");
+        }
+        assert_eq!(kept.bronze.loads(), 1);
+        // Found from the footers alone: the table for queries was never brought forward.
+        append(&mut table, 4, false, 20).await;
+        kept.bronze_latest("s.t", &url).await.unwrap().unwrap();
+        assert_eq!(kept.next_offset("s.t", 2, 39).await.unwrap(), Some(40));
+        assert!(kept
+            .bronze
+            .queried_version()
+            .is_some_and(|v| v < kept.bronze_version().unwrap()));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
     async fn the_files_read_directly_give_the_rows_the_query_gives() {
         // Narrow row images: the log has statistics of the Kafka columns. Wide ones (more
         // than 32 columns before them): only the files' footers do.
@@ -623,8 +663,14 @@ mod tests {
         schema: &SchemaRef,
         footers: &mut Footers,
     ) -> (Read, usize) {
-        let listing = bronze.latest("s.t", &silver.bronze_url).await.unwrap().unwrap();
-        let direct = try_read(&listing, selection, schema, footers).await.unwrap();
+        let listing = bronze
+            .latest("s.t", &silver.bronze_url)
+            .await
+            .unwrap()
+            .unwrap();
+        let direct = try_read(&listing, selection, schema, footers)
+            .await
+            .unwrap();
         let table = bronze.table("s.t").await.unwrap();
         let queried = silver
             .select_bronze(&table, &selection.sql())
@@ -709,7 +755,13 @@ mod tests {
         for selection in &selections {
             both(&silver, &mut bronze, selection, &schema, &mut footers).await;
         }
-        let total = bronze.latest("s.t", &url).await.unwrap().unwrap().files.len();
+        let total = bronze
+            .latest("s.t", &url)
+            .await
+            .unwrap()
+            .unwrap()
+            .files
+            .len();
         assert!(
             footers.files.len() <= total,
             "{} footers kept for {total} files",

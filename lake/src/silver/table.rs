@@ -1,13 +1,13 @@
 //! One Silver table: reads its Bronze table after the stored cursors, applies the changes
 //! whose transactions are whole, and commits rows and progress together.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
 use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
-use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::DeltaTable;
@@ -22,7 +22,7 @@ use super::mask::Masking;
 use super::rows::BronzeRows;
 use super::screen::{screen, ScreenError, Screened};
 use super::tombstones::Tombstones;
-use super::window::Window;
+use super::window::{Selection, Window, COORDINATES};
 use super::{fold, plan, Pieces, Progress, TransactionCounts};
 use crate::delta::{self, ident};
 use crate::follow::{Followed, Listing};
@@ -127,7 +127,10 @@ pub struct SilverTable {
 /// and Bronze, whose files are followed from its log ([`Followed`]).
 pub(super) struct KeptTables {
     silver: delta::Kept,
-    bronze: Followed,
+    pub(super) bronze: Followed,
+    /// Bronze's files in this round (cleared before the next look: following the log
+    /// then updates the kept list in place).
+    listing: Option<Listing>,
     /// What the Bronze files' footers say of their Kafka coordinates.
     footers: super::files::Footers,
 }
@@ -136,9 +139,75 @@ impl Default for KeptTables {
     fn default() -> Self {
         KeptTables {
             silver: delta::Kept::default(),
-            bronze: Followed::new(super::window::COORDINATES),
+            bronze: Followed::new(COORDINATES),
+            listing: None,
             footers: super::files::Footers::default(),
         }
+    }
+}
+
+impl KeptTables {
+    /// Bronze's files now; `None` when it has no table yet.
+    pub(super) async fn bronze_latest(
+        &mut self,
+        name: &str,
+        url: &Url,
+    ) -> Result<Option<Listing>, LakeError> {
+        self.listing = None;
+        self.listing = self.bronze.latest(name, url).await?;
+        Ok(self.listing.clone())
+    }
+
+    /// The version of Bronze this round reads.
+    pub(super) fn bronze_version(&self) -> Option<u64> {
+        self.bronze.version()
+    }
+
+    /// Bronze at the version this round reads, for a query.
+    pub(super) async fn bronze_table(&mut self, name: &str) -> Result<DeltaTable, LakeError> {
+        self.bronze.table(name).await
+    }
+
+    /// The smallest offset above `after` that Bronze holds in `partition` (`None`: none),
+    /// from the files that can hold one: a partition's files are its own until
+    /// compaction, so for an idle partition this reads nothing but footers already known.
+    /// Through a query when only a query can read them exactly.
+    pub(super) async fn next_offset(
+        &mut self,
+        name: &str,
+        partition: i32,
+        after: i64,
+    ) -> Result<Option<i64>, LakeError> {
+        if let Some(listing) = &self.listing {
+            let fields = delta::plain_fields(&listing.schema, COORDINATES);
+            let beyond = Selection {
+                ranges: BTreeMap::from([(partition, (after, i64::MAX))]),
+                others_below: 0,
+            };
+            if fields.len() == COORDINATES.len() {
+                let schema = Arc::new(Schema::new(fields));
+                let footers = &mut self.footers;
+                if let Some(rows) =
+                    super::files::read(name, listing, &beyond, &schema, footers).await
+                {
+                    // Ordered by partition and offset: the first is the smallest.
+                    return Ok(rows
+                        .column_by_name(bronze::KAFKA_OFFSET)
+                        .and_then(|c| c.as_primitive_opt::<Int64Type>())
+                        .and_then(|c| c.iter().flatten().next()));
+                }
+            }
+        }
+        let sql = format!(
+            "SELECT MIN(kafka_offset) FROM t WHERE kafka_partition = {partition} AND kafka_offset > {after}"
+        );
+        let table = self.bronze.table(name).await?;
+        Ok(delta::query(name, &table, &sql)
+            .await?
+            .iter()
+            .filter_map(|b| b.column(0).as_primitive_opt::<Int64Type>().cloned())
+            .flat_map(|a| a.iter().flatten().collect::<Vec<_>>())
+            .min())
     }
 }
 
@@ -280,8 +349,7 @@ impl SilverTable {
         steps.progress = clock.lap();
         let Some(bronze) = self
             .kept
-            .bronze
-            .latest(&self.name, &self.bronze_url)
+            .bronze_latest(&self.name, &self.bronze_url)
             .await?
         else {
             return Ok(ApplyReport::default());
@@ -321,10 +389,7 @@ impl SilverTable {
         let mut planned =
             plan(&read, &before, counts, pieces).map_err(|e| self.rows_error(e.to_string()))?;
         if let Some(lsn) = planned.progress.partial {
-            if self
-                .pieces_complete(lsn, &planned.progress, counts)
-                .await?
-            {
+            if self.pieces_complete(lsn, &planned.progress, counts).await? {
                 let complete = Pieces {
                     complete: Some(lsn),
                     ..pieces
@@ -347,14 +412,7 @@ impl SilverTable {
         report.watermark = planned.progress.watermark;
         report.again = self
             .window
-            .adjust(
-                &self.name,
-                &mut self.kept.bronze,
-                &before,
-                &read,
-                &planned,
-                counts,
-            )
+            .adjust(&self.name, &mut self.kept, &before, &read, &planned, counts)
             .await?;
         steps.plan = clock.lap();
         if planned.progress == before {
@@ -533,7 +591,7 @@ impl SilverTable {
              FROM t WHERE commit_lsn = {lsn} AND op <> 'r' AND op <> 's' GROUP BY kafka_partition"
         );
         let mut held = counts.held(lsn, None);
-        let bronze = self.kept.bronze.table(&self.name).await?;
+        let bronze = self.kept.bronze_table(&self.name).await?;
         for b in delta::query(&self.name, &bronze, &sql).await? {
             let (Some(events), Some(applied)) = (
                 b.column(0)
@@ -576,7 +634,7 @@ impl SilverTable {
                 end = ChangeOp::SnapshotEnd.code(),
             );
             let mut held = Vec::new();
-            let bronze = self.kept.bronze.table(&self.name).await?;
+            let bronze = self.kept.bronze_table(&self.name).await?;
             for b in delta::query(&self.name, &bronze, &sql).await? {
                 let (Some(p), Some(o)) = (
                     b.column(0)
@@ -704,16 +762,14 @@ impl SilverTable {
         bronze: &Listing,
         p: &Progress,
     ) -> Result<RecordBatch, LakeError> {
-        self.window
-            .discover(&self.name, &mut self.kept.bronze, p)
-            .await?;
+        self.window.discover(&self.name, &mut self.kept, p).await?;
         let selection = self.window.selection(p);
         let schema = self.read_schema(&bronze.schema)?;
         let footers = &mut self.kept.footers;
         match super::files::read(&self.name, bronze, &selection, &schema, footers).await {
             Some(rows) => Ok(rows),
             None => {
-                let table = self.kept.bronze.table(&self.name).await?;
+                let table = self.kept.bronze_table(&self.name).await?;
                 self.select_bronze(&table, &selection.sql()).await
             }
         }

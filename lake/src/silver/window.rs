@@ -29,14 +29,14 @@ use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::{Int32Type, Int64Type};
 
 use super::rows::BronzeRows;
+use super::table::KeptTables;
 use super::{Plan, Progress, TransactionCounts};
 use wal2delta_model::bronze;
 
-use crate::follow::Followed;
 use crate::{delta, LakeError};
 
 /// The Bronze columns a window selects by: the log's statistics of these are followed
-/// ([`Followed`]) and the files' footers read ([`super::files`]).
+/// ([`crate::follow`]) and the files' footers read ([`super::files`]).
 pub(super) const COORDINATES: &[&str] = &[bronze::KAFKA_PARTITION, bronze::KAFKA_OFFSET];
 
 /// How often partitions are discovered by a scan.
@@ -171,7 +171,7 @@ impl Window {
     pub(super) async fn discover(
         &mut self,
         name: &str,
-        bronze: &mut Followed,
+        bronze: &mut KeptTables,
         p: &Progress,
     ) -> Result<(), LakeError> {
         if self
@@ -194,7 +194,7 @@ impl Window {
             )
         };
         let sql = format!("SELECT DISTINCT kafka_partition FROM t{filter}");
-        let table = bronze.table(name).await?;
+        let table = bronze.bronze_table(name).await?;
         for b in delta::query(name, &table, &sql).await? {
             if let Some(a) = b.column(0).as_primitive_opt::<Int32Type>() {
                 self.discovered.extend(a.iter().flatten());
@@ -211,7 +211,7 @@ impl Window {
     pub(super) async fn adjust(
         &mut self,
         name: &str,
-        bronze: &mut Followed,
+        bronze: &mut KeptTables,
         before: &Progress,
         rows: &BronzeRows<'_>,
         plan: &Plan,
@@ -221,7 +221,7 @@ impl Window {
         self.reach
             .retain(|part, r| after.cursors.get(part).is_none_or(|c| *c < *r));
         let read = read_per_partition(rows);
-        let version = bronze.version();
+        let version = bronze.bronze_version();
         let mut changed = false;
 
         // Gaps: a partition that read nothing although the table has rows beyond.
@@ -235,16 +235,7 @@ impl Window {
                 continue;
             }
             self.gap_checked.insert(part, (c, version));
-            let sql = format!(
-                "SELECT MIN(kafka_offset) FROM t WHERE kafka_partition = {part} AND kafka_offset > {c}"
-            );
-            let table = bronze.table(name).await?;
-            let next = delta::query(name, &table, &sql)
-                .await?
-                .iter()
-                .filter_map(|b| b.column(0).as_primitive_opt::<Int64Type>().cloned())
-                .flat_map(|a| a.iter().flatten().collect::<Vec<_>>())
-                .min();
+            let next = bronze.next_offset(name, part, c).await?;
             if let Some(next) = next {
                 if next > self.end(part, c) {
                     tracing::info!(table = %name, partition = part, cursor = c, next, "Bronze offsets have a gap wider than the Silver window: reading past it");
@@ -278,7 +269,7 @@ impl Window {
         // Resolved Bronze quarantine records of the transaction count as held.
         let mut held = counts.held(first, None);
         let mut ends = BTreeMap::new();
-        let table = bronze.table(name).await?;
+        let table = bronze.bronze_table(name).await?;
         for b in delta::query(name, &table, &sql).await? {
             let (Some(part), Some(last), Some(events)) = (
                 b.column(0).as_primitive_opt::<Int32Type>(),
