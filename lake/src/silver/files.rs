@@ -27,7 +27,7 @@
 // delta-rs 1.1 reads its data files with it too.
 #![allow(deprecated)]
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use deltalake::arrow::array::{
@@ -117,15 +117,17 @@ struct RowGroup {
 }
 
 impl Footers {
-    /// The row groups of the file at `path`, its footer read if not known yet.
+    /// The row groups of the file the log names `key` (at `path`), its footer read if
+    /// not known yet.
     async fn row_groups(
         &mut self,
         store: &Arc<dyn ObjectStore>,
+        key: &str,
         path: &Path,
         size: u64,
         pick: &dyn Pick,
     ) -> Result<Arc<[RowGroup]>, Fallback> {
-        if let Some(known) = self.files.get(path.as_ref()) {
+        if let Some(known) = self.files.get(key) {
             return Ok(known.clone());
         }
         let mut reader = ParquetObjectReader::new(store.clone(), path.clone());
@@ -159,7 +161,7 @@ impl Footers {
                 }
             })
             .collect();
-        self.files.insert(path.to_string(), groups.clone());
+        self.files.insert(key.to_owned(), groups.clone());
         Ok(groups)
     }
 }
@@ -183,12 +185,10 @@ async fn try_read(
     // reading their footers.
     let logged = listing.columns == pick.columns();
     let store = &listing.store;
-    let mut seen = HashSet::new();
     let mut wanted = Vec::new();
     let mut bytes = 0;
-    for file in listing.files.values() {
+    for (key, file) in listing.files.iter() {
         let path = &file.path;
-        seen.insert(path.to_string());
         let ranges = file.ranges.as_ref().filter(|_| logged);
         if ranges.is_some_and(|r| !pick.may_hold(r)) {
             continue;
@@ -197,7 +197,9 @@ async fn try_read(
             return Err("a file has a deletion vector".into());
         }
         // A row group without statistics for a column may hold anything: it is read.
-        let groups = footers.row_groups(store, path, file.size, pick).await?;
+        let groups = footers
+            .row_groups(store, key, path, file.size, pick)
+            .await?;
         let chosen: Vec<usize> = groups
             .iter()
             .enumerate()
@@ -216,7 +218,10 @@ async fn try_read(
         }
         wanted.push((path.clone(), file.size, chosen));
     }
-    footers.files.retain(|path, _| seen.contains(path));
+    // Footers are keyed as the listing keys files: those of files compacted away go.
+    footers
+        .files
+        .retain(|key, _| listing.files.contains_key(key));
     let read = wanted.len();
     let mut batches = Vec::new();
     for (path, size, row_groups) in wanted {

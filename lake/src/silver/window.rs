@@ -171,7 +171,7 @@ impl Window {
     pub(super) async fn discover(
         &mut self,
         name: &str,
-        bronze: &mut KeptTables,
+        kept: &mut KeptTables,
         p: &Progress,
     ) -> Result<(), LakeError> {
         if self
@@ -194,7 +194,7 @@ impl Window {
             )
         };
         let sql = format!("SELECT DISTINCT kafka_partition FROM t{filter}");
-        let table = bronze.bronze_table(name).await?;
+        let table = kept.bronze_table(name).await?;
         for b in delta::query(name, &table, &sql).await? {
             if let Some(a) = b.column(0).as_primitive_opt::<Int32Type>() {
                 self.discovered.extend(a.iter().flatten());
@@ -211,7 +211,7 @@ impl Window {
     pub(super) async fn adjust(
         &mut self,
         name: &str,
-        bronze: &mut KeptTables,
+        kept: &mut KeptTables,
         before: &Progress,
         rows: &BronzeRows<'_>,
         plan: &Plan,
@@ -221,7 +221,7 @@ impl Window {
         self.reach
             .retain(|part, r| after.cursors.get(part).is_none_or(|c| *c < *r));
         let read = read_per_partition(rows);
-        let version = bronze.bronze_version();
+        let version = kept.bronze_version();
         let mut changed = false;
 
         // Gaps: a partition that read nothing although the table has rows beyond.
@@ -235,7 +235,7 @@ impl Window {
                 continue;
             }
             self.gap_checked.insert(part, (c, version));
-            let next = bronze.next_offset(name, part, c).await?;
+            let next = kept.next_offset(name, part, c).await?;
             if let Some(next) = next {
                 if next > self.end(part, c) {
                     tracing::info!(table = %name, partition = part, cursor = c, next, "Bronze offsets have a gap wider than the Silver window: reading past it");
@@ -269,7 +269,7 @@ impl Window {
         // Resolved Bronze quarantine records of the transaction count as held.
         let mut held = counts.held(first, None);
         let mut ends = BTreeMap::new();
-        let table = bronze.bronze_table(name).await?;
+        let table = kept.bronze_table(name).await?;
         for b in delta::query(name, &table, &sql).await? {
             let (Some(part), Some(last), Some(events)) = (
                 b.column(0).as_primitive_opt::<Int32Type>(),
