@@ -140,8 +140,11 @@ async fn survive_kills(
     large_every: Option<usize>,
 ) -> Result<()> {
     let stack = Stack::from_env();
+    // `rules/hits` committed as often as the commits finish, beside the rounds: the
+    // kills land before, during and after them.
     let w = Scenario::new(&stack, prefix, TABLES)
         .toml(toml)
+        .env("WAL2DELTA__RULES__HITS_INTERVAL_MS", "0")
         .build_with_rules(rules)
         .await?;
     let (s, pg, d) = (w.name, w.pg, w.d);

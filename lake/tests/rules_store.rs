@@ -129,3 +129,58 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
     assert!(other.hits.is_empty() && missed.is_empty() && other.seq == 0);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// Two tables' `rules/hits` commits at once (one running beside the rounds of its
+/// table while another table's round commits): the table is one, unpartitioned, so the
+/// MERGEs would rewrite the same file (compacted, it holds both tables' hits) and one
+/// would fail on the conflict; they take turns instead, and both land.
+#[tokio::test]
+async fn hits_commits_of_two_tables_at_once_both_land() {
+    let (lake, dir) = lake();
+    let (a, b) = ("public.a", "public.b");
+    let first = RulesStore::new(&lake);
+    // One file holding both tables' hits.
+    first
+        .merge_hits(a, 1, &[("k1".into(), "big".into(), Some((1, 10, None)))])
+        .await
+        .unwrap();
+    first
+        .merge_hits(b, 1, &[("k1".into(), "big".into(), Some((1, 10, None)))])
+        .await
+        .unwrap();
+    let compacted =
+        wal2delta_lake::maintenance::maintain("rules/hits", &lake.rules_hits(), 1 << 30)
+            .await
+            .unwrap();
+    assert_eq!((compacted.files_removed, compacted.files_added), (2, 1));
+    for round in 2..6_i64 {
+        let (sa, sb) = (RulesStore::new(&lake), RulesStore::new(&lake));
+        // Each round moves `k1` (a rewrite of the file holding both tables' `k1`) and
+        // adds a key.
+        let change = |n: i64| {
+            vec![
+                ("k1".to_owned(), "big".to_owned(), Some((1, n, None))),
+                (format!("k{n}"), "big".to_owned(), Some((1, n, None))),
+            ]
+        };
+        let (ra, rb) = tokio::join!(
+            tokio::spawn(sa.hits_commit(a, round, change(round))),
+            tokio::spawn(sb.hits_commit(b, round, change(round * 10))),
+        );
+        ra.unwrap().unwrap();
+        rb.unwrap().unwrap();
+    }
+    let (la, _) = first.read(a).await.unwrap();
+    let (lb, _) = first.read(b).await.unwrap();
+    assert_eq!((la.hits_seq, lb.hits_seq), (5, 5));
+    let keys = |h: &wal2delta_lake::rules::walk::Hits| {
+        let mut k: Vec<_> = h.keys().cloned().collect();
+        k.sort();
+        k
+    };
+    assert_eq!(keys(&la.hits), ["k1", "k2", "k3", "k4", "k5"]);
+    assert_eq!(keys(&lb.hits), ["k1", "k20", "k30", "k40", "k50"]);
+    let (a1, b1) = (&la.hits["k1"], &lb.hits["k1"]);
+    assert_eq!((a1.len(), b1.len()), (1, 1));
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -6,7 +6,9 @@
 //! (`wal2delta-silver/{table}/rules`). `rules/hits` follows: it is changed at most every
 //! `[rules] hits_interval_ms` (a MERGE rewrites every hits file a round touches, the
 //! costliest commit of a round), with every change since its last commit, recording the
-//! seq of the newest transitions it reflects. The transitions carry everything the hits
+//! seq of the newest transitions it reflects. That commit runs beside the rounds, which
+//! do not wait for it ([`super::table::TableRules::flush_hits`]); the commits of the
+//! process take turns ([`HITS_COMMITS`]). The transitions carry everything the hits
 //! need, so loading reads the hits and rolls them forward with the transitions of every
 //! later seq ([`RulesStore::read`]; whether the hits commit was not due yet or a crash
 //! came between), and the rules' progress (the Silver progress the last transitions were
@@ -105,8 +107,15 @@ pub struct RulesStore {
     /// Both tables kept open between rounds ([`delta::Kept`]): every round appends to
     /// `rules/transitions`, and reopening it replayed a log that grew with the run.
     kept_transitions: delta::Kept,
-    kept_hits: delta::Kept,
+    /// Shared with a `rules/hits` commit running beside the rounds ([`Self::hits_commit`]).
+    kept_hits: Arc<tokio::sync::Mutex<delta::Kept>>,
 }
+
+/// Held by every `rules/hits` commit of the process. The table is shared by every
+/// source table and not partitioned, so two MERGEs at once (one table's commit running
+/// beside the rounds, another's, or a load rolling forward) would conflict; in turn they
+/// do not. Each refreshes the table under the lock, so each sees the one before it.
+static HITS_COMMITS: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 fn utc() -> DataType {
     DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
@@ -144,14 +153,15 @@ impl RulesStore {
             transitions: lake.rules_transitions(),
             hits: lake.rules_hits(),
             kept_transitions: delta::Kept::default(),
-            kept_hits: delta::Kept::default(),
+            kept_hits: Default::default(),
         }
     }
 
     /// Drops the kept tables (after a failed round): the next commit opens them afresh.
     pub fn forget(&mut self) {
         self.kept_transitions = delta::Kept::default();
-        self.kept_hits = delta::Kept::default();
+        // A commit still running keeps the table it had; the next opens it afresh.
+        self.kept_hits = Default::default();
     }
 
     fn seq_app(table: &str) -> String {
@@ -336,104 +346,135 @@ impl RulesStore {
     /// Commits `changes` (in order: the last change of a (key, rule) decides) to
     /// `rules/hits` as reflecting the transitions up to `seq`.
     pub async fn merge_hits(
-        &mut self,
+        &self,
         table: &str,
         seq: i64,
         changes: &[HitChange],
     ) -> Result<(), LakeError> {
-        let n = changes.len();
-        let get = |f: fn(&(i64, i64, Option<i64>)) -> i64| {
-            Int64Array::from_iter_values(changes.iter().map(|c| c.2.as_ref().map_or(0, f)))
-        };
-        let batch = RecordBatch::try_new(
-            hits_schema(),
-            vec![
-                Arc::new(StringArray::from_iter_values(std::iter::repeat_n(table, n))),
-                Arc::new(StringArray::from_iter_values(
-                    changes.iter().map(|c| c.1.as_str()),
-                )),
-                Arc::new(get(|h| h.0)),
-                Arc::new(StringArray::from_iter_values(
-                    changes.iter().map(|c| c.0.as_str()),
-                )),
-                Arc::new(get(|h| h.1)),
-                Arc::new(
-                    TimestampMicrosecondArray::from(
-                        changes
-                            .iter()
-                            .map(|c| c.2.as_ref().and_then(|h| h.2))
-                            .collect::<Vec<_>>(),
-                    )
-                    .with_timezone("UTC"),
-                ),
-                Arc::new(deltalake::arrow::array::BooleanArray::from_iter(
-                    changes.iter().map(|c| Some(c.2.is_some())),
-                )),
-            ],
-        )
-        .map_err(|e| rows_error(table, e))?;
-        let props = delta::commit_properties()
-            .with_application_transactions(vec![Transaction::new(Self::seq_app(table), seq)])
-            .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
-        let err = LakeError::delta(&"rules/hits");
-        let Some(target) = self.kept_hits.latest("rules/hits", &self.hits).await? else {
-            // The first commit: the matching rows are the table.
-            let hits = deltalake::arrow::compute::filter_record_batch(
-                &batch,
-                batch.column(6).as_boolean(),
-            )
-            .map_err(|e| rows_error(table, e))?;
-            delta::handle("rules/hits", &self.hits)?
-                .write(vec![hits])
-                .with_save_mode(SaveMode::Append)
-                .with_commit_properties(props)
-                .await
-                .map_err(err)?;
-            return Ok(());
-        };
-        let ctx = delta::session();
-        let source = ctx
-            .read_batch(batch)
-            .map_err(|e| LakeError::delta(&"rules/hits")(e.into()))?;
-        let on = format!(
+        self.hits_commit(table, seq, changes.to_vec()).await
+    }
+
+    /// [`Self::merge_hits`] as a future that borrows nothing, so it can run beside the
+    /// rounds ([`super::table`]): it holds [`HITS_COMMITS`] while it refreshes the table
+    /// and commits.
+    pub fn hits_commit(
+        &self,
+        table: &str,
+        seq: i64,
+        changes: Vec<HitChange>,
+    ) -> impl std::future::Future<Output = Result<(), LakeError>> + Send + 'static {
+        let (kept, url, table) = (self.kept_hits.clone(), self.hits.clone(), table.to_owned());
+        async move {
+            let batch = hits_batch(&table, &changes)?;
+            let _one_at_a_time = HITS_COMMITS.lock().await;
+            let mut kept = kept.lock().await;
+            commit_hits(&mut kept, &url, &table, seq, batch).await
+        }
+    }
+}
+
+/// The rows `changes` give `rules/hits`; the MERGE deletes those no longer hit (`hit`
+/// false).
+fn hits_batch(table: &str, changes: &[HitChange]) -> Result<RecordBatch, LakeError> {
+    let n = changes.len();
+    let get = |f: fn(&(i64, i64, Option<i64>)) -> i64| {
+        Int64Array::from_iter_values(changes.iter().map(|c| c.2.as_ref().map_or(0, f)))
+    };
+    RecordBatch::try_new(
+        hits_schema(),
+        vec![
+            Arc::new(StringArray::from_iter_values(std::iter::repeat_n(table, n))),
+            Arc::new(StringArray::from_iter_values(
+                changes.iter().map(|c| c.1.as_str()),
+            )),
+            Arc::new(get(|h| h.0)),
+            Arc::new(StringArray::from_iter_values(
+                changes.iter().map(|c| c.0.as_str()),
+            )),
+            Arc::new(get(|h| h.1)),
+            Arc::new(
+                TimestampMicrosecondArray::from(
+                    changes
+                        .iter()
+                        .map(|c| c.2.as_ref().and_then(|h| h.2))
+                        .collect::<Vec<_>>(),
+                )
+                .with_timezone("UTC"),
+            ),
+            Arc::new(deltalake::arrow::array::BooleanArray::from_iter(
+                changes.iter().map(|c| Some(c.2.is_some())),
+            )),
+        ],
+    )
+    .map_err(|e| rows_error(table, e))
+}
+
+async fn commit_hits(
+    kept: &mut delta::Kept,
+    url: &Url,
+    table: &str,
+    seq: i64,
+    batch: RecordBatch,
+) -> Result<(), LakeError> {
+    let props = delta::commit_properties()
+        .with_application_transactions(vec![Transaction::new(RulesStore::seq_app(table), seq)])
+        .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
+    let err = LakeError::delta(&"rules/hits");
+    let Some(target) = kept.latest("rules/hits", url).await? else {
+        // The first commit: the matching rows are the table.
+        let hits =
+            deltalake::arrow::compute::filter_record_batch(&batch, batch.column(6).as_boolean())
+                .map_err(|e| rows_error(table, e))?;
+        delta::handle("rules/hits", url)?
+            .write(vec![hits])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(props)
+            .await
+            .map_err(err)?;
+        return Ok(());
+    };
+    let ctx = delta::session();
+    let source = ctx
+        .read_batch(batch)
+        .map_err(|e| LakeError::delta(&"rules/hits")(e.into()))?;
+    let on = format!(
             "target.\"table\" = {} AND target.\"table\" = source.\"table\" AND target.rule_id = source.rule_id AND target.key = source.key",
             literal(table)
         );
-        let cols = [
-            "table",
-            "rule_id",
-            "rule_version",
-            "key",
-            "lsn",
-            "commit_ts",
-            "hit",
-        ];
-        target
-            .merge(source, on)
-            .with_source_alias("source")
-            .with_target_alias("target")
-            .with_session_state(delta::merge_session())
-            .with_commit_properties(props)
-            .when_matched_delete(|d| d.predicate("NOT source.hit"))
-            .and_then(|m| {
-                m.when_matched_update(|u| {
-                    cols.iter().fold(u.predicate("source.hit"), |u, c| {
-                        u.update(format!("\"{c}\""), format!("source.\"{c}\""))
-                    })
+    let cols = [
+        "table",
+        "rule_id",
+        "rule_version",
+        "key",
+        "lsn",
+        "commit_ts",
+        "hit",
+    ];
+    target
+        .merge(source, on)
+        .with_source_alias("source")
+        .with_target_alias("target")
+        .with_session_state(delta::merge_session())
+        .with_commit_properties(props)
+        .when_matched_delete(|d| d.predicate("NOT source.hit"))
+        .and_then(|m| {
+            m.when_matched_update(|u| {
+                cols.iter().fold(u.predicate("source.hit"), |u, c| {
+                    u.update(format!("\"{c}\""), format!("source.\"{c}\""))
                 })
             })
-            .and_then(|m| {
-                m.when_not_matched_insert(|i| {
-                    cols.iter().fold(i.predicate("source.hit"), |i, c| {
-                        i.set(format!("\"{c}\""), format!("source.\"{c}\""))
-                    })
+        })
+        .and_then(|m| {
+            m.when_not_matched_insert(|i| {
+                cols.iter().fold(i.predicate("source.hit"), |i, c| {
+                    i.set(format!("\"{c}\""), format!("source.\"{c}\""))
                 })
             })
-            .map_err(err)?
-            .await
-            .map_err(LakeError::delta(&"rules/hits"))?;
-        Ok(())
-    }
+        })
+        .map_err(err)?
+        .await
+        .map_err(LakeError::delta(&"rules/hits"))?;
+    Ok(())
 }
 
 /// The hits changes of `transitions` (in order): the last transition of each (key, rule)

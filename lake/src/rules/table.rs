@@ -114,6 +114,15 @@ type Compiled = (
     Vec<RuleError>,
 );
 
+/// A `rules/hits` commit running beside the rounds.
+pub(super) struct Committing {
+    task: tokio::task::JoinHandle<Result<(), LakeError>>,
+    /// The seq it records.
+    seq: i64,
+    changes: usize,
+    started: Instant,
+}
+
 pub struct TableRules {
     pub(super) name: String,
     /// Where the related tables of lookups are read.
@@ -139,6 +148,8 @@ pub struct TableRules {
     /// last change per (key, rule), and when the first of them was appended.
     pending: BTreeMap<(String, String), super::store::Hit>,
     pending_since: Option<Instant>,
+    /// The `rules/hits` commit running beside the rounds, and the seq it records.
+    committing: Option<Committing>,
 }
 
 /// The default `[rules] hits_interval_ms`: `rules/hits` trails `rules/transitions` by a
@@ -178,6 +189,7 @@ impl TableRules {
             hits_interval: DEFAULT_HITS_INTERVAL,
             pending: BTreeMap::new(),
             pending_since: None,
+            committing: None,
         }
     }
 
@@ -200,15 +212,25 @@ impl TableRules {
 
     /// Commits the pending hits changes to `rules/hits` when `force`, when the interval
     /// has passed since the first of them, or when there are many.
+    ///
+    /// Unless `force`, the commit runs beside the rounds: a MERGE rewrites every hits
+    /// file the changes touch, and the rounds need not wait for it, because nothing
+    /// reads `rules/hits` without rolling it forward with the transitions of later seqs
+    /// ([`super::store`]). One runs at a time; the next call takes its outcome. A
+    /// failed commit resets the state, so the next round loads it again and the
+    /// changes that commit carried are rolled forward from the transitions.
     pub async fn flush_hits(&mut self, force: bool) -> Result<(), LakeError> {
+        // Many changes pending wait for the running commit rather than grow.
+        self.committed(force || self.pending.len() >= MAX_PENDING)
+            .await?;
         let due = self
             .pending_since
             .is_some_and(|s| s.elapsed() >= self.hits_interval)
             || self.pending.len() >= MAX_PENDING;
-        if self.pending.is_empty() || !(force || due) {
+        if self.pending.is_empty() || !(force || due) || self.committing.is_some() {
             return Ok(());
         }
-        let Some(state) = self.state.as_mut() else {
+        let Some(state) = self.state.as_ref() else {
             return Ok(());
         };
         let changes: Vec<_> = std::mem::take(&mut self.pending)
@@ -216,10 +238,63 @@ impl TableRules {
             .map(|((key, rule), hit)| (key, rule, hit))
             .collect();
         self.pending_since = None;
-        let seq = state.seq;
-        self.store.merge_hits(&self.name, seq, &changes).await?;
-        state.hits_seq = seq;
+        let (seq, n) = (state.seq, changes.len());
+        let commit = self.store.hits_commit(&self.name, seq, changes);
+        if force {
+            if let Err(e) = commit.await {
+                self.reset();
+                return Err(e);
+            }
+            if let Some(s) = self.state.as_mut() {
+                s.hits_seq = seq;
+            }
+        } else {
+            self.committing = Some(Committing {
+                task: tokio::spawn(commit),
+                seq,
+                changes: n,
+                started: Instant::now(),
+            });
+        }
         Ok(())
+    }
+
+    /// Takes the outcome of the `rules/hits` commit running beside the rounds, if it
+    /// finished (waiting for it when `wait`).
+    async fn committed(&mut self, wait: bool) -> Result<(), LakeError> {
+        let Some(c) = self.committing.take() else {
+            return Ok(());
+        };
+        if !wait && !c.task.is_finished() {
+            self.committing = Some(c);
+            return Ok(());
+        }
+        // A commit that panicked or was cancelled is retried like a failed one.
+        let outcome = c.task.await.unwrap_or_else(|e| {
+            Err(LakeError::delta(&"rules/hits")(
+                deltalake::DeltaTableError::Generic(format!("the commit did not finish: {e}")),
+            ))
+        });
+        match outcome {
+            Ok(()) => {
+                tracing::debug!(
+                    table = %self.name,
+                    seq = c.seq,
+                    changes = c.changes,
+                    // Until this round saw it finish: an upper bound.
+                    ms = c.started.elapsed().as_millis() as u64,
+                    "rules/hits committed beside the rounds"
+                );
+                if let Some(s) = self.state.as_mut() {
+                    s.hits_seq = s.hits_seq.max(c.seq);
+                }
+                Ok(())
+            }
+            Err(e) => {
+                self.reset();
+                Err(e)
+            }
+        }
     }
 
     /// Publishes every round to `output` before committing it ([`super::output`]).
@@ -265,6 +340,8 @@ impl TableRules {
         self.state = None;
         self.pending.clear();
         self.pending_since = None;
+        // A `rules/hits` commit still running is kept: the next load waits for it
+        // ([`Self::start`]).
     }
 
     /// Drops the tables kept open between rounds (after a failed round: a table removed
@@ -290,6 +367,13 @@ impl TableRules {
         keys: &[String],
     ) -> Result<Start, LakeError> {
         if self.state.is_none() {
+            // A commit left running by a reset ends first, whatever its outcome: the load
+            // must see it, or its older changes could land over the roll-forward.
+            if let Some(c) = self.committing.take() {
+                if let Ok(Err(e)) = c.task.await {
+                    tracing::debug!(table = %self.name, error = %e, "a rules/hits commit left running failed; rolling forward");
+                }
+            }
             self.state = Some(self.store.load(&self.name).await?);
             self.installed = None;
         }

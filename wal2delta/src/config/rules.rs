@@ -31,8 +31,9 @@ pub struct RulesConfig {
     /// [`DEFAULT_LOOKUP_TIMEOUT_MS`].
     pub lookup_timeout_ms: Option<u64>,
     /// How often `rules/hits` is committed, per table (docs/rules.md, "Exactly once"):
-    /// it trails `rules/transitions` by at most this much, and its MERGE runs once per
-    /// interval instead of once per Silver round. 0: every round. Default 5,000.
+    /// it trails `rules/transitions` by about this much plus the commit's own time, and
+    /// its MERGE runs once per interval, beside the Silver rounds, instead of in every
+    /// round. 0: as often as the commits finish. Default 5,000.
     pub hits_interval_ms: Option<u64>,
 }
 
