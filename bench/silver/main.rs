@@ -27,6 +27,11 @@
 mod rules;
 mod synth;
 
+/// The daemon's allocator (wal2delta/src/allocator.rs): the rounds measured here allocate
+/// as the daemon's do.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

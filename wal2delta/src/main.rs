@@ -25,8 +25,6 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    // Before any thread exists, so that every thread's allocations follow it.
-    allocator::limit_arenas();
     let cli = cli::Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
