@@ -91,7 +91,8 @@ pub struct RulesSteps {
     pub publish: Duration,
     /// Appending to `rules/transitions`.
     pub append: Duration,
-    /// Committing `rules/hits`, when due.
+    /// Gathering the hits changes for `rules/hits`, and starting its commit beside the
+    /// rounds when due ([`TableRules::flush_hits`]).
     pub hits: Duration,
 }
 
@@ -115,7 +116,7 @@ type Compiled = (
 );
 
 /// A `rules/hits` commit running beside the rounds.
-pub(super) struct Committing {
+struct Committing {
     task: tokio::task::JoinHandle<Result<(), LakeError>>,
     /// The seq it records.
     seq: i64,
