@@ -58,7 +58,7 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
         .merge_hits(
             t,
             1,
-            &[
+            vec![
                 ("a".into(), "big".into(), Some((1, 10, None))),
                 ("b".into(), "big".into(), Some((1, 10, None))),
             ],
@@ -141,11 +141,11 @@ async fn hits_commits_of_two_tables_at_once_both_land() {
     let first = RulesStore::new(&lake);
     // One file holding both tables' hits.
     first
-        .merge_hits(a, 1, &[("k1".into(), "big".into(), Some((1, 10, None)))])
+        .merge_hits(a, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))])
         .await
         .unwrap();
     first
-        .merge_hits(b, 1, &[("k1".into(), "big".into(), Some((1, 10, None)))])
+        .merge_hits(b, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))])
         .await
         .unwrap();
     let compacted =
@@ -164,8 +164,8 @@ async fn hits_commits_of_two_tables_at_once_both_land() {
             ]
         };
         let (ra, rb) = tokio::join!(
-            tokio::spawn(sa.hits_commit(a, round, change(round))),
-            tokio::spawn(sb.hits_commit(b, round, change(round * 10))),
+            tokio::spawn(sa.merge_hits(a, round, change(round))),
+            tokio::spawn(sb.merge_hits(b, round, change(round * 10))),
         );
         ra.unwrap().unwrap();
         rb.unwrap().unwrap();

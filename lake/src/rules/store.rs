@@ -107,7 +107,7 @@ pub struct RulesStore {
     /// Both tables kept open between rounds ([`delta::Kept`]): every round appends to
     /// `rules/transitions`, and reopening it replayed a log that grew with the run.
     kept_transitions: delta::Kept,
-    /// Shared with a `rules/hits` commit running beside the rounds ([`Self::hits_commit`]).
+    /// Shared with a `rules/hits` commit running beside the rounds ([`Self::merge_hits`]).
     kept_hits: Arc<tokio::sync::Mutex<delta::Kept>>,
 }
 
@@ -173,8 +173,7 @@ impl RulesStore {
     pub async fn load(&mut self, table: &str) -> Result<Loaded, LakeError> {
         let (mut out, missed) = self.read(table).await?;
         if !missed.is_empty() {
-            self.merge_hits(table, out.seq, &changes_of(&missed))
-                .await?;
+            self.merge_hits(table, out.seq, changes_of(&missed)).await?;
             tracing::info!(
                 table,
                 from_seq = out.hits_seq,
@@ -344,20 +343,10 @@ impl RulesStore {
     }
 
     /// Commits `changes` (in order: the last change of a (key, rule) decides) to
-    /// `rules/hits` as reflecting the transitions up to `seq`.
-    pub async fn merge_hits(
-        &self,
-        table: &str,
-        seq: i64,
-        changes: &[HitChange],
-    ) -> Result<(), LakeError> {
-        self.hits_commit(table, seq, changes.to_vec()).await
-    }
-
-    /// [`Self::merge_hits`] as a future that borrows nothing, so it can run beside the
-    /// rounds ([`super::table`]): it holds [`HITS_COMMITS`] while it refreshes the table
-    /// and commits.
-    pub fn hits_commit(
+    /// `rules/hits` as reflecting the transitions up to `seq`. The future borrows
+    /// nothing, so it can run beside the rounds ([`super::table`]); it holds
+    /// [`HITS_COMMITS`] while it refreshes the table and commits.
+    pub fn merge_hits(
         &self,
         table: &str,
         seq: i64,

@@ -214,8 +214,9 @@ impl TableRules {
     /// Commits the pending hits changes to `rules/hits` when `force`, when the interval
     /// has passed since the first of them, or when there are many.
     ///
-    /// Unless `force`, the commit runs beside the rounds: a MERGE rewrites every hits
-    /// file the changes touch, and the rounds need not wait for it, because nothing
+    /// The commit runs in a task of its own, and unless `force` the call does not wait
+    /// for it: a MERGE rewrites every hits file the changes touch, and the rounds need
+    /// not wait for it, because nothing
     /// reads `rules/hits` without rolling it forward with the transitions of later seqs
     /// ([`super::store`]). One runs at a time; the next call takes its outcome. A
     /// failed commit resets the state, so the next round loads it again and the
@@ -240,22 +241,14 @@ impl TableRules {
             .collect();
         self.pending_since = None;
         let (seq, n) = (state.seq, changes.len());
-        let commit = self.store.hits_commit(&self.name, seq, changes);
+        self.committing = Some(Committing {
+            task: tokio::spawn(self.store.merge_hits(&self.name, seq, changes)),
+            seq,
+            changes: n,
+            started: Instant::now(),
+        });
         if force {
-            if let Err(e) = commit.await {
-                self.reset();
-                return Err(e);
-            }
-            if let Some(s) = self.state.as_mut() {
-                s.hits_seq = seq;
-            }
-        } else {
-            self.committing = Some(Committing {
-                task: tokio::spawn(commit),
-                seq,
-                changes: n,
-                started: Instant::now(),
-            });
+            self.committed(true).await?;
         }
         Ok(())
     }
@@ -370,10 +363,8 @@ impl TableRules {
         if self.state.is_none() {
             // A commit left running by a reset ends first, whatever its outcome: the load
             // must see it, or its older changes could land over the roll-forward.
-            if let Some(c) = self.committing.take() {
-                if let Ok(Err(e)) = c.task.await {
-                    tracing::debug!(table = %self.name, error = %e, "a rules/hits commit left running failed; rolling forward");
-                }
+            if let Err(e) = self.committed(true).await {
+                tracing::debug!(table = %self.name, error = %e, "a rules/hits commit left running failed; rolling forward");
             }
             self.state = Some(self.store.load(&self.name).await?);
             self.installed = None;
