@@ -26,26 +26,27 @@
 //!   not at all (the broker refuses an idempotent producer's out-of-sequence batch), so
 //!   what reaches a partition is always a prefix of what was sent to it.
 //!
-//! **Batching.** `linger.ms=50`: librdkafka waits up to 50 ms to fill a batch. Fewer,
+//! **Batching.** `linger.ms=100`: librdkafka waits up to 100 ms to fill a batch. Fewer,
 //! larger produce requests cost the daemon (and the broker) less per event: on
 //! `ops/bench capture` (1,000-row transactions, 3 runs each) the daemon's CPU went from
 //! 29.0 µs per event at 5 ms to 25.9 at 20 ms and 21.6 at 50 ms, and the rate rose by a
-//! quarter; 100 ms with 4 MB batches bought nothing more, and lz4 compression cost 5 µs
-//! per event more than it saved. The slot is acknowledged after Kafka confirms, so the
-//! price is at most 50 ms more before an event is in Kafka and its LSN confirmed, small
-//! beside Bronze's batching (`docs/benchmarks.md`). `[kafka.producer] "linger.ms"`
-//! overrides it.
+//! quarter; lz4 compression cost 5 µs per event more than it saved. The slot is
+//! acknowledged after Kafka confirms, so the price is at most 100 ms more before an event
+//! is in Kafka and its LSN confirmed, small beside Bronze's batching
+//! (`docs/benchmarks.md`). `[kafka.producer] "linger.ms"` overrides it; the documented
+//! low-latency setting keeps 50.
 //!
-//! **Where the rest of the CPU goes while a backlog drains.** librdkafka's idempotent
-//! producer keeps one produce request in flight per partition (librdkafka 2.12 counts the
-//! partition's in-flight *messages* against its limit of 5 *requests*). While that request
-//! waits for the broker, the batch queued behind it is older than `linger.ms`, so the
-//! broker thread's next wake-up is "now" and it polls in a loop until the response
-//! arrives: on `ops/bench capture` two thirds of the daemon's CPU. With `linger.ms`
-//! longer than the queue's wait (1,000 ms there) the spin is gone: 5.2 µs per event
-//! instead of 15.2, at the same rate. The default stays 50 ms: at a steady 5,000
-//! changes/s there is no backlog and no spin, and a longer linger holds events that much
-//! longer whenever batches do not fill (Bronze p99 +0.9 s at 1,000 ms).
+//! **Why 100 and not 50: the broker thread spins while a backlog drains.** librdkafka's
+//! idempotent producer keeps one produce request in flight per partition (librdkafka 2.12
+//! counts the partition's in-flight *messages* against its limit of 5 *requests*). While
+//! that request waits for the broker, the batch queued behind it may grow older than
+//! `linger.ms`; the broker thread's next wake-up is then "now" and it polls in a loop
+//! until the response arrives. `[capture] max_in_flight` bounds how long the queue
+//! waits; a linger longer than that wait removes the spin. With the default 10,000 in
+//! flight, on `ops/bench capture` (same hour, 3 runs each): 8.4 µs per event at 50 ms,
+//! 4.8 at 100 and 4.4 at 200, at the same rate. At a steady rate below capacity there is
+//! no backlog and no spin, and a longer linger only holds events that much longer when
+//! batches do not fill (Bronze p99 +0.9 s at 1,000 ms), so 100 and not more.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::time::Duration;
@@ -167,7 +168,7 @@ fn client_config(settings: &ProducerSettings) -> ClientConfig {
         // next ones); capture enforces `delivery_timeout` itself.
         .set("message.timeout.ms", "0")
         .set("message.max.bytes", settings.message_max_bytes.to_string())
-        .set("linger.ms", "50")
+        .set("linger.ms", "100")
         .set("queue.buffering.max.messages", "200000")
         .set("client.id", "wal2delta-capture");
     for (k, v) in &settings.extra {

@@ -49,7 +49,8 @@ impl CaptureConfig {
     /// partition, and its broker thread polls without sleeping while the oldest queued
     /// event has waited longer than `linger.ms`. A shorter queue keeps that wait short:
     /// 10,000 halved capture's CPU per event against 50,000 (14.5 to 7.2 µs) and drained
-    /// faster (docs/benchmarks.md, "What each change bought (capture)").
+    /// faster, and with the default `linger.ms` of 100 the queue never waits that long
+    /// (docs/benchmarks.md, "What each change bought (capture)").
     fn default_max_in_flight() -> usize {
         10_000
     }
