@@ -47,6 +47,14 @@ pub(super) struct Session<'a> {
     snapshot: SnapshotFeed,
     pub(super) status_every: Duration,
     pub(super) max_in_flight: usize,
+    /// Gauges set after every message, looked up once (a registry lookup per message
+    /// was 1.5% of capture's CPU).
+    gauges: Gauges,
+}
+
+struct Gauges {
+    in_flight: metrics::Gauge,
+    stream_buffer_bytes: metrics::Gauge,
 }
 
 /// `connected` turns true once streaming started: the session was healthy, and its end
@@ -342,6 +350,10 @@ impl<'a> Setup<'a> {
             snapshot,
             status_every: self.status_every,
             max_in_flight: config.capture.max_in_flight,
+            gauges: Gauges {
+                in_flight: metrics::gauge!(m::CAPTURE_IN_FLIGHT),
+                stream_buffer_bytes: metrics::gauge!(m::CAPTURE_STREAM_BUFFER_BYTES),
+            },
         })
     }
 }
@@ -395,7 +407,9 @@ impl Session<'_> {
                 }
                 msg = self.stream.next(), if can_read => self.on_replication_message(msg?).await?,
             }
-            metrics::gauge!(m::CAPTURE_IN_FLIGHT).set(self.state.acks.in_flight() as f64);
+            self.gauges
+                .in_flight
+                .set(self.state.acks.in_flight() as f64);
         }
     }
 
@@ -454,7 +468,8 @@ impl Session<'_> {
                 self.state.received = self.state.received.max(wal_end);
                 let routed = self.buffer.on_message(wal_start, data)?;
                 self.on_routed(routed, wal_start, wal_end).await?;
-                metrics::gauge!(m::CAPTURE_STREAM_BUFFER_BYTES)
+                self.gauges
+                    .stream_buffer_bytes
                     .set(self.buffer.buffered_bytes() as f64);
                 Ok(())
             }
