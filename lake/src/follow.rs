@@ -16,7 +16,9 @@
 //! - The list at version `v` is the one delta-rs gives for `v`: it was taken from a state
 //!   delta-rs loaded at some version `u ≤ v`, and the commits `u+1..=v` were applied in
 //!   order, each whole. A commit that cannot be read or parsed drops the list; it is loaded
-//!   again by delta-rs.
+//!   again by delta-rs. So does a next commit that maintenance removed (older than the
+//!   log retention, before a checkpoint): missing, with a checkpoint past it, it is gone,
+//!   not yet to come.
 //! - A commit that changes the table's metadata or protocol (a new column, other settings,
 //!   a new reader feature) is not applied here: the state is loaded again, so the schema
 //!   and the settings a reader sees are always delta-rs' own.
@@ -35,6 +37,7 @@ use deltalake::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::physical_optimizer::pruning::PruningStatistics;
 use deltalake::kernel::{Action, Add};
+use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::logstore::LogStore;
 use deltalake::{DeltaTable, DeltaTableError, ObjectStore, Path};
 use percent_encoding::percent_decode_str;
@@ -251,6 +254,17 @@ impl State {
         }
     }
 
+    /// The version of the table's latest checkpoint (`_delta_log/_last_checkpoint`), if
+    /// it can be read.
+    async fn last_checkpoint(&self) -> Option<u64> {
+        let path = Path::from("_delta_log/_last_checkpoint");
+        let bytes = self.store.get(&path).await.ok()?.bytes().await.ok()?;
+        serde_json::from_slice::<serde_json::Value>(&bytes)
+            .ok()?
+            .get("version")?
+            .as_u64()
+    }
+
     /// Applies the commits after `version`, in order; an error says why the state must
     /// be loaded again (it may be partly applied then, and is dropped).
     async fn follow(&mut self, columns: &[&str]) -> Result<(), String> {
@@ -264,8 +278,20 @@ impl State {
                 .map_err(|e| format!("reading the log after version {}: {e}", self.version))?;
             for commit in commits {
                 // Commits are written in order: a later one read while this one was not
-                // there yet is read at the next look.
+                // there yet is read at the next look. Unless it was removed: maintenance
+                // removes expired entries before the latest checkpoint, so a checkpoint
+                // past this version means the commits after it are gone, not to come.
                 let Some(bytes) = commit else {
+                    if applied == 0 {
+                        if let Some(c) = self.last_checkpoint().await {
+                            if c > self.version {
+                                return Err(format!(
+                                    "the log after version {} was removed (checkpoint at {c})",
+                                    self.version
+                                ));
+                            }
+                        }
+                    }
                     return Ok(());
                 };
                 let next = self.version + 1;

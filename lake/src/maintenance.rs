@@ -10,8 +10,10 @@
 //! lives in `txn` actions, which every later version keeps.
 
 use std::num::NonZeroU64;
+use std::time::Duration;
 
 use deltalake::operations::optimize::OptimizeType;
+use deltalake::table::config::TablePropertiesExt;
 use deltalake::DeltaTable;
 use futures::StreamExt;
 use serde_json::Value;
@@ -25,20 +27,27 @@ pub struct MaintenanceReport {
     pub files_removed: u64,
     pub files_added: u64,
     pub checkpoint_version: Option<u64>,
+    /// Log entries removed as older than the log retention.
+    pub log_entries_removed: u64,
 }
 
 /// Compacts the table's small files (into files of about `target_bytes`), writes a
-/// checkpoint of its log and removes the log entries older than the table's log
-/// retention (`delta.logRetentionDuration`, 30 days by default) that the checkpoint
-/// makes unnecessary. No commit of the lake removes them ([`delta::commit_properties`]):
+/// checkpoint of its log and removes the log entries older than the log retention that
+/// the checkpoint makes unnecessary. The retention is the table's own
+/// (`delta.logRetentionDuration`, 30 days by default), or `log_retention` where that is
+/// shorter (`[lake] log_retention_s`): applied here rather than written into the
+/// table's properties, because a metadata commit would fail the stages' concurrent
+/// commits. No commit of the lake removes entries ([`delta::commit_properties`]):
 /// delta-rs would list the whole log after every commit to find them. A table that does
 /// not exist yet is left alone.
 pub async fn maintain(
     name: &str,
     url: &Url,
     target_bytes: u64,
+    log_retention: Option<Duration>,
 ) -> Result<MaintenanceReport, LakeError> {
-    let Some((table, report)) = optimize(name, url, target_bytes, OptimizeType::Compact).await?
+    let Some((table, mut report)) =
+        optimize(name, url, target_bytes, OptimizeType::Compact).await?
     else {
         return Ok(MaintenanceReport::default());
     };
@@ -51,9 +60,22 @@ pub async fn maintain(
     }
     // (delta-rs' OPTIMIZE commit runs its own cleanup whatever its commit properties
     // say; a pass with nothing to compact makes no commit, hence this call.)
-    deltalake::checkpoints::cleanup_metadata(&table, None)
-        .await
-        .map_err(LakeError::delta(&name))?;
+    let snapshot = table.snapshot().map_err(LakeError::delta(&name))?;
+    let own = snapshot.table_config().log_retention_duration();
+    let retention = log_retention.map_or(own, |r| r.min(own));
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let cutoff_ms = now.saturating_sub(retention).as_millis() as i64;
+    let removed = deltalake::checkpoints::cleanup_expired_logs_for(
+        snapshot.version(),
+        table.log_store().as_ref(),
+        cutoff_ms,
+        None,
+    )
+    .await
+    .map_err(LakeError::delta(&name))?;
+    report.log_entries_removed = removed as u64;
     Ok(report)
 }
 
@@ -98,6 +120,7 @@ async fn optimize(
         files_removed: metrics.num_files_removed,
         files_added: metrics.num_files_added,
         checkpoint_version: table.version(),
+        log_entries_removed: 0,
     };
     Ok(Some((table, report)))
 }
@@ -158,7 +181,7 @@ mod tests {
                 .await
                 .unwrap();
         }
-        let report = maintain("t", &url, 64 << 20).await.unwrap();
+        let report = maintain("t", &url, 64 << 20, None).await.unwrap();
         assert_eq!(report.files_removed, 4, "{report:?}");
         assert_eq!(report.files_added, 1, "{report:?}");
         let table = delta::open("t", &url).await.unwrap().unwrap();
@@ -175,7 +198,7 @@ mod tests {
         let checkpointed = crate::storage::modified(&url, "_delta_log/_last_checkpoint").await;
         assert!(checkpointed.is_some());
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        let again = maintain("t", &url, 64 << 20).await.unwrap();
+        let again = maintain("t", &url, 64 << 20, None).await.unwrap();
         assert_eq!(again.files_removed, 0);
         assert_eq!(again.checkpoint_version, report.checkpoint_version);
         assert_eq!(
@@ -241,17 +264,74 @@ mod tests {
         );
 
         // Maintenance removes them, also when it has nothing to compact.
-        maintain("t", &url, 64 << 20).await.unwrap();
+        maintain("t", &url, 64 << 20, None).await.unwrap();
         let after = log_entries(&dir);
         assert!(after < before, "{after} log entries of {before} left");
         tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
-        let report = maintain("t", &url, 64 << 20).await.unwrap();
+        let report = maintain("t", &url, 64 << 20, None).await.unwrap();
         assert_eq!(report.files_removed, 0, "{report:?}");
         assert!(
             log_entries(&dir) < after,
             "nothing compacted: no entry removed"
         );
         let table = delta::open("t", &url).await.unwrap().unwrap();
+        let rows = delta::query("t", &table, "select sum(id), count(*) from t")
+            .await
+            .unwrap();
+        assert!(format!("{rows:?}").contains("15"), "{rows:?}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn the_lakes_log_retention_removes_what_the_tables_own_would_keep() {
+        let dir = std::env::temp_dir().join(format!("w2d-log-retention-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let url = Url::from_directory_path(&dir).unwrap();
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        let batch = |i: i64| {
+            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![i]))]).unwrap()
+        };
+        // The table's own retention: the default 30 days.
+        let mut table = delta::handle("t", &url)
+            .unwrap()
+            .write(vec![batch(0)])
+            .with_commit_properties(delta::commit_properties())
+            .await
+            .unwrap();
+        for i in 1..5 {
+            table = table
+                .write(vec![batch(i)])
+                .with_commit_properties(delta::commit_properties())
+                .await
+                .unwrap();
+        }
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let report = maintain("t", &url, 64 << 20, None).await.unwrap();
+        assert_eq!(report.log_entries_removed, 0, "{report:?}");
+        let before = log_entries(&dir);
+        // Longer than the entries' age: nothing goes either.
+        let report = maintain("t", &url, 64 << 20, Some(Duration::from_secs(3600)))
+            .await
+            .unwrap();
+        assert_eq!(report.log_entries_removed, 0, "{report:?}");
+        tokio::time::sleep(Duration::from_millis(1_100)).await;
+        let report = maintain("t", &url, 64 << 20, Some(Duration::from_secs(1)))
+            .await
+            .unwrap();
+        assert!(report.log_entries_removed > 0, "{report:?}");
+        assert_eq!(
+            log_entries(&dir),
+            before - report.log_entries_removed as usize,
+            "{report:?}"
+        );
+        // What is left still reads as the whole table, and still takes commits.
+        let table = delta::open("t", &url).await.unwrap().unwrap();
+        let table = table
+            .write(vec![batch(5)])
+            .with_commit_properties(delta::commit_properties())
+            .await
+            .unwrap();
         let rows = delta::query("t", &table, "select sum(id), count(*) from t")
             .await
             .unwrap();

@@ -290,7 +290,7 @@ async fn maintenance_compacts_small_files_and_checkpoints_without_losing_rows() 
         .await
         .unwrap();
     }
-    let report = wal2delta_lake::maintenance::maintain("public.t", t.url(), 64 << 20)
+    let report = wal2delta_lake::maintenance::maintain("public.t", t.url(), 64 << 20, None)
         .await
         .unwrap();
     assert_eq!(report.files_removed, 5, "{report:?}");

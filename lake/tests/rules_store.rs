@@ -149,7 +149,7 @@ async fn hits_commits_of_two_tables_at_once_both_land() {
         .await
         .unwrap();
     let compacted =
-        wal2delta_lake::maintenance::maintain("rules/hits", &lake.rules_hits(), 1 << 30)
+        wal2delta_lake::maintenance::maintain("rules/hits", &lake.rules_hits(), 1 << 30, None)
             .await
             .unwrap();
     assert_eq!((compacted.files_removed, compacted.files_added), (2, 1));

@@ -458,6 +458,18 @@ uri = "file:///tmp/lake"
         )
         .unwrap_err();
         assert!(err.to_string().contains("acks"), "{err}");
+        let err = load(MINIMAL, &[("WAL2DELTA__LAKE__LOG_RETENTION_S", "0")]).unwrap_err();
+        assert!(err.to_string().contains("lake.log_retention_s"), "{err}");
+    }
+
+    #[test]
+    fn the_log_retention_is_the_tables_own_unless_set() {
+        assert_eq!(load(MINIMAL, &[]).unwrap().lake.log_retention(), None);
+        let c = load(MINIMAL, &[("WAL2DELTA__LAKE__LOG_RETENTION_S", "172800")]).unwrap();
+        assert_eq!(
+            c.lake.log_retention(),
+            Some(std::time::Duration::from_secs(48 * 3600))
+        );
     }
 
     #[test]

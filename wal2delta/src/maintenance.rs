@@ -43,16 +43,23 @@ impl Schedule {
     }
 }
 
-/// Compacts (into files of about `target` bytes) and checkpoints each table of `layer`;
-/// a failure is logged and counted per table and never stops the caller.
-pub async fn maintain_tables(layer: &'static str, tables: Vec<(String, Url)>, target: u64) {
+/// Compacts (into files of about `target` bytes) and checkpoints each table of `layer`,
+/// removing the log entries older than its retention (`[lake] log_retention_s` where
+/// set and shorter than the table's own); a failure is logged and counted per table and
+/// never stops the caller.
+pub async fn maintain_tables(
+    layer: &'static str,
+    tables: Vec<(String, Url)>,
+    target: u64,
+    log_retention: Option<Duration>,
+) {
     for (name, url) in tables {
         let started = Instant::now();
         // In a task of its own: a panic in the writer (compaction rewrites files and their
         // statistics) fails this table's maintenance, not the stage.
         let task = {
             let name = name.clone();
-            tokio::spawn(async move { maintain(&name, &url, target).await })
+            tokio::spawn(async move { maintain(&name, &url, target, log_retention).await })
         };
         let outcome = match task.await {
             Ok(r) => r.map_err(|e| e.to_string()),
@@ -70,7 +77,7 @@ pub async fn maintain_tables(layer: &'static str, tables: Vec<(String, Url)>, ta
                 // first failure.
                 metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "layer" => layer, "table" => name.clone())
                     .increment(0);
-                tracing::info!(layer, table = %name, files_removed = r.files_removed, files_added = r.files_added, checkpoint = ?r.checkpoint_version, ms = started.elapsed().as_millis() as u64, "{} table compacted and checkpointed", capitalized(layer));
+                tracing::info!(layer, table = %name, files_removed = r.files_removed, files_added = r.files_added, checkpoint = ?r.checkpoint_version, log_entries_removed = r.log_entries_removed, ms = started.elapsed().as_millis() as u64, "{} table compacted and checkpointed", capitalized(layer));
             }
             Err(e) => {
                 metrics::counter!(m::LAKE_MAINTENANCE_FAILURES, "layer" => layer, "table" => name.clone())

@@ -596,7 +596,7 @@ mod tests {
         assert_eq!(followed.loads(), 2);
         append(&mut table, 5, true, 0).await;
         // Compaction: its removes and adds are followed, and so is a checkpoint.
-        crate::maintenance::maintain("s.t", &url, 64 << 20)
+        crate::maintenance::maintain("s.t", &url, 64 << 20, None)
             .await
             .unwrap();
         append(&mut table, 6, true, 0).await;
@@ -612,6 +612,47 @@ mod tests {
         let again = same_as_a_fresh_load(&mut followed, &url).await;
         assert_eq!(again.files.len(), first.files.len());
         assert_eq!(followed.loads(), 3);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[tokio::test]
+    async fn a_follower_whose_next_commits_maintenance_removed_loads_the_table_again() {
+        let dir = std::env::temp_dir().join(format!("w2d-follow-gone-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let url = lake.bronze("s", "t");
+        let mut followed = Followed::new(COORDINATES);
+        let mut table = BronzeTable::new("s.t", url.clone());
+        append(&mut table, 0, false, 0).await;
+        let first = same_as_a_fresh_load(&mut followed, &url).await;
+        // The follower looks away while the table moves on and maintenance, with a log
+        // retention of a second, removes the commits it would read next.
+        for commit in 1..5 {
+            append(&mut table, commit, false, 0).await;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+        let report = crate::maintenance::maintain(
+            "s.t",
+            &url,
+            64 << 20,
+            Some(std::time::Duration::from_secs(1)),
+        )
+        .await
+        .unwrap();
+        assert!(report.log_entries_removed >= 4, "{report:?}");
+        let log = url.to_file_path().unwrap().join("_delta_log");
+        assert!(
+            !log.join(format!("{:020}.json", first.version + 1)).exists(),
+            "the next commit is gone"
+        );
+        // Not "nothing new": the table is loaded again, at its latest version.
+        let later = same_as_a_fresh_load(&mut followed, &url).await;
+        assert!(later.version > first.version + 4, "{}", later.version);
+        assert_eq!(followed.loads(), 2);
+        // And followed from there on.
+        append(&mut table, 5, false, 0).await;
+        same_as_a_fresh_load(&mut followed, &url).await;
+        assert_eq!(followed.loads(), 2);
         let _ = std::fs::remove_dir_all(&dir);
     }
 
@@ -754,7 +795,7 @@ mod tests {
         }
         // After compaction the files span every partition and offset: still the same
         // rows, and the footers of the files compacted away are forgotten.
-        crate::maintenance::maintain("s.t", &url, 64 << 20)
+        crate::maintenance::maintain("s.t", &url, 64 << 20, None)
             .await
             .unwrap();
         for selection in &selections {

@@ -22,6 +22,7 @@ pub fn spawn(
         return None;
     }
     let target = config.bronze.target_file_bytes;
+    let retention = config.lake.log_retention();
     Some(tokio::spawn(async move {
         let mut tick = tokio::time::interval(Duration::from_secs(interval));
         tick.tick().await; // the first tick is immediate: wait one interval first
@@ -44,7 +45,7 @@ pub fn spawn(
                 .map(|(schema, table, url)| (format!("{schema}.{table}"), url))
                 .chain([(TRANSACTIONS_TABLE.to_owned(), lake.bronze_transactions())])
                 .collect();
-            maintain_tables("bronze", tables, target).await;
+            maintain_tables("bronze", tables, target, retention).await;
         }
     }))
 }

@@ -24,6 +24,14 @@ pub struct LakeConfig {
     /// writes (If-None-Match), where two writers could both commit the same Delta version.
     #[serde(default)]
     pub single_writer: bool,
+    /// Seconds of Delta log kept for time travel, for every table of the lake: the stages'
+    /// scheduled maintenance removes the log entries older than this (or than the
+    /// table's own `delta.logRetentionDuration`, whichever is shorter) once a checkpoint
+    /// makes them unnecessary. Unset: each table's own retention (30 days by default).
+    /// The stages commit several times a second, and on a local or network filesystem
+    /// every commit lists the whole log, so the log's length is a cost.
+    #[serde(default)]
+    pub log_retention_s: Option<u64>,
 }
 
 /// Keys only: option values may be credentials.
@@ -33,6 +41,7 @@ impl std::fmt::Debug for LakeConfig {
             .field("uri", &self.uri)
             .field("storage_options", &self.storage_options.keys())
             .field("single_writer", &self.single_writer)
+            .field("log_retention_s", &self.log_retention_s)
             .finish()
     }
 }
@@ -54,7 +63,18 @@ impl LakeConfig {
                 format!("an empty option name ({k:?})"),
             ));
         }
+        if self.log_retention_s == Some(0) {
+            return Err(invalid(
+                "lake.log_retention_s",
+                "must be at least 1 (seconds; 172800 keeps 2 days); leave it out to keep each table's own delta.logRetentionDuration (30 days by default)",
+            ));
+        }
         Ok(())
+    }
+
+    /// The log retention the stages' maintenance applies, if one is set.
+    pub fn log_retention(&self) -> Option<std::time::Duration> {
+        self.log_retention_s.map(std::time::Duration::from_secs)
     }
 
     /// The lake, its storage options registered for every table under it.
@@ -83,6 +103,9 @@ impl LakeConfig {
         }
         if self.single_writer {
             s.push_str(" (single writer)");
+        }
+        if let Some(secs) = self.log_retention_s {
+            s.push_str(&format!(" (log kept {secs} s)"));
         }
         s
     }

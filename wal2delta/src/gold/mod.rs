@@ -106,7 +106,13 @@ pub async fn run(
                 .iter()
                 .map(|model| (model.name.clone(), lake.gold(&model.name)))
                 .collect();
-            maintain_tables("gold", tables, config.gold.target_file_bytes).await;
+            maintain_tables(
+                "gold",
+                tables,
+                config.gold.target_file_bytes,
+                config.lake.log_retention(),
+            )
+            .await;
         }
         let rest = every.saturating_sub(started.elapsed());
         tokio::select! {

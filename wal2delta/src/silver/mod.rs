@@ -182,18 +182,19 @@ impl Stage<'_> {
             ));
         }
         silver.sort();
-        maintain_tables("silver", silver, target).await;
+        let retention = self.config.lake.log_retention();
+        maintain_tables("silver", silver, target, retention).await;
         let quarantine = vec![
             ("records".to_owned(), self.lake.quarantine_records()),
             ("resolutions".to_owned(), self.lake.quarantine_resolutions()),
         ];
-        maintain_tables("quarantine", quarantine, target).await;
+        maintain_tables("quarantine", quarantine, target, retention).await;
         if self.rules.is_some() {
             let rules = vec![
                 ("transitions".to_owned(), self.lake.rules_transitions()),
                 ("hits".to_owned(), self.lake.rules_hits()),
             ];
-            maintain_tables("rules", rules, target).await;
+            maintain_tables("rules", rules, target, retention).await;
         }
     }
 
