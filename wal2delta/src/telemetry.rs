@@ -1,5 +1,7 @@
 //! Logging setup. Logs go to stderr; row values and secrets are never logged.
 
+use std::io::IsTerminal;
+
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogConfig, LogFormat};
@@ -33,8 +35,10 @@ pub fn init(log: &LogConfig) {
             }
         }
     }
+    // Colours only for a terminal: a log file, journald or a collector gets plain text.
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr);
     let _ = if log.format == LogFormat::Json {
         builder.json().try_init()
