@@ -220,21 +220,27 @@ mod tests {
             .count()
     }
 
-    #[tokio::test]
-    async fn expired_log_entries_go_with_maintenance_and_never_with_a_commit() {
-        let dir = std::env::temp_dir().join(format!("w2d-log-cleanup-{}", std::process::id()));
+    /// A one-row batch of `id`.
+    fn batch(i: i64) -> RecordBatch {
+        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
+        RecordBatch::try_new(schema, vec![Arc::new(Int64Array::from(vec![i]))]).unwrap()
+    }
+
+    /// A fresh table in a directory of its own, ids 0 to 4 in five commits, with the
+    /// log retention `retention` (`None`: delta-rs' default).
+    async fn five_commits(
+        tag: &str,
+        retention: Option<&str>,
+    ) -> (std::path::PathBuf, Url, DeltaTable) {
+        let dir = std::env::temp_dir().join(format!("w2d-{tag}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let url = Url::from_directory_path(&dir).unwrap();
-        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
-        let batch = |i: i64| {
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![i]))]).unwrap()
-        };
-        // A log retention of one second: every entry expires at once.
-        let mut table = delta::handle("t", &url)
-            .unwrap()
-            .write(vec![batch(0)])
-            .with_configuration([("delta.logRetentionDuration", Some("interval 1 second"))])
+        let mut write = delta::handle("t", &url).unwrap().write(vec![batch(0)]);
+        if let Some(r) = retention {
+            write = write.with_configuration([("delta.logRetentionDuration", Some(r))]);
+        }
+        let mut table = write
             .with_commit_properties(delta::commit_properties())
             .await
             .unwrap();
@@ -245,6 +251,13 @@ mod tests {
                 .await
                 .unwrap();
         }
+        (dir, url, table)
+    }
+
+    #[tokio::test]
+    async fn expired_log_entries_go_with_maintenance_and_never_with_a_commit() {
+        // A log retention of one second: every entry expires at once.
+        let (dir, url, table) = five_commits("log-cleanup", Some("interval 1 second")).await;
         deltalake::checkpoints::create_checkpoint(&table, None)
             .await
             .unwrap();
@@ -284,28 +297,8 @@ mod tests {
 
     #[tokio::test]
     async fn the_lakes_log_retention_removes_what_the_tables_own_would_keep() {
-        let dir = std::env::temp_dir().join(format!("w2d-log-retention-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        let url = Url::from_directory_path(&dir).unwrap();
-        let schema = Arc::new(Schema::new(vec![Field::new("id", DataType::Int64, false)]));
-        let batch = |i: i64| {
-            RecordBatch::try_new(schema.clone(), vec![Arc::new(Int64Array::from(vec![i]))]).unwrap()
-        };
         // The table's own retention: the default 30 days.
-        let mut table = delta::handle("t", &url)
-            .unwrap()
-            .write(vec![batch(0)])
-            .with_commit_properties(delta::commit_properties())
-            .await
-            .unwrap();
-        for i in 1..5 {
-            table = table
-                .write(vec![batch(i)])
-                .with_commit_properties(delta::commit_properties())
-                .await
-                .unwrap();
-        }
+        let (dir, url, _) = five_commits("log-retention", None).await;
         tokio::time::sleep(Duration::from_millis(1_100)).await;
         let report = maintain("t", &url, 64 << 20, None).await.unwrap();
         assert_eq!(report.log_entries_removed, 0, "{report:?}");
