@@ -76,17 +76,17 @@ fn silver_rows(path: &Path) -> Result<Vec<(i64, i64)>> {
     .collect())
 }
 
+/// Waits (up to 2 minutes) until Silver equals the source; the processes must keep running.
 async fn wait_equal(
     pg: &Client,
     schema: &str,
     silver: &Path,
     procs: &mut [&mut StageProcess],
-    timeout: Duration,
 ) -> Result<()> {
     let want = source_rows(pg, schema).await?;
     let start = Instant::now();
     let mut last = Vec::new();
-    while start.elapsed() < timeout {
+    while start.elapsed() < Duration::from_secs(120) {
         for p in procs.iter_mut() {
             p.assert_running()?;
         }
@@ -128,14 +128,7 @@ async fn maintenance_keeps_the_log_short_and_silver_follows_past_removed_commits
         "INSERT INTO {name}.acct SELECT g, 0 FROM generate_series(1, 200) g"
     ))
     .await?;
-    wait_equal(
-        &pg,
-        &name,
-        &silver,
-        &mut [&mut ingest, &mut silver_run],
-        Duration::from_secs(120),
-    )
-    .await?;
+    wait_equal(&pg, &name, &silver, &mut [&mut ingest, &mut silver_run]).await?;
 
     // Silver looks away; Bronze goes on committing, and its maintenance removes what is
     // older than a second behind each checkpoint, the commits Silver would read next too.
@@ -165,14 +158,7 @@ async fn maintenance_keeps_the_log_short_and_silver_follows_past_removed_commits
         }
     }
     // Not "nothing new": Silver loads Bronze again and catches up.
-    wait_equal(
-        &pg,
-        &name,
-        &silver,
-        &mut [&mut ingest, &mut silver_run],
-        Duration::from_secs(120),
-    )
-    .await?;
+    wait_equal(&pg, &name, &silver, &mut [&mut ingest, &mut silver_run]).await?;
 
     // Silver's own log is kept short too.
     let deadline = Instant::now() + Duration::from_secs(60);

@@ -37,7 +37,6 @@ use deltalake::arrow::datatypes::{DataType, Int64Type, SchemaRef};
 use deltalake::datafusion::common::Column;
 use deltalake::datafusion::physical_optimizer::pruning::PruningStatistics;
 use deltalake::kernel::{Action, Add};
-use deltalake::logstore::object_store::ObjectStoreExt;
 use deltalake::logstore::LogStore;
 use deltalake::{DeltaTable, DeltaTableError, ObjectStore, Path};
 use percent_encoding::percent_decode_str;
@@ -254,17 +253,6 @@ impl State {
         }
     }
 
-    /// The version of the table's latest checkpoint (`_delta_log/_last_checkpoint`), if
-    /// it can be read.
-    async fn last_checkpoint(&self) -> Option<u64> {
-        let path = Path::from("_delta_log/_last_checkpoint");
-        let bytes = self.store.get(&path).await.ok()?.bytes().await.ok()?;
-        serde_json::from_slice::<serde_json::Value>(&bytes)
-            .ok()?
-            .get("version")?
-            .as_u64()
-    }
-
     /// Applies the commits after `version`, in order; an error says why the state must
     /// be loaded again (it may be partly applied then, and is dropped).
     async fn follow(&mut self, columns: &[&str]) -> Result<(), String> {
@@ -282,17 +270,16 @@ impl State {
                 // removes expired entries before the latest checkpoint, so a checkpoint
                 // past this version means the commits after it are gone, not to come.
                 let Some(bytes) = commit else {
-                    if applied == 0 {
-                        if let Some(c) = self.last_checkpoint().await {
-                            if c > self.version {
-                                return Err(format!(
-                                    "the log after version {} was removed (checkpoint at {c})",
-                                    self.version
-                                ));
-                            }
-                        }
+                    if applied > 0 {
+                        return Ok(());
                     }
-                    return Ok(());
+                    return match crate::storage::last_checkpoint(self.store.as_ref()).await {
+                        Some(c) if c > self.version => Err(format!(
+                            "the log after version {} was removed (checkpoint at {c})",
+                            self.version
+                        )),
+                        _ => Ok(()),
+                    };
                 };
                 let next = self.version + 1;
                 let actions =

@@ -53,7 +53,8 @@ pub async fn maintain(
     };
     // A table unchanged since its last checkpoint (idle, nothing compacted) needs none:
     // writing it again would only rewrite the same state.
-    if last_checkpoint(url).await != table.version() {
+    let store = table.log_store().object_store(None);
+    if crate::storage::last_checkpoint(store.as_ref()).await != table.version() {
         deltalake::checkpoints::create_checkpoint(&table, None)
             .await
             .map_err(LakeError::delta(&name))?;
@@ -123,15 +124,6 @@ async fn optimize(
         log_entries_removed: 0,
     };
     Ok(Some((table, report)))
-}
-
-/// The version of the table's latest checkpoint, from `_delta_log/_last_checkpoint`.
-async fn last_checkpoint(url: &Url) -> Option<u64> {
-    let bytes = crate::storage::read(url, "_delta_log/_last_checkpoint").await?;
-    serde_json::from_slice::<Value>(&bytes)
-        .ok()?
-        .get("version")?
-        .as_u64()
 }
 
 /// The `wal2delta.*` entries of the commit info of the table's latest commit.

@@ -170,18 +170,20 @@ pub(crate) async fn modified(url: &Url, path: &str) -> Option<SystemTime> {
     Some(meta.last_modified.into())
 }
 
-/// The content of the object at `path` under `url` (`None` when it is missing or cannot
-/// be read).
-pub(crate) async fn read(url: &Url, path: &str) -> Option<Vec<u8>> {
-    let store = store(url).ok()?;
+/// The version of the latest checkpoint of the table `store` is rooted at
+/// (`_delta_log/_last_checkpoint`), if it can be read.
+pub(crate) async fn last_checkpoint(store: &dyn ObjectStore) -> Option<u64> {
     let bytes = store
-        .get(&Path::from(path))
+        .get(&Path::from("_delta_log/_last_checkpoint"))
         .await
         .ok()?
         .bytes()
         .await
         .ok()?;
-    Some(bytes.to_vec())
+    serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()?
+        .get("version")?
+        .as_u64()
 }
 
 /// Whether the store under `root` refuses to create an object that exists
