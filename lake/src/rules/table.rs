@@ -216,11 +216,11 @@ impl TableRules {
     ///
     /// The commit runs in a task of its own, and unless `force` the call does not wait
     /// for it: a MERGE rewrites every hits file the changes touch, and the rounds need
-    /// not wait for it, because nothing
-    /// reads `rules/hits` without rolling it forward with the transitions of later seqs
-    /// ([`super::store`]). One runs at a time; the next call takes its outcome. A
-    /// failed commit resets the state, so the next round loads it again and the
-    /// changes that commit carried are rolled forward from the transitions.
+    /// not wait for it, because nothing reads `rules/hits` without rolling it forward
+    /// with the transitions of later seqs ([`super::store`]). One runs at a time; the
+    /// next call takes its outcome. A failed commit resets the state, so the next round
+    /// loads it again and the changes that commit carried are rolled forward from the
+    /// transitions.
     pub async fn flush_hits(&mut self, force: bool) -> Result<(), LakeError> {
         // Many changes pending wait for the running commit rather than grow.
         self.committed(force || self.pending.len() >= MAX_PENDING)
