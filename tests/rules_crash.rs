@@ -15,6 +15,7 @@ use anyhow::{bail, ensure, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
+use wal2delta_tests::chaos::ReadOnlyLake;
 use wal2delta_tests::lake::{duckdb, rule_hits};
 use wal2delta_tests::{Scenario, Stack};
 
@@ -119,7 +120,20 @@ async fn workload(
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
-    survive_kills("rulescrash", TOML, 1500, None).await
+    survive_kills("rulescrash", TOML, 1500, None, Fault::Kill).await
+}
+
+/// Silver commits that fail several times in a row (the table's log made immutable for a
+/// few seconds, while `rules/transitions` stays writable, so every failed round's
+/// transitions are appended): the rounds that apply those changes again tag nothing
+/// again, and no round takes the rules for out of sync (issue 38, defect 1: the second
+/// failure in a row used to start a backfill at the old watermark and the stream then
+/// emitted its transitions again).
+#[tokio::test(flavor = "multi_thread")]
+async fn rules_exact_after_silver_commits_fail_in_a_row() -> Result<()> {
+    // Bronze commits often, so a round retried during a freeze has new changes to tag.
+    let toml = format!("{TOML}[bronze]\nmax_batch_ms = 400\n");
+    survive_kills("rulesfail", &toml, 1500, None, Fault::FailSilverCommits).await
 }
 
 /// The same with transactions over `[silver] max_atomic_transaction_rows` (every row
@@ -130,7 +144,17 @@ async fn rules_survive_sigkill_without_duplicate_or_gap() -> Result<()> {
 async fn rules_survive_sigkill_while_a_transaction_is_applied_in_pieces() -> Result<()> {
     let toml = "[snapshot]\nmode = \"initial\"\n[silver]\ninterval_ms = 300\n\
                 max_rows_per_partition = 10\nmax_atomic_transaction_rows = 40\n";
-    survive_kills("rulespieces", toml, 240, Some(40)).await
+    survive_kills("rulespieces", toml, 240, Some(40), Fault::Kill).await
+}
+
+/// What breaks the Silver + rules process while the workload runs.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL, then a new process.
+    Kill,
+    /// The Silver table's log immutable for a few seconds: every Silver commit meanwhile
+    /// fails (after the round appended its transitions), the process goes on.
+    FailSilverCommits,
 }
 
 async fn survive_kills(
@@ -138,6 +162,7 @@ async fn survive_kills(
     toml: &str,
     transactions: usize,
     large_every: Option<usize>,
+    fault: Fault,
 ) -> Result<()> {
     let stack = Stack::from_env();
     // `rules/hits` committed as often as the commits finish, beside the rounds: the
@@ -158,12 +183,29 @@ async fn survive_kills(
     };
     let mut rng = StdRng::seed_from_u64(7);
     let mut kills = 0;
+    // Faults that began while the workload ran (so the rounds had changes to apply).
+    let mut loaded = 0;
+    let silver_log = lake.join("silver").join(&s).join("acct").join("_delta_log");
     while !load.is_finished() || kills < 4 {
         tokio::time::sleep(Duration::from_millis(rng.random_range(700..3000))).await;
         feed.assert_running()?;
-        silver.kill9();
+        match fault {
+            Fault::Kill => {
+                silver.kill9();
+                silver = d.spawn_stage("silver,rules", &format!("silver-{}", kills + 1))?;
+            }
+            Fault::FailSilverCommits => {
+                if !silver_log.exists() {
+                    continue;
+                }
+                loaded += usize::from(!load.is_finished());
+                // Dropped (writable again) even when the test fails.
+                let _frozen = ReadOnlyLake::set(silver_log.clone())?;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(2500..4500))).await;
+                silver.assert_running()?;
+            }
+        }
         kills += 1;
-        silver = d.spawn_stage("silver,rules", &format!("silver-{kills}"))?;
     }
     load.await??;
     let want = expected_hits(&pg, &s).await?;
@@ -223,6 +265,18 @@ async fn survive_kills(
         backfills == 0,
         "{backfills} restarts backfilled the rules again"
     );
+    if fault == Fault::FailSilverCommits {
+        // The faults did what they are for: rounds failed, several in a row, while the
+        // transitions of the changes they applied were appended.
+        let log = std::fs::read_to_string(d.dir.join("silver-0.log"))?;
+        let failed = log
+            .matches("silver round of the table failed")
+            .count();
+        ensure!(
+            loaded >= 2 && failed >= 2 * loaded,
+            "the freezes failed several Silver rounds in a row: {failed} failed rounds in {kills} freezes ({loaded} under load)"
+        );
+    }
     // The division by zero went to quarantine under the rule's id, as no hit.
     let quarantined = duckdb(&format!(
         "SELECT count(*) FROM delta_scan('{}') WHERE reason_code = 'rule_failed' AND check_name = 'ratio'",

@@ -133,6 +133,10 @@ pub struct TableRules {
     pub(super) state: Option<Loaded>,
     /// The rules the hits reflect (`None` until the first backfill after a load).
     pub(super) installed: Option<Vec<Rule>>,
+    /// The rule set of the round under way, read once at its start ([`Self::start`]): an
+    /// edit that lands during the round waits for the next one, whose start backfills it,
+    /// so no round evaluates rules that were never backfilled.
+    round_rules: Option<Vec<Rule>>,
     /// The next backfill compares every rule even when the hits were built with the same
     /// rule set (rows changed, or were tagged, without some rule).
     force_backfill: bool,
@@ -182,6 +186,7 @@ impl TableRules {
             store: RulesStore::new(lake),
             state: None,
             installed: None,
+            round_rules: None,
             force_backfill: false,
             compiled: None,
             related: Default::default(),
@@ -360,6 +365,8 @@ impl TableRules {
         before: &Progress,
         keys: &[String],
     ) -> Result<Start, LakeError> {
+        let desired = self.source.of(&self.name);
+        self.round_rules = Some(desired.clone());
         if self.state.is_none() {
             // A commit left running by a reset ends first, whatever its outcome: the load
             // must see it, or its older changes could land over the roll-forward.
@@ -383,14 +390,22 @@ impl TableRules {
             Some(s) => delta::txn_version(&self.name, s, silver_app(&self.name)).await?,
             None => Some(0),
         };
-        if t_seq > 0 && s_seq == Some(t_seq - 1) {
-            let covered = self.state.as_ref().map(|s| s.progress.clone());
+        // What the transitions cover already. Every round appends its transitions (one
+        // seq more) before its Silver commit records that seq, so a Silver commit that
+        // failed or never happened (a crash, a failed write, any number of them in a row)
+        // leaves Silver's seq below the rules': their transitions stand, and the rounds
+        // that apply those changes again must not tag them again. A repeated round can
+        // also plan less than the failed one did (its read window starts small again), so
+        // the same holds with the seqs equal while the rules' progress is ahead of Silver's.
+        let tagged = self.state.as_ref().map(|s| s.progress.clone());
+        let behind = s_seq.is_some_and(|s| (0..t_seq).contains(&s));
+        let ahead = s_seq == Some(t_seq) && tagged.as_ref().is_some_and(|p| !before.covers(p));
+        if behind || ahead {
             return Ok(Start {
-                covered,
+                covered: tagged,
                 report: None,
             });
         }
-        let desired = self.source.of(&self.name);
         let in_sync = s_seq == Some(t_seq) || (s_seq.is_none() && t_seq == 0);
         if !in_sync {
             // Silver was rebuilt (its commits lost the seq): compare everything.
@@ -429,7 +444,7 @@ impl TableRules {
         &mut self,
         schema: &SchemaRef,
     ) -> Result<(Arc<Evaluator>, Vec<RuleError>), LakeError> {
-        let desired = self.source.of(&self.name);
+        let desired = self.rules_of_round();
         let related = self.related.refresh(&self.lake, &desired).await?;
         let fresh = self
             .compiled
@@ -614,14 +629,17 @@ impl TableRules {
         self.publish(Origin::Stream, seq, &walked.transitions, &filter_events)
             .await?;
         report.steps.publish = clock.lap();
+        // Only when the state records no rule set (a table whose first round is this one).
+        let round_ruleset = match self.state.as_ref().and_then(|s| s.ruleset) {
+            Some(r) => r,
+            None => fingerprint(&self.rules_of_round()),
+        };
         let state = self.state.as_mut().ok_or_else(|| LakeError::Rows {
             table: self.name.clone(),
             reason: "rules state not loaded".into(),
         })?;
         if !walked.transitions.is_empty() {
-            let ruleset = state
-                .ruleset
-                .unwrap_or_else(|| fingerprint(&self.source.of(&self.name)));
+            let ruleset = state.ruleset.unwrap_or(round_ruleset);
             self.store
                 .append(
                     &self.name,
@@ -640,6 +658,13 @@ impl TableRules {
             report.steps.hits = clock.lap();
         }
         Ok(report)
+    }
+
+    /// The rule set of the round under way (read at its start), or the source's now.
+    fn rules_of_round(&self) -> Vec<Rule> {
+        self.round_rules
+            .clone()
+            .unwrap_or_else(|| self.source.of(&self.name))
     }
 
     pub(super) fn error(&self, e: impl std::fmt::Display) -> LakeError {

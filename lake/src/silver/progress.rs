@@ -95,6 +95,23 @@ impl Progress {
         out
     }
 
+    /// Whether every change applied in `other` is applied in this progress too.
+    pub fn covers(&self, other: &Progress) -> bool {
+        if other.watermark > self.watermark {
+            return false;
+        }
+        match other.partial {
+            Some(lsn) if lsn > self.watermark => {
+                self.partial == Some(lsn)
+                    && other
+                        .cursors
+                        .iter()
+                        .all(|(p, c)| self.cursors.get(p).is_some_and(|s| s >= c))
+            }
+            _ => true,
+        }
+    }
+
     /// Whether the change at `lsn`, read at `offset` of `partition`, is applied in this
     /// progress: its transaction is at or below the watermark, or it is a piece of the
     /// partial transaction the cursor has passed.
@@ -275,6 +292,27 @@ mod tests {
     use deltalake::arrow::datatypes::{DataType, Field, Schema};
     use std::sync::Arc;
     use wal2delta_model::bronze;
+
+    #[test]
+    fn a_progress_covers_what_another_applied() {
+        let p = |watermark, partial, cursors: &[(i32, i64)]| Progress {
+            watermark,
+            partial,
+            cursors: cursors.iter().copied().collect(),
+            truncated: None,
+        };
+        let at_10 = p(10, None, &[(0, 5)]);
+        assert!(at_10.covers(&at_10));
+        assert!(at_10.covers(&p(8, None, &[(0, 9)])), "cursors alone apply nothing");
+        assert!(!at_10.covers(&p(12, None, &[(0, 5)])));
+        // Pieces of transaction 20: covered only by the same transaction's cursors past them.
+        let piece = p(10, Some(20), &[(0, 7), (1, 3)]);
+        assert!(!at_10.covers(&piece));
+        assert!(p(10, Some(20), &[(0, 7), (1, 4)]).covers(&piece));
+        assert!(!p(10, Some(20), &[(0, 6), (1, 4)]).covers(&piece));
+        assert!(p(20, None, &[]).covers(&piece), "the whole transaction applied");
+        assert!(!piece.covers(&p(20, None, &[])));
+    }
 
     /// [`super::plan`] of a batch.
     fn plan(
