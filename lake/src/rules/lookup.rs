@@ -96,6 +96,10 @@ impl TableRules {
             }
             let f = match self.fetch(&l, &schema, input, &rows).await {
                 Ok(f) => f,
+                // Storage briefly unavailable (a timeout, an object store 503): the round
+                // fails and is retried, nothing committed. Taken as "no related row" it
+                // would commit a `left` (or lose an `entered`) for good.
+                Err(e) if e.class() == wal2delta_model::ErrorClass::Transient => return Err(e),
                 Err(e) => {
                     // The related table cannot be read: the rows that need it are no hit
                     // for the rules using it, quarantined with the reason; the rest goes on.
