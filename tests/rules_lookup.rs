@@ -323,6 +323,32 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
         "the hold past the timeout is logged"
     );
 
+    // Shops still behind: the hold was released once, so a later order is tagged in the
+    // next rounds, not held for another whole timeout (issue 38, defect 7: each release
+    // used to last one round, and the table fell one timeout behind per change).
+    let released = std::time::Instant::now();
+    pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (12, 1, 800)"))
+        .await?;
+    let three = vec![
+        tr(10, "risky", "entered"),
+        tr(11, "risky", "entered"),
+        tr(12, "risky", "entered"),
+    ];
+    run.wait_for("the next order tagged while released", &three, || {
+        transitions(&lake, "stream")
+    })
+    .await?;
+    let waited = released.elapsed();
+    ensure!(
+        waited < std::time::Duration::from_millis(TIMEOUT_MS),
+        "the next order waited {waited:?}: held for another {TIMEOUT_MS} ms timeout"
+    );
+    ensure!(
+        run.log_text().matches("past [rules] lookup_timeout_ms").count() == 1,
+        "one release is logged once: {}",
+        run.log_text()
+    );
+
     // Unfrozen, shops catches up and the chain goes on as before.
     drop(frozen);
     pg.batch_execute(&format!(
@@ -332,6 +358,7 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     let after = vec![
         tr(10, "risky", "entered"),
         tr(11, "risky", "entered"),
+        tr(12, "risky", "entered"),
         tr(11, "risky", "left"),
     ];
     run.wait_for("the chain after shops caught up", &after, || {

@@ -3,8 +3,8 @@
 //! holds every change up to theirs, so a lookup never sees a state older than the change's
 //! commit (a related row changed in the change's own transaction included).
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::time::Duration;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::time::{Duration, Instant};
 
 use wal2delta_lake::silver::TransactionCounts;
 
@@ -68,6 +68,85 @@ pub(super) fn hold(
     Hold::Capped { top, waiting }
 }
 
+/// The holds of the tables whose rules look others up: since when each holds changes back,
+/// and whether it was released past the timeout.
+///
+/// A hold is released once: past `[rules] lookup_timeout_ms` the table applies everything
+/// its transaction records reach, round after round, until the looked-up tables catch up
+/// with the transaction records; only then can a new hold begin. (Releasing one round and
+/// holding again would advance such a table one round per timeout, falling behind without
+/// bound while a looked-up table keeps failing.)
+#[derive(Debug, Default)]
+pub(super) struct Holds {
+    began: HashMap<String, Began>,
+}
+
+#[derive(Debug)]
+struct Began {
+    at: Instant,
+    released: bool,
+}
+
+/// What a table's round may apply, as [`Holds::decide`] decided.
+#[derive(Debug)]
+pub(super) struct Decision {
+    pub counts: TransactionCounts,
+    /// The hold was released in this round, past the timeout, after this long (once per
+    /// hold: what to log and count).
+    pub released_after: Option<Duration>,
+}
+
+impl Holds {
+    /// The transaction records table `name` (at watermark `before`) may apply this round
+    /// when the tables it looks up stand at `cap` ([`hold`]).
+    pub(super) fn decide(
+        &mut self,
+        name: &str,
+        cap: Option<i64>,
+        before: i64,
+        counts: TransactionCounts,
+        timeout: Duration,
+        now: Instant,
+    ) -> Decision {
+        let held_for = self.began.get(name).map(|b| now.saturating_duration_since(b.at));
+        let free = |counts| Decision {
+            counts,
+            released_after: None,
+        };
+        match hold(cap, before, &counts, held_for, timeout) {
+            Hold::Free => {
+                self.began.remove(name);
+                free(counts)
+            }
+            Hold::Capped { top, waiting } => {
+                let released = self.began.get(name).is_some_and(|b| b.released);
+                if waiting {
+                    self.began.entry(name.to_owned()).or_insert(Began {
+                        at: now,
+                        released: false,
+                    });
+                } else if !released {
+                    // Nothing waits: the next wait is a new hold.
+                    self.began.remove(name);
+                }
+                free(TransactionCounts { top, ..counts })
+            }
+            Hold::TimedOut => {
+                let began = self.began.entry(name.to_owned()).or_insert(Began {
+                    at: now,
+                    released: false,
+                });
+                let first = !began.released;
+                began.released = true;
+                Decision {
+                    counts,
+                    released_after: first.then(|| held_for.unwrap_or_default()),
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,6 +202,47 @@ mod tests {
                 waiting: true
             }
         );
+    }
+
+    /// Issue 38, defect 7: past the timeout a hold is released until the looked-up table
+    /// catches up, not for one round.
+    #[test]
+    fn a_hold_is_released_once_until_the_related_table_catches_up() {
+        let timeout = Duration::from_secs(30);
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut holds = Holds::default();
+        let round = |holds: &mut Holds, secs, cap, before, c: &TransactionCounts| {
+            holds.decide("s.orders", Some(cap), before, c.clone(), timeout, at(secs))
+        };
+        // The related table is stuck at 50; this table's transactions keep coming.
+        let c = counts(100, &[40, 90]);
+        let d = round(&mut holds, 0, 50, 0, &c);
+        assert_eq!(d.counts.top, 50, "held");
+        let d = round(&mut holds, 10, 50, 40, &c);
+        assert_eq!(d.counts.top, 50, "still held");
+        let d = round(&mut holds, 30, 50, 40, &c);
+        assert_eq!(d.counts.top, 100, "released past the timeout");
+        assert_eq!(d.released_after, Some(Duration::from_secs(30)));
+        // The next rounds go on at once: no new 30 s hold per round.
+        let c = counts(200, &[40, 90, 150]);
+        let d = round(&mut holds, 31, 50, 90, &c);
+        assert_eq!((d.counts.top, d.released_after), (200, None));
+        // A round with nothing of its own past the cap does not start the hold over.
+        let d = round(&mut holds, 32, 50, 150, &counts(200, &[40, 90, 150]));
+        assert_eq!(d.counts.top, 150);
+        let d = round(&mut holds, 33, 50, 150, &counts(300, &[40, 90, 150, 250]));
+        assert_eq!((d.counts.top, d.released_after), (300, None), "still released");
+        // The related table catches up: the next wait is a new hold, with its own timeout.
+        let d = round(&mut holds, 40, 300, 250, &counts(300, &[250]));
+        assert_eq!(d.counts.top, 300);
+        let c = counts(400, &[250, 350]);
+        let d = round(&mut holds, 41, 320, 300, &c);
+        assert_eq!(d.counts.top, 320, "held again");
+        let d = round(&mut holds, 70, 320, 300, &c);
+        assert_eq!(d.counts.top, 320);
+        let d = round(&mut holds, 71, 320, 300, &c);
+        assert_eq!((d.counts.top, d.released_after), (400, Some(Duration::from_secs(30))));
     }
 
     #[test]

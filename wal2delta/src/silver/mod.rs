@@ -23,7 +23,7 @@ use crate::config::{Config, Policies};
 use crate::maintenance::{maintain_tables, Schedule};
 use crate::metrics as m;
 use crate::supervisor::{Backoff, Next, StageError, Supervisor};
-use lookups::{lookups_first, Hold};
+use lookups::lookups_first;
 use wal2delta_lake::Url;
 use wal2delta_model::ErrorClass;
 
@@ -71,9 +71,10 @@ pub async fn run(
         watermarks: HashMap::new(),
         keyless: HashMap::new(),
         failing: HashMap::new(),
-        held: HashMap::new(),
+        held: lookups::Holds::default(),
         listed: None,
         transactions: TransactionLog::default(),
+        more: false,
     };
     let every = Duration::from_millis(config.silver.interval_ms.max(10));
     tracing::info!("silver stage started");
@@ -100,7 +101,13 @@ pub async fn run(
         if maintenance.due() {
             stage.maintain().await;
         }
-        let rest = every.saturating_sub(started.elapsed());
+        // A table with more to apply at once (the next piece of a transaction applied in
+        // pieces, a widened read window) does not wait for the interval.
+        let rest = if std::mem::take(&mut stage.more) {
+            Duration::ZERO
+        } else {
+            every.saturating_sub(started.elapsed())
+        };
         tokio::select! {
             _ = shutdown.changed() => break,
             _ = tokio::time::sleep(rest) => {}
@@ -141,12 +148,14 @@ struct Stage<'a> {
     keyless: HashMap<String, Instant>,
     /// Tables whose last open or round failed: retried after their own backoff.
     failing: HashMap<String, Retry>,
-    /// Tables held for the tables their rules look up, and since when.
-    held: HashMap<String, Instant>,
+    /// Tables held for the tables their rules look up ([`lookups::Holds`]).
+    held: lookups::Holds,
     /// The Bronze tables as last listed, and when ([`LIST_EVERY`]).
     listed: Option<(Instant, Vec<BronzeTable>)>,
     /// The transaction records, kept open between rounds.
     transactions: TransactionLog,
+    /// A round of this pass said another round at once gets further.
+    more: bool,
 }
 
 impl Stage<'_> {
@@ -339,36 +348,19 @@ impl Stage<'_> {
             .copied()
             .min();
         let before = self.watermarks.get(name).copied().unwrap_or(0);
-        let held_for = self.held.get(name).map(Instant::elapsed);
-        match lookups::hold(
+        let d = self.held.decide(
+            name,
             cap,
             before,
-            &counts,
-            held_for,
+            counts,
             self.config.rules.lookup_timeout(),
-        ) {
-            Hold::Free => {
-                self.held.remove(name);
-                counts
-            }
-            Hold::Capped { top, waiting } => {
-                if waiting {
-                    self.held
-                        .entry(name.to_owned())
-                        .or_insert_with(Instant::now);
-                } else {
-                    self.held.remove(name);
-                }
-                TransactionCounts { top, ..counts }
-            }
-            Hold::TimedOut => {
-                self.held.remove(name);
-                metrics::counter!(m::RULES_LOOKUP_TIMEOUTS, "table" => name.to_owned())
-                    .increment(1);
-                tracing::warn!(table = %name, related_watermark = cap.unwrap_or_default(), waited_ms = held_for.unwrap_or_default().as_millis() as u64, "a table this table's rules look up is behind past [rules] lookup_timeout_ms: applying the changes, their lookups see the related table as it is (counted as stale)");
-                counts
-            }
+            Instant::now(),
+        );
+        if let Some(waited) = d.released_after {
+            metrics::counter!(m::RULES_LOOKUP_TIMEOUTS, "table" => name.to_owned()).increment(1);
+            tracing::warn!(table = %name, related_watermark = cap.unwrap_or_default(), waited_ms = waited.as_millis() as u64, "a table this table's rules look up is behind past [rules] lookup_timeout_ms: applying the changes until it catches up, their lookups see the related table as it is (counted as stale)");
         }
+        d.counts
     }
 
     /// Starts working on a Bronze table: `false` when Silver does not hold it (no primary
@@ -469,6 +461,7 @@ impl Stage<'_> {
         match tracked.table.apply(counts).await {
             Ok(r) => {
                 self.watermarks.insert(name.to_owned(), r.watermark);
+                self.more |= r.again || (r.partial.is_some() && r.version.is_some());
                 report_applied(name, &r, started);
                 let totals = self.filtered.entry(name.to_owned()).or_default();
                 for rules in &r.rules {
