@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, ensure, Result};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, BaseRecord, Producer};
 use serde_json::Value;
@@ -481,6 +481,50 @@ fn partial_commits(table: &std::path::Path) -> Result<Vec<i64>> {
     Ok(out)
 }
 
+/// The versions of the Delta table at `table` whose commit info names a partial source
+/// transaction.
+fn partial_versions(table: &std::path::Path) -> Result<std::collections::BTreeSet<i64>> {
+    let mut out = std::collections::BTreeSet::new();
+    for entry in std::fs::read_dir(table.join("_delta_log"))? {
+        let path = entry?.path();
+        let Some(version) = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".json"))
+            .and_then(|n| n.parse::<i64>().ok())
+        else {
+            continue;
+        };
+        if std::fs::read_to_string(&path)?.contains("wal2delta.partial_transaction") {
+            out.insert(version);
+        }
+    }
+    Ok(out)
+}
+
+/// The Silver versions of input `input` that the commits of the Gold table at `gold`
+/// record (`wal2delta.gold`).
+fn gold_recorded(gold: &std::path::Path, input: &str) -> Result<Vec<i64>> {
+    let mut out = Vec::new();
+    let Ok(dir) = std::fs::read_dir(gold.join("_delta_log")) else {
+        return Ok(out);
+    };
+    for entry in dir {
+        let path = entry?.path();
+        if path.extension().is_none_or(|e| e != "json") {
+            continue;
+        }
+        for line in std::fs::read_to_string(&path)?.lines() {
+            let v: Value = serde_json::from_str(line)?;
+            if let Some(version) = v["commitInfo"]["wal2delta.gold"]["inputs"][input].as_i64() {
+                out.push(version);
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
 /// Issue 15: a transaction over `[silver] max_atomic_transaction_rows` is applied in
 /// pieces of the read window (memory stays bounded by the window, not the transaction),
 /// each piece's commit marked as partial; a SIGKILL between pieces loses and doubles
@@ -493,7 +537,7 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
     let stack = Stack::from_env();
     let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n\
                 [silver]\ninterval_ms = 300\nmax_rows_per_partition = 40\nmax_atomic_transaction_rows = 300\n";
-    let (name, pg, d) = scenario(
+    let (name, pg, mut d) = scenario(
         &stack,
         "pieces",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);",
@@ -502,8 +546,23 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
     )
     .await?;
     let s = &name;
+    // A Gold model over the table (issue 38, defect 5): it never reflects a Silver
+    // version that holds part of the transaction.
+    let models = d.lake().join("../models");
+    std::fs::create_dir_all(&models)?;
+    std::fs::write(
+        models.join("totals.sql"),
+        format!("SELECT count(*) AS row_count, sum(n) AS n FROM {s}.t"),
+    )?;
+    d.env.push((
+        "WAL2DELTA__GOLD__MODELS_DIR".into(),
+        models.display().to_string(),
+    ));
+    d.env
+        .push(("WAL2DELTA__GOLD__INTERVAL_MS".into(), "200".into()));
     let mut feed = d.spawn_stage("capture,bronze", "feed")?;
     let mut silver = d.spawn_stage("silver", "silver")?;
+    let mut gold = d.spawn_stage("gold", "gold")?;
     pg.batch_execute(&format!(
         "INSERT INTO {s}.t SELECT g, 'v' || g, g FROM generate_series(1, 30) g;"
     ))
@@ -577,6 +636,30 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
         status.get("partial_transaction_lsn").is_none(),
         "no transaction is partial once its last piece is applied: {status}"
     );
+
+    // Gold caught up with the whole transaction, and no Gold version reflects a piece.
+    let gold_path = d.lake().join("gold/totals");
+    let start = Instant::now();
+    loop {
+        gold.assert_running()?;
+        let got = duckdb(&format!("SELECT row_count FROM {}", scan(&gold_path))).unwrap_or_default();
+        if got.first().and_then(|r| r[0].as_i64()) == Some(rows as i64) {
+            break;
+        }
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "Gold never reflected the whole transaction: {got:?} {}",
+            gold.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let pieces = partial_versions(&silver_path)?;
+    let recorded = gold_recorded(&gold_path, &format!("{s}.t"))?;
+    assert!(
+        recorded.len() >= 2 && recorded.iter().all(|v| !pieces.contains(v)),
+        "Gold recorded Silver versions {recorded:?}, pieces were {pieces:?}"
+    );
+    gold.stop()?;
     silver.stop()?;
     feed.stop()?;
     Ok(())

@@ -51,6 +51,10 @@ pub enum Refreshed {
     Unchanged,
     /// An input does not exist yet (Silver has not created the table): nothing written.
     Waiting { input: String },
+    /// A Silver input holds part of source transaction `lsn` (a transaction larger than
+    /// `[silver] max_atomic_transaction_rows`, applied in pieces): nothing written until
+    /// its last piece is, so a Gold version never reflects half a source transaction.
+    Partial { input: String, lsn: i64 },
 }
 
 /// The Gold table of `model`.
@@ -68,29 +72,38 @@ impl<'a> GoldTable<'a> {
         format!("gold/{}", self.model.name)
     }
 
-    /// Opens the model's inputs at their latest versions; `Err(label)` names one that
-    /// does not exist yet.
-    async fn open_inputs(&self) -> Result<Result<Vec<Opened>, String>, LakeError> {
+    /// Opens the model's inputs at their latest versions; `Err` names one that does not
+    /// exist yet, or a Silver input that holds part of a source transaction.
+    async fn open_inputs(&self) -> Result<Result<Vec<Opened>, Refreshed>, LakeError> {
         let mut opened = Vec::new();
         for input in &self.model.inputs {
-            let (label, url, reference) = match input {
+            let (label, url, reference, silver_name) = match input {
                 Input::Silver(t) => {
                     let (s, tb) = t.ident_parts();
                     (
                         t.to_string(),
                         self.lake.silver(&s, &tb),
                         TableReference::full(CATALOG, t.schema.as_str(), t.name.as_str()),
+                        Some(format!("{s}.{tb}")),
                     )
                 }
                 Input::Model(m) => (
                     format!("gold/{m}"),
                     self.lake.gold(m),
                     TableReference::full(CATALOG, MODEL_SCHEMA, m.as_str()),
+                    None,
                 ),
             };
             let Some(table) = delta::open(&label, &url).await? else {
-                return Ok(Err(label));
+                return Ok(Err(Refreshed::Waiting { input: label }));
             };
+            // Silver's own progress says whether its version holds part of a transaction
+            // (a compaction commit in between keeps it: it is the table's `txn` state).
+            if let Some(name) = silver_name {
+                if let Some(lsn) = crate::silver::Progress::load(&name, &table).await?.partial {
+                    return Ok(Err(Refreshed::Partial { input: label, lsn }));
+                }
+            }
             opened.push(Opened {
                 input: input.clone(),
                 label,
@@ -110,7 +123,7 @@ impl<'a> GoldTable<'a> {
         let url = self.lake.gold(&self.model.name);
         let opened = match self.open_inputs().await? {
             Ok(o) => o,
-            Err(input) => return Ok(Refreshed::Waiting { input }),
+            Err(waiting) => return Ok(waiting),
         };
         let mut versions = BTreeMap::new();
         let mut data = BTreeMap::new();
@@ -146,7 +159,7 @@ impl<'a> GoldTable<'a> {
                         tracing::info!(model = %self.model.name, reason = %why, "gold model rewritten whole")
                     }
                     Err(e) => {
-                        tracing::warn!(model = %self.model.name, error = %e, "gold model: the changed keys could not be found; rewritten whole")
+                        tracing::warn!(model = %self.model.name, error = %crate::conditions::without_values(&e.to_string()), "gold model: the changed keys could not be found; rewritten whole")
                     }
                 }
             }
@@ -183,10 +196,7 @@ impl<'a> GoldTable<'a> {
     /// Runs the model's SELECT: its rows with plain (not view) types; an empty result
     /// keeps its columns.
     async fn run(&self, ctx: &SessionContext) -> Result<Vec<RecordBatch>, LakeError> {
-        let failed = |e: deltalake::datafusion::error::DataFusionError| LakeError::Model {
-            model: self.model.name.clone(),
-            reason: e.to_string(),
-        };
+        let failed = |e| super::run_failed(&self.model.name, e);
         let df = ctx.sql(&self.model.sql).await.map_err(failed)?;
         let schema = Arc::new(df.schema().as_arrow().clone());
         let mut stream = df.execute_stream().await.map_err(failed)?;
@@ -204,10 +214,7 @@ impl<'a> GoldTable<'a> {
             .iter()
             .map(delta::without_views)
             .collect::<Result<_, _>>()
-            .map_err(|e| LakeError::Model {
-                model: self.model.name.clone(),
-                reason: e.to_string(),
-            })
+            .map_err(|e| super::run_failed(&self.model.name, e))
     }
 
     /// What the model's last version was computed from, `None` before the first.

@@ -31,6 +31,10 @@ use crate::rules::{RuleSource, TableRules};
 use crate::stopwatch::Stopwatch;
 use crate::{Lake, LakeError};
 
+/// The commit-info key of a Silver commit that holds part of a source transaction (its
+/// commit LSN): every commit of a transaction applied in pieces but the last.
+pub const PARTIAL_KEY: &str = "wal2delta.partial_transaction";
+
 /// What one round did.
 #[derive(Debug, Clone, Default)]
 pub struct ApplyReport {
@@ -51,6 +55,8 @@ pub struct ApplyReport {
     /// The read window widened (a large transaction, a gap in the offsets): another round
     /// at once gets further even when this one committed nothing.
     pub again: bool,
+    /// The source transaction this round leaves applied in part (pieces), if any.
+    pub partial: Option<i64>,
     /// What the table's rules did (a backfill, the round's transitions).
     pub rules: Vec<crate::rules::RulesReport>,
     /// Where the round's time went.
@@ -303,6 +309,42 @@ impl SilverTable {
         out
     }
 
+    /// The properties of a Silver commit at `progress`: its `txn` actions (the progress,
+    /// the rules seq) and what readers can tell from its commit info (the watermark, the
+    /// masking, and whether it holds part of a source transaction applied in pieces:
+    /// every commit of such a transaction but the last says so).
+    fn commit_properties(&self, progress: &Progress) -> CommitProperties {
+        let props = delta::commit_properties()
+            .with_application_transactions(self.transactions(progress))
+            .with_metadata([
+                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+                (
+                    "wal2delta.watermark".to_owned(),
+                    serde_json::json!(progress.watermark),
+                ),
+                (MASKING_KEY.to_owned(), self.masking.describe()),
+            ]);
+        match progress.partial {
+            Some(lsn) => props.with_metadata([(
+                PARTIAL_KEY.to_owned(),
+                serde_json::json!(lsn),
+            )]),
+            None => props,
+        }
+    }
+
+    /// A commit of `t` that records `progress` and changes no row.
+    async fn commit_progress(&self, t: &DeltaTable, progress: &Progress) -> Result<u64, LakeError> {
+        delta::commit_progress_only(
+            t,
+            self.commit_properties(progress),
+            "wal2delta-silver",
+            progress.watermark,
+        )
+        .await
+        .map_err(LakeError::delta(&self.name))
+    }
+
     /// The progress the Silver table records (default when it does not exist yet).
     pub async fn progress(&self) -> Result<Progress, LakeError> {
         match delta::open(&self.name, &self.url).await? {
@@ -409,6 +451,7 @@ impl SilverTable {
             tracing::info!(table = %self.name, commit_lsn = lsn, events = counts.events.get(&lsn).copied().unwrap_or(0), limit = self.atomic_limit, "a source transaction is larger than [silver] max_atomic_transaction_rows: applying it in pieces; Silver shows it partly applied until its last piece commits");
         }
         report.waiting = planned.waiting;
+        report.partial = planned.progress.partial;
         report.watermark = planned.progress.watermark;
         report.again = self
             .window
@@ -419,13 +462,7 @@ impl SilverTable {
             if let (Some(t), false) = (&silver, report.rules.is_empty()) {
                 // A backfill committed a new rules seq: record it in Silver, or the next
                 // rule change would wait for the table's next change.
-                let props = delta::commit_properties()
-                    .with_application_transactions(self.transactions(&before));
-                report.version = Some(
-                    delta::commit_progress_only(t, props, "wal2delta-silver", before.watermark)
-                        .await
-                        .map_err(LakeError::delta(&self.name))?,
-                );
+                report.version = Some(self.commit_progress(t, &before).await?);
                 steps.write = clock.lap();
             }
             report.steps = steps;
@@ -488,38 +525,12 @@ impl SilverTable {
         steps.rules = clock.lap();
         let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
 
-        let props = delta::commit_properties()
-            .with_application_transactions(self.transactions(&planned.progress))
-            .with_metadata([
-                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
-                (
-                    "wal2delta.watermark".to_owned(),
-                    serde_json::json!(planned.progress.watermark),
-                ),
-                (MASKING_KEY.to_owned(), self.masking.describe()),
-            ]);
-        // Readers can tell a commit that holds part of a source transaction.
-        let props = match planned.progress.partial {
-            Some(lsn) => props.with_metadata([(
-                "wal2delta.partial_transaction".to_owned(),
-                serde_json::json!(lsn),
-            )]),
-            None => props,
-        };
+        let props = self.commit_properties(&planned.progress);
         let Some(source) = folded.rows else {
             // Nothing to write; the progress still moves (and a TRUNCATE still empties).
             let version = match (silver, new_truncate) {
                 (Some(t), Some(p)) => Some(self.truncate_only(t, p, props).await?),
-                (Some(t), None) => Some(
-                    delta::commit_progress_only(
-                        &t,
-                        props,
-                        "wal2delta-silver",
-                        planned.progress.watermark,
-                    )
-                    .await
-                    .map_err(LakeError::delta(&self.name))?,
-                ),
+                (Some(t), None) => Some(self.commit_progress(&t, &planned.progress).await?),
                 (None, _) => {
                     // Every change of the table's first round went to quarantine (or was
                     // a copy): create it empty so the progress is recorded, or the same
@@ -527,16 +538,7 @@ impl SilverTable {
                     let t = self
                         .ensure_columns(None, &initial_fields(&read, &self.name)?)
                         .await?;
-                    Some(
-                        delta::commit_progress_only(
-                            &t,
-                            props,
-                            "wal2delta-silver",
-                            planned.progress.watermark,
-                        )
-                        .await
-                        .map_err(LakeError::delta(&self.name))?,
-                    )
+                    Some(self.commit_progress(&t, &planned.progress).await?)
                 }
             };
             report.version = version;

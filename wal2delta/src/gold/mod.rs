@@ -157,6 +157,10 @@ async fn refresh(lake: &Lake, model: &Model, force: bool) -> Result<Refreshed, L
             tracing::info!(model = %name, version, keys, rows, ms, "gold model refreshed incrementally");
         }
         Refreshed::Unchanged | Refreshed::Waiting { .. } => return Ok(r),
+        Refreshed::Partial { input, lsn } => {
+            tracing::debug!(model = %name, input = %input, commit_lsn = lsn, "gold model waits: its input holds part of a source transaction applied in pieces");
+            return Ok(r);
+        }
     }
     metrics::histogram!(m::GOLD_REFRESH_SECONDS, "model" => name)
         .record(started.elapsed().as_secs_f64());
@@ -190,6 +194,13 @@ pub async fn replay(config: &Config, only: Option<&str>) -> anyhow::Result<ExitC
                 waiting = true;
                 println!(
                     "{}: not built: its input {input} does not exist yet",
+                    model.name
+                )
+            }
+            Refreshed::Partial { input, lsn } => {
+                waiting = true;
+                println!(
+                    "{}: not built: its input {input} holds part of source transaction {lsn} (applied in pieces); run it again once Silver applied its last piece",
                     model.name
                 )
             }
