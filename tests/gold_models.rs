@@ -419,6 +419,11 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
         models.join("wrong_key.sql"),
         format!("-- key: currency\n-- key of {name}.transactions: currency\nSELECT merchant_id, currency, count(*) AS n FROM {name}.transactions GROUP BY merchant_id, currency"),
     )?;
+    // Fails on a row's value: its error must not quote the value (issue 38, defect 10).
+    std::fs::write(
+        models.join("leaky.sql"),
+        format!("SELECT id, CAST(status AS BIGINT) AS n FROM {name}.transactions WHERE status LIKE 'leak%'"),
+    )?;
     d.env.push((
         "WAL2DELTA__GOLD__MODELS_DIR".into(),
         models.display().to_string(),
@@ -427,8 +432,14 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
         .push(("WAL2DELTA__GOLD__INTERVAL_MS".into(), "400".into()));
     d.env
         .push(("WAL2DELTA__SILVER__INTERVAL_MS".into(), "300".into()));
+    let port = wal2delta_tests::metrics::free_port()?;
+    d.env.push((
+        "WAL2DELTA__METRICS__LISTEN".into(),
+        format!("127.0.0.1:{port}"),
+    ));
     pg.batch_execute(&format!(
-        "INSERT INTO {name}.merchants SELECT g, 'c' || (g % 3) FROM generate_series(0, 39) g;
+        "INSERT INTO {name}.transactions VALUES (9999, 1, 'EUR', 'leak-7f3a9c', 1, timestamptz '2026-11-02 12:00:00+00');
+         INSERT INTO {name}.merchants SELECT g, 'c' || (g % 3) FROM generate_series(0, 39) g;
          INSERT INTO {name}.transactions (id, merchant_id, currency, status, amount_cents, created_at)
          SELECT g, g % 40, (ARRAY['EUR','USD','GBP'])[1 + g % 3],
                 CASE WHEN g % 10 = 0 THEN 'declined' ELSE 'settled' END, g * 10,
@@ -478,6 +489,32 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
     wait_equal("initial load".into())
         .await
         .map_err(|e| e.context(run.log_text()))?;
+
+    // The model that fails on a value is reported by name, its reason without the value,
+    // in the log, on /readyz and by `status`.
+    let readyz = || async {
+        let r = reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await?;
+        Ok::<_, anyhow::Error>(r.text().await?)
+    };
+    let start = Instant::now();
+    while !readyz().await.unwrap_or_default().contains("leaky") {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "/readyz never named the failing model: {}",
+            run.log_text()
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let status = d.command(&["status", "--json"])?;
+    let status = String::from_utf8_lossy(&status.stdout).into_owned();
+    let log = run.log_text();
+    ensure!(
+        log.contains("leaky") && log.to_lowercase().contains("cast"),
+        "the failing model is logged with what failed: {log}"
+    );
+    for (what, text) in [("log", &log), ("/readyz", &readyz().await?), ("status", &status)] {
+        ensure!(!text.contains("7f3a9c"), "a row value reached the {what}: {text}");
+    }
 
     // A random workload in steps, each followed by a refresh: updates that move payments
     // to other merchants, currencies and days, status changes, deletes, inserts.
@@ -568,6 +605,7 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
     let incremental_s = all_rows(&settlement, "merchant_id, currency")?;
     let incremental_d = all_rows(&daily, "merchant_id, day")?;
     std::fs::remove_file(models.join("wrong_key.sql"))?;
+    std::fs::remove_file(models.join("leaky.sql"))?;
     let out = d.command(&["replay", "--layer", "gold"])?;
     ensure!(out.status.success(), "{out:?}");
     ensure!(

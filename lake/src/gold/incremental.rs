@@ -108,8 +108,9 @@ pub(super) async fn affected_keys(
         let now = files(&o.table);
         let removed: Vec<String> = before.difference(&now).cloned().collect();
         let added: Vec<String> = now.difference(&before).cloned().collect();
-        let r = read_files(&ctx, removed, &schema).await?;
-        let a = read_files(&ctx, added, &schema).await?;
+        let store = input_store(&ctx, o);
+        let r = read_files(&ctx, &store, removed, &schema).await?;
+        let a = read_files(&ctx, &store, added, &schema).await?;
         let diff = r.clone().except(a.clone())?.union(a.except(r)?)?;
         ctx.register_table(TableReference::bare(diff_name(i)), diff.into_view())?;
         let select: Vec<String> = exprs
@@ -142,16 +143,54 @@ async fn at_version(o: &Opened, version: i64) -> Option<DeltaTable> {
     Some(t)
 }
 
-/// The rows of data files `uris`, read with `schema`.
+/// Where `ctx` reads the data files of input `o`: the input table's own object store
+/// (with the lake's storage options: an S3 endpoint, credentials), registered under a URL
+/// of its own, and the table's root as its data files' URIs begin. A plain URI of the
+/// files (`s3://bucket/...`) would need a store registered for the bucket, which the
+/// session has not.
+struct InputStore {
+    /// `delta-rs://…/`: the registered store, rooted at the table.
+    url: String,
+    /// The table's root URI, without a trailing `/`.
+    root: String,
+}
+
+fn input_store(ctx: &SessionContext, o: &Opened) -> InputStore {
+    let log_store = o.table.log_store();
+    let url = log_store.object_store_url();
+    ctx.register_object_store(url.as_ref(), log_store.object_store(None));
+    InputStore {
+        url: url.as_str().trim_end_matches('/').to_owned(),
+        // As the table writes its files' URIs (`to_uri`), so that they begin with it.
+        root: log_store
+            .to_uri(&Default::default())
+            .trim_end_matches('/')
+            .to_owned(),
+    }
+}
+
+/// The rows of data files `uris` (as the table lists them), read with `schema` through
+/// `store`.
 async fn read_files(
     ctx: &SessionContext,
+    store: &InputStore,
     uris: Vec<String>,
     schema: &SchemaRef,
 ) -> Result<DataFrame, DataFusionError> {
     if uris.is_empty() {
         return ctx.read_batch(RecordBatch::new_empty(schema.clone()));
     }
-    ctx.read_parquet(uris, ParquetReadOptions::default().schema(schema))
+    let paths = uris
+        .iter()
+        .map(|u| match u.strip_prefix(&store.root) {
+            Some(rel) => Ok(format!("{}/{}", store.url, rel.trim_start_matches('/'))),
+            None => Err(DataFusionError::Plan(format!(
+                "a data file outside its table's root {}",
+                store.root
+            ))),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    ctx.read_parquet(paths, ParquetReadOptions::default().schema(schema))
         .await
 }
 
@@ -187,10 +226,7 @@ pub(super) async fn merge(
     recorded: Value,
 ) -> Result<Refreshed, LakeError> {
     let name = format!("gold/{}", model.name);
-    let failed = |e: DataFusionError| LakeError::Model {
-        model: model.name.clone(),
-        reason: e.to_string(),
-    };
+    let failed = |e: DataFusionError| super::run_failed(&model.name, e);
     let keys: usize = affected.iter().map(RecordBatch::num_rows).sum();
     let props = delta::commit_properties().with_metadata([(GOLD_KEY.to_owned(), recorded)]);
     let read_version = target.version();
@@ -305,7 +341,7 @@ pub(super) async fn merge(
         })
         .map_err(LakeError::delta(&name))?
         .await
-        .map_err(LakeError::delta(&name))?;
+        .map_err(super::write_failed(&name))?;
     let version = committed(&name, read_version, table, props).await?;
     Ok(Refreshed::Merged {
         version,
@@ -325,10 +361,7 @@ async fn merge_empty(
     keys: usize,
 ) -> Result<Refreshed, LakeError> {
     let name = format!("gold/{}", model.name);
-    let failed = |e: DataFusionError| LakeError::Model {
-        model: model.name.clone(),
-        reason: e.to_string(),
-    };
+    let failed = |e: DataFusionError| super::run_failed(&model.name, e);
     let source = ctx.table(AFFECTED).await.map_err(failed)?;
     let on = target_key(key);
     let (table, _) = target
@@ -340,7 +373,7 @@ async fn merge_empty(
         .when_matched_delete(|d| d)
         .map_err(LakeError::delta(&name))?
         .await
-        .map_err(LakeError::delta(&name))?;
+        .map_err(super::write_failed(&name))?;
     let version = committed(&name, read_version, table, props).await?;
     Ok(Refreshed::Merged {
         version,
@@ -390,15 +423,10 @@ pub(super) async fn ensure_unique_rows(
         return Ok(());
     };
     let mem =
-        MemTable::try_new(first.schema(), vec![rows.to_vec()]).map_err(|e| LakeError::Model {
-            model: model.name.clone(),
-            reason: e.to_string(),
-        })?;
+        MemTable::try_new(first.schema(), vec![rows.to_vec()])
+            .map_err(|e| super::run_failed(&model.name, e))?;
     ctx.register_table(TableReference::bare(RESULT), Arc::new(mem))
-        .map_err(|e| LakeError::Model {
-            model: model.name.clone(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| super::run_failed(&model.name, e))?;
     for c in &key.columns {
         if first.schema().field_with_name(c).is_err() {
             return Err(LakeError::Model {
