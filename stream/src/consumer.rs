@@ -457,7 +457,7 @@ impl Direct {
             return Ok(());
         }
         self.next = std::time::Instant::now() + self.every;
-        let metadata = match consumer.fetch_metadata(None, Duration::from_secs(10)) {
+        let metadata = match consumer.fetch_metadata(None, crate::KAFKA_REQUEST_TIMEOUT) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list the topics; retrying at the next refresh");
@@ -648,7 +648,7 @@ fn apply_seeks(
             &topic,
             partition,
             offset.map_or(Offset::Beginning, Offset::Offset),
-            Duration::from_secs(10),
+            crate::KAFKA_REQUEST_TIMEOUT,
         ) {
             Ok(()) => {
                 let epoch = consumer.context().next_epoch(&topic, partition);

@@ -22,6 +22,12 @@ pub mod transactions;
 
 pub use error::StreamError;
 
+/// How long one request to the broker (metadata, watermarks, a seek, a flush, a topic
+/// admin operation) may take before it counts as failed (transient: the caller retries).
+/// Longer than a healthy broker's answer by far, short enough that a shutdown request
+/// is seen within it.
+pub const KAFKA_REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// A consumer group id unique to one read (see `positions` and `snapshots`).
 pub(crate) fn reader_group(base: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};

@@ -60,7 +60,7 @@ pub fn last_position(
         )
         .set("enable.auto.commit", "false")
         .create()?;
-    let (low, high) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10))?;
+    let (low, high) = consumer.fetch_watermarks(topic, 0, crate::KAFKA_REQUEST_TIMEOUT)?;
     if high <= low {
         return Ok(None);
     }

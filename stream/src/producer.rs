@@ -249,7 +249,7 @@ impl EventProducer {
         let md = self
             .producer
             .client()
-            .fetch_metadata(Some(topic), Duration::from_secs(10))?;
+            .fetch_metadata(Some(topic), crate::KAFKA_REQUEST_TIMEOUT)?;
         let n = md
             .topics()
             .first()
@@ -415,7 +415,7 @@ pub(crate) async fn create_topic(
     // loop) cannot see a shutdown request. A timeout is a transient failure: the session
     // restarts, and its supervisor waits on shutdown between attempts.
     let opts = AdminOptions::new()
-        .operation_timeout(Some(Duration::from_secs(10)))
+        .operation_timeout(Some(crate::KAFKA_REQUEST_TIMEOUT))
         .request_timeout(Some(Duration::from_secs(15)));
     let results = admin.create_topics([&new], &opts).await?;
     for r in results {

@@ -74,7 +74,7 @@ pub fn load(
         .set("enable.auto.commit", "false")
         .create()?;
     let mut out = HashMap::new();
-    let (low, high) = match consumer.fetch_watermarks(topic, 0, Duration::from_secs(10)) {
+    let (low, high) = match consumer.fetch_watermarks(topic, 0, crate::KAFKA_REQUEST_TIMEOUT) {
         Ok(w) => w,
         // No topic yet: nothing recorded.
         Err(_) => return Ok(out),

@@ -39,7 +39,7 @@ pub async fn lag(config: &Config) -> Result<Vec<TableLag>, String> {
     let kafka = config.kafka.connection().map_err(|e| e.to_string())?;
     let t = topics.clone();
     let marks = tokio::task::spawn_blocking(move || {
-        let timeout = Duration::from_secs(10);
+        let timeout = wal2delta_stream::KAFKA_REQUEST_TIMEOUT;
         let topics = list_topics(&kafka, |name| t.table_name(name).is_some(), timeout)?;
         high_watermarks(&kafka, &topics, timeout)
     })
