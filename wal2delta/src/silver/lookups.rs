@@ -57,11 +57,14 @@ pub(super) fn hold(
         return Hold::Free;
     };
     let top = cap.max(before);
-    let waiting = counts
-        .events
-        .range(top.saturating_add(1)..=counts.top)
-        .next()
-        .is_some();
+    // The table may stand past the records read this round (they are read above the
+    // lowest watermark of the tables not backing off): then nothing of it waits.
+    let waiting = top < counts.top
+        && counts
+            .events
+            .range(top.saturating_add(1)..=counts.top)
+            .next()
+            .is_some();
     if waiting && held_for.is_some_and(|h| h >= timeout) {
         return Hold::TimedOut;
     }
@@ -191,6 +194,14 @@ mod tests {
             hold(Some(95), 0, &c, Some(Duration::from_secs(99)), t),
             Hold::Capped {
                 top: 95,
+                waiting: false
+            }
+        );
+        // A table past the records read this round is not held, and does not panic.
+        assert_eq!(
+            hold(Some(10), 150, &c, None, t),
+            Hold::Capped {
+                top: 150,
                 waiting: false
             }
         );
