@@ -176,6 +176,20 @@ async fn survive_kills(
     let lake = d.lake();
     let mut feed = d.spawn_stage("capture,bronze", "feed")?;
     let mut silver = d.spawn_stage("silver,rules", "silver-0")?;
+    let silver_log = lake.join("silver").join(&s).join("acct").join("_delta_log");
+    if fault == Fault::FailSilverCommits {
+        // The freezes must land while the workload runs: start it once Silver exists.
+        let start = Instant::now();
+        while !silver_log.exists() {
+            silver.assert_running()?;
+            ensure!(
+                start.elapsed() < Duration::from_secs(120),
+                "Silver never created the table: {}",
+                silver.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
     let load = {
         let pg = stack.connect().await?;
         let s = s.clone();
@@ -185,7 +199,6 @@ async fn survive_kills(
     let mut kills = 0;
     // Faults that began while the workload ran (so the rounds had changes to apply).
     let mut loaded = 0;
-    let silver_log = lake.join("silver").join(&s).join("acct").join("_delta_log");
     while !load.is_finished() || kills < 4 {
         tokio::time::sleep(Duration::from_millis(rng.random_range(700..3000))).await;
         feed.assert_running()?;
