@@ -591,9 +591,8 @@ async fn apply(
     let lake = lake_of(path)?;
     let dir = silver_dir(path);
     let before_version = table_version(&dir);
-    let mut table = rules::silver_with_rules(&lake, window, rules)
-        .with_hits_interval(hits_interval)
-        .with_atomic_limit(atomic_limit);
+    let (table, reports) = rules::silver_with_rules(&lake, window, rules, hits_interval);
+    let mut table = table.with_atomic_limit(atomic_limit);
     // As the stage does once per table when it starts.
     let mut watermark = table.progress().await?.watermark;
     let started = Instant::now();
@@ -620,7 +619,7 @@ async fn apply(
             // Caught up: this round found nothing. The rules' `rules/hits` commit waits
             // for its interval; count it here, where a stage would pay it.
             let t = Instant::now();
-            table.flush_rules_hits().await?;
+            table.flush_hooks().await?;
             if rules > 0 {
                 caught_up_at += t.elapsed().as_secs_f64();
                 eprintln!(
@@ -636,7 +635,7 @@ async fn apply(
         read += r.read;
         upserts += r.upserts;
         deletes += r.deletes;
-        for x in &r.rules {
+        for x in reports.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default() {
             rules_transitions += x.transitions.values().sum::<usize>();
             rules_eval += x.eval_time.as_secs_f64();
             rules_backfills += usize::from(x.backfill);

@@ -61,16 +61,33 @@ pub fn new_rule() -> Rule {
     rule("tenth", "CAST(amount AS DECIMAL(18, 2)) < 10000")
 }
 
-/// The Silver table with `rules` evaluated in its rounds.
-pub fn silver_with_rules(lake: &wal2delta_lake::Lake, window: i64, rules: usize) -> SilverTable {
+/// What the rules' rounds reported, as the benchmark adds them up.
+pub type Reports = std::sync::Arc<std::sync::Mutex<Vec<wal2delta_lake::rules::RulesReport>>>;
+
+/// The Silver table with `rules` evaluated in its rounds (committing `rules/hits` every
+/// `hits_interval`), and where their reports go.
+pub fn silver_with_rules(
+    lake: &wal2delta_lake::Lake,
+    window: i64,
+    rules: usize,
+    hits_interval: std::time::Duration,
+) -> (SilverTable, Reports) {
     let t = SilverTable::new(lake, synth::SCHEMA, synth::TABLE, window);
+    let reports = Reports::default();
     if rules == 0 {
-        t
-    } else {
-        let mut set = rule_set(rules);
-        set.push(new_rule());
-        t.with_rules(lake, RuleSource::new(&set))
+        return (t, reports);
     }
+    let mut set = rule_set(rules);
+    set.push(new_rule());
+    let seen = reports.clone();
+    let r = wal2delta_lake::rules::TableRules::new(lake, synth::TABLE_NAME, RuleSource::new(&set))
+        .with_hits_interval(hits_interval)
+        .with_observer(std::sync::Arc::new(move |_: &str, r: &wal2delta_lake::rules::RulesReport| {
+            if let Ok(mut v) = seen.lock() {
+                v.push(r.clone());
+            }
+        }));
+    (t.with_hooks(vec![Box::new(r)]), reports)
 }
 
 /// The rules stage alone over `rows` merged Silver rows: every rule evaluated on every
@@ -138,21 +155,38 @@ pub async fn backfill(path: &Path, rules: usize) -> anyhow::Result<Value> {
     let lake = crate::lake_of(path)?;
     let set = rule_set(rules);
     let source = RuleSource::new(&set);
+    let reports = Reports::default();
+    let seen = reports.clone();
+    let rules_hook =
+        wal2delta_lake::rules::TableRules::new(&lake, synth::TABLE_NAME, source.clone())
+            .with_observer(std::sync::Arc::new(
+                move |_: &str, r: &wal2delta_lake::rules::RulesReport| {
+                    if let Ok(mut v) = seen.lock() {
+                        v.push(r.clone());
+                    }
+                },
+            ));
     let mut silver = SilverTable::new(&lake, synth::SCHEMA, synth::TABLE, 100_000)
-        .with_rules(&lake, source.clone());
+        .with_hooks(vec![Box::new(rules_hook)]);
+    // The backfill of the round just run, as its rules report says.
+    let backfill = || {
+        reports
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+            .into_iter()
+            .find(|x| x.backfill)
+            .map(|x| (x.rows, x.transitions.values().sum::<usize>()))
+    };
     let (all_s, all) = round(&lake, &mut silver).await?;
+    let all_backfill = backfill();
     let mut with_new = set.clone();
     with_new.push(new_rule());
     source.replace(&with_new);
     let (one_s, one) = round(&lake, &mut silver).await?;
+    let one_backfill = backfill();
     let (peak, _) = crate::memory_kib();
-    let backfill = |r: &wal2delta_lake::silver::ApplyReport| {
-        r.rules
-            .iter()
-            .find(|x| x.backfill)
-            .map(|x| (x.rows, x.transitions.values().sum::<usize>()))
-    };
-    let (Some((rows, all_t)), Some((_, one_t))) = (backfill(&all), backfill(&one)) else {
+    let (Some((rows, all_t)), Some((_, one_t))) = (all_backfill, one_backfill) else {
         anyhow::bail!("a round did not backfill: {all:?} {one:?}");
     };
     Ok(json!({

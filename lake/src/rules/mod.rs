@@ -8,6 +8,7 @@
 mod backfill;
 pub mod compile;
 mod evaluate;
+mod hook;
 mod lookup;
 pub mod output;
 mod related;
@@ -23,7 +24,7 @@ pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
 pub use source::RuleSource;
 pub use store::hit_counts;
-pub(crate) use table::untagged_silver_txn;
+pub use hook::{RulesObserver, Untagged};
 pub use table::{RulesReport, RulesSteps, Start, TableRules, DEFAULT_HITS_INTERVAL, RULE_FAILED};
 
 use wal2delta_model::TableName;

@@ -145,6 +145,8 @@ pub struct TableRules {
     pub(super) related: super::related::RelatedTables,
     /// Where each round is published before its commits ([`super::output`]).
     pub(super) output: Option<Arc<dyn RulesOutput>>,
+    /// Told what each round did ([`super::hook`]).
+    pub(super) observer: Option<super::hook::RulesObserver>,
     /// The table's primary-key columns (Silver's names), as the last round gave them.
     pub(super) keys: Vec<String>,
     /// How often `rules/hits` is committed ([`super::store`]); zero: every round.
@@ -173,7 +175,7 @@ fn silver_app(table: &str) -> String {
 
 /// The `txn` action of a Silver commit written without rules: -1, which no rules seq
 /// equals, so rules started later backfill instead of trusting a seq from before.
-pub(crate) fn untagged_silver_txn(table: &str) -> Transaction {
+pub(super) fn untagged_silver_txn(table: &str) -> Transaction {
     Transaction::new(silver_app(table), -1)
 }
 
@@ -191,6 +193,7 @@ impl TableRules {
             compiled: None,
             related: Default::default(),
             output: None,
+            observer: None,
             keys: Vec::new(),
             hits_interval: DEFAULT_HITS_INTERVAL,
             pending: BTreeMap::new(),
@@ -294,6 +297,12 @@ impl TableRules {
                 Err(e)
             }
         }
+    }
+
+    /// Tells `observer` what each round did (the daemon's metrics and logs).
+    pub fn with_observer(mut self, observer: super::hook::RulesObserver) -> Self {
+        self.observer = Some(observer);
+        self
     }
 
     /// Publishes every round to `output` before committing it ([`super::output`]).

@@ -396,7 +396,7 @@ mod tests {
     use super::*;
     use crate::bronze::{bronze_batch, Append, BronzeTable, KafkaCoordinates, OffsetRange};
     use crate::follow::Followed;
-    use crate::silver::table::KeptTables;
+    use crate::silver::kept::KeptTables;
     use crate::silver::window::COORDINATES;
     use crate::silver::SilverTable;
     use crate::Lake;

@@ -90,9 +90,10 @@ impl SilverTable {
             masking: self.masking.clone(),
             checks: self.checks.clone(),
             quarantine: crate::quarantine::QuarantineTable::new(lake.quarantine_records()),
-            // No transitions while rebuilding: the rebuilt table's commits carry no rules
-            // seq, so the first round after the swap backfills every rule against it.
-            rules: None,
+            // No hooks while rebuilding: the swap commit carries what each hook records
+            // for a commit it took no part in (the rules: a seq no round writes, so the
+            // first round after the swap backfills every rule against the rebuilt rows).
+            hooks: Vec::new(),
             file_bytes: self.file_bytes,
             atomic_limit: self.atomic_limit,
             kept: Default::default(),
@@ -140,8 +141,10 @@ impl SilverTable {
             Some(t) => t,
             None => delta::handle(&self.name, &self.url)?,
         };
+        let mut txns = progress.transactions(&self.name);
+        txns.extend(self.hooks.iter().flat_map(|h| h.untagged_actions()));
         let props = delta::commit_properties()
-            .with_application_transactions(progress.transactions(&self.name))
+            .with_application_transactions(txns)
             .with_metadata([
                 ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
                 ("wal2delta.rebuilt".to_owned(), serde_json::json!(true)),

@@ -1,13 +1,13 @@
 //! One Silver table: reads its Bronze table after the stored cursors, applies the changes
 //! whose transactions are whole, and commits rows and progress together.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use deltalake::arrow::array::{Array, AsArray, BooleanArray, RecordBatch};
 use deltalake::arrow::compute::{concat_batches, filter_record_batch};
-use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema};
+use deltalake::arrow::datatypes::{DataType, Field, Schema};
 use deltalake::arrow::error::ArrowError;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::DeltaTable;
@@ -15,20 +15,20 @@ use url::Url;
 use wal2delta_model::{bronze, ChangeOp};
 
 use super::checks::Check;
+use super::hook::RoundHook;
 use super::columns::{
     Position, COMMIT_LSN, COMMIT_TS, MASKING_KEY, OP, ORDINAL, UNCHANGED, UNRESOLVED,
 };
 use super::mask::Masking;
 use super::rows::BronzeRows;
 use super::screen::{screen, ScreenError, Screened};
+use super::kept::KeptTables;
 use super::tombstones::Tombstones;
-use super::window::{Selection, Window, COORDINATES};
-use super::{fold, plan, Pieces, Progress, TransactionCounts};
+use super::window::Window;
+use super::{Progress, TransactionCounts};
 use crate::delta::{self, ident};
-use crate::follow::{Followed, Listing};
+use crate::follow::Listing;
 use crate::quarantine::QuarantineTable;
-use crate::rules::{RuleSource, TableRules};
-use crate::stopwatch::Stopwatch;
 use crate::{Lake, LakeError};
 
 /// The commit-info key of a Silver commit that holds part of a source transaction (its
@@ -57,8 +57,6 @@ pub struct ApplyReport {
     pub again: bool,
     /// The source transaction this round leaves applied in part (pieces), if any.
     pub partial: Option<i64>,
-    /// What the table's rules did (a backfill, the round's transitions).
-    pub rules: Vec<crate::rules::RulesReport>,
     /// Where the round's time went.
     pub steps: Steps,
 }
@@ -79,17 +77,17 @@ pub struct Steps {
     pub plan: Duration,
     /// Screening, quarantine appends and folding to one change per key.
     pub screen: Duration,
-    /// Evaluating the rules and committing their transitions.
-    pub rules: Duration,
+    /// The hooks ([`RoundHook`]): the rules evaluated and their transitions committed.
+    pub hooks: Duration,
     /// The MERGE (or progress-only commit) into Silver.
     pub write: Duration,
 }
 
 /// What writing one round's folded changes did.
 pub(super) struct Written {
-    version: u64,
-    upserts: usize,
-    deletes: usize,
+    pub(super) version: u64,
+    pub(super) upserts: usize,
+    pub(super) deletes: usize,
     /// Silver rows inserted, updated or deleted.
     pub(super) touched: usize,
 }
@@ -118,8 +116,8 @@ pub struct SilverTable {
     pub(super) masking: Masking,
     pub(super) checks: Vec<Check>,
     pub(super) quarantine: QuarantineTable,
-    /// The table's rules, evaluated in every round (`None`: no rules stage).
-    pub(super) rules: Option<TableRules>,
+    /// What runs inside every round ([`RoundHook`]: the rules, when the stage runs them).
+    pub(super) hooks: Vec<Box<dyn RoundHook>>,
     /// The size of the files its MERGE writes (`delta.targetFileSize`; `None`: leave the
     /// table's setting alone).
     pub(super) file_bytes: Option<u64>,
@@ -127,94 +125,6 @@ pub struct SilverTable {
     pub(super) atomic_limit: u64,
     /// The Silver and Bronze tables, kept open between rounds.
     pub(super) kept: KeptTables,
-}
-
-/// A Silver table's Delta tables kept open between its rounds: Silver ([`delta::Kept`])
-/// and Bronze, whose files are followed from its log ([`Followed`]).
-pub(super) struct KeptTables {
-    silver: delta::Kept,
-    pub(super) bronze: Followed,
-    /// Bronze's files in this round (cleared before the next look: following the log
-    /// then updates the kept list in place).
-    listing: Option<Listing>,
-    /// What the Bronze files' footers say of their Kafka coordinates.
-    footers: super::files::Footers,
-}
-
-impl Default for KeptTables {
-    fn default() -> Self {
-        KeptTables {
-            silver: delta::Kept::default(),
-            bronze: Followed::new(COORDINATES),
-            listing: None,
-            footers: super::files::Footers::default(),
-        }
-    }
-}
-
-impl KeptTables {
-    /// Bronze's files now; `None` when it has no table yet.
-    pub(super) async fn bronze_latest(
-        &mut self,
-        name: &str,
-        url: &Url,
-    ) -> Result<Option<Listing>, LakeError> {
-        self.listing = None;
-        self.listing = self.bronze.latest(name, url).await?;
-        Ok(self.listing.clone())
-    }
-
-    /// The version of Bronze this round reads.
-    pub(super) fn bronze_version(&self) -> Option<u64> {
-        self.bronze.version()
-    }
-
-    /// Bronze at the version this round reads, for a query.
-    pub(super) async fn bronze_table(&mut self, name: &str) -> Result<DeltaTable, LakeError> {
-        self.bronze.table(name).await
-    }
-
-    /// The smallest offset above `after` that Bronze holds in `partition` (`None`: none),
-    /// from the files that can hold one: a partition's files are its own until
-    /// compaction, so for an idle partition this reads nothing but footers already known.
-    /// Through a query when only a query can read them exactly.
-    pub(super) async fn next_offset(
-        &mut self,
-        name: &str,
-        partition: i32,
-        after: i64,
-    ) -> Result<Option<i64>, LakeError> {
-        if let Some(listing) = &self.listing {
-            let fields = delta::plain_fields(&listing.schema, COORDINATES);
-            let beyond = Selection {
-                ranges: BTreeMap::from([(partition, (after, i64::MAX))]),
-                others_below: 0,
-            };
-            if fields.len() == COORDINATES.len() {
-                let schema = Arc::new(Schema::new(fields));
-                let footers = &mut self.footers;
-                if let Some(rows) =
-                    super::files::read(name, listing, &beyond, &schema, footers).await
-                {
-                    // Ordered by partition and offset: the first is the smallest.
-                    return Ok(rows
-                        .column_by_name(bronze::KAFKA_OFFSET)
-                        .and_then(|c| c.as_primitive_opt::<Int64Type>())
-                        .and_then(|c| c.iter().flatten().next()));
-                }
-            }
-        }
-        let sql = format!(
-            "SELECT MIN(kafka_offset) FROM t WHERE kafka_partition = {partition} AND kafka_offset > {after}"
-        );
-        let table = self.bronze.table(name).await?;
-        Ok(delta::query(name, &table, &sql)
-            .await?
-            .iter()
-            .filter_map(|b| b.column(0).as_primitive_opt::<Int64Type>().cloned())
-            .flat_map(|a| a.iter().flatten().collect::<Vec<_>>())
-            .min())
-    }
 }
 
 impl SilverTable {
@@ -229,7 +139,7 @@ impl SilverTable {
             masking: Masking::default(),
             checks: Vec::new(),
             quarantine: QuarantineTable::new(lake.quarantine_records()),
-            rules: None,
+            hooks: Vec::new(),
             file_bytes: None,
             atomic_limit: u64::MAX,
             kept: KeptTables::default(),
@@ -254,37 +164,19 @@ impl SilverTable {
         self
     }
 
-    /// Evaluates the rules of `source` for this table in every round (docs/rules.md).
-    pub fn with_rules(mut self, lake: &Lake, source: RuleSource) -> Self {
-        self.rules = Some(TableRules::new(lake, &self.name, source));
+    /// Runs `hooks` inside every round (replacing any): see [`RoundHook`].
+    pub fn with_hooks(mut self, hooks: Vec<Box<dyn RoundHook>>) -> Self {
+        self.hooks = hooks;
         self
     }
 
-    /// Commits `rules/hits` at most every `interval` ([`TableRules::with_hits_interval`]);
-    /// no effect without [`Self::with_rules`].
-    pub fn with_hits_interval(mut self, interval: std::time::Duration) -> Self {
-        self.rules = self.rules.map(|r| r.with_hits_interval(interval));
-        self
-    }
-
-    /// Commits the rules' pending `rules/hits` changes now (they are otherwise committed
-    /// every hits interval, or rolled forward at the next start): for a clean stop, and
-    /// for a benchmark that must count that commit.
-    pub async fn flush_rules_hits(&mut self) -> Result<(), LakeError> {
-        match &mut self.rules {
-            Some(r) => r.flush_hits(true).await,
-            None => Ok(()),
+    /// Has the hooks commit what they hold pending (for a clean stop, and for a benchmark
+    /// that must count that commit).
+    pub async fn flush_hooks(&mut self) -> Result<(), LakeError> {
+        for h in &mut self.hooks {
+            h.flush().await?;
         }
-    }
-
-    /// Publishes the rules' rounds to `output` before committing them (docs/rules.md,
-    /// "Kafka outputs"); no effect without [`Self::with_rules`].
-    pub fn with_rules_output(
-        mut self,
-        output: std::sync::Arc<dyn crate::rules::RulesOutput>,
-    ) -> Self {
-        self.rules = self.rules.map(|r| r.with_output(output));
-        self
+        Ok(())
     }
 
     /// Masks columns by `masking` and sets rows failing `checks` aside in quarantine.
@@ -298,14 +190,11 @@ impl SilverTable {
         &self.name
     }
 
-    /// The `txn` actions of a Silver commit at `progress`: the progress, and the rules
-    /// seq the commit follows.
+    /// The `txn` actions of a Silver commit at `progress`: the progress, and what the
+    /// hooks record ([`RoundHook::commit_actions`]).
     fn transactions(&self, progress: &Progress) -> Vec<deltalake::kernel::Transaction> {
         let mut out = progress.transactions(&self.name);
-        out.extend(match &self.rules {
-            Some(r) => r.silver_txn(),
-            None => Some(crate::rules::untagged_silver_txn(&self.name)),
-        });
+        out.extend(self.hooks.iter().flat_map(|h| h.commit_actions()));
         out
     }
 
@@ -313,7 +202,7 @@ impl SilverTable {
     /// the rules seq) and what readers can tell from its commit info (the watermark, the
     /// masking, and whether it holds part of a source transaction applied in pieces:
     /// every commit of such a transaction but the last says so).
-    fn commit_properties(&self, progress: &Progress) -> CommitProperties {
+    pub(super) fn commit_properties(&self, progress: &Progress) -> CommitProperties {
         let props = delta::commit_properties()
             .with_application_transactions(self.transactions(progress))
             .with_metadata([
@@ -334,7 +223,7 @@ impl SilverTable {
     }
 
     /// A commit of `t` that records `progress` and changes no row.
-    async fn commit_progress(&self, t: &DeltaTable, progress: &Progress) -> Result<u64, LakeError> {
+    pub(super) async fn commit_progress(&self, t: &DeltaTable, progress: &Progress) -> Result<u64, LakeError> {
         delta::commit_progress_only(
             t,
             self.commit_properties(progress),
@@ -372,197 +261,11 @@ impl SilverTable {
         let applied = self.round(counts).await;
         if applied.is_err() {
             self.kept = KeptTables::default();
-            if let Some(r) = &mut self.rules {
-                r.forget_tables();
+            for h in &mut self.hooks {
+                h.failed(false);
             }
         }
         applied
-    }
-
-    async fn round(&mut self, counts: &TransactionCounts) -> Result<ApplyReport, LakeError> {
-        let mut clock = Stopwatch::start();
-        let mut steps = Steps::default();
-        let silver = self.kept.silver.latest(&self.name, &self.url).await?;
-        steps.open = clock.lap();
-        let before = match &silver {
-            Some(t) => Progress::load(&self.name, t).await?,
-            None => Progress::default(),
-        };
-        steps.progress = clock.lap();
-        let Some(bronze) = self
-            .kept
-            .bronze_latest(&self.name, &self.bronze_url)
-            .await?
-        else {
-            return Ok(ApplyReport::default());
-        };
-        steps.bronze = clock.lap();
-        let rows = self.read_bronze(&bronze, &before).await?;
-        let read = self.view(&rows)?;
-        steps.read = clock.lap();
-        let mut report = ApplyReport {
-            read: rows.num_rows(),
-            watermark: before.watermark,
-            ..ApplyReport::default()
-        };
-        let covered = match &mut self.rules {
-            Some(r) => match r.start(silver.as_ref(), &before, &read.key_names()).await {
-                Ok(start) => {
-                    if let Some(mut backfill) = start.report {
-                        let failed = std::mem::take(&mut backfill.quarantined);
-                        self.quarantine
-                            .append_new(wal2delta_quarantine::Stage::Silver, failed)
-                            .await?;
-                        report.rules.push(backfill);
-                    }
-                    start.covered
-                }
-                Err(e) => {
-                    r.reset();
-                    return Err(e);
-                }
-            },
-            None => None,
-        };
-        let pieces = Pieces {
-            limit: self.atomic_limit,
-            complete: None,
-        };
-        let mut planned =
-            plan(&read, &before, counts, pieces).map_err(|e| self.rows_error(e.to_string()))?;
-        if let Some(lsn) = planned.progress.partial {
-            if self.pieces_complete(lsn, &planned.progress, counts).await? {
-                let complete = Pieces {
-                    complete: Some(lsn),
-                    ..pieces
-                };
-                planned = plan(&read, &before, counts, complete)
-                    .map_err(|e| self.rows_error(e.to_string()))?;
-                tracing::info!(table = %self.name, commit_lsn = lsn, "the last piece of a large source transaction is applied in this round");
-            }
-        }
-        // After the completion check: the transaction behind a completed one may be the
-        // next to go in pieces, in the same round.
-        if let Some(lsn) = planned
-            .progress
-            .partial
-            .filter(|l| before.partial != Some(*l))
-        {
-            tracing::info!(table = %self.name, commit_lsn = lsn, events = counts.events.get(&lsn).copied().unwrap_or(0), limit = self.atomic_limit, "a source transaction is larger than [silver] max_atomic_transaction_rows: applying it in pieces; Silver shows it partly applied until its last piece commits");
-        }
-        report.waiting = planned.waiting;
-        report.partial = planned.progress.partial;
-        report.watermark = planned.progress.watermark;
-        report.again = self
-            .window
-            .adjust(&self.name, &mut self.kept, &before, &read, &planned, counts)
-            .await?;
-        steps.plan = clock.lap();
-        if planned.progress == before {
-            if let (Some(t), false) = (&silver, report.rules.is_empty()) {
-                // A backfill committed a new rules seq: record it in Silver, or the next
-                // rule change would wait for the table's next change.
-                report.version = Some(self.commit_progress(t, &before).await?);
-                steps.write = clock.lap();
-            }
-            report.steps = steps;
-            return Ok(report);
-        }
-        let applicable = filter_record_batch(&rows, &planned.applicable)
-            .map_err(|e| self.rows_error(e.to_string()))?;
-        // The end of a re-snapshot: once every partition's end is applied (so every row
-        // the re-snapshot read is), the rows below its position are gone at the source.
-        let (applicable, ends) = take_snapshot_ends(&self.view(&applicable)?)
-            .map_err(|e| self.rows_error(e.to_string()))?;
-        let resnapshot = self
-            .resnapshot_complete(&ends, &planned.progress, before.truncated)
-            .await?;
-        if let Some(p) = resnapshot {
-            tracing::info!(table = %self.name, from_lsn = p.0, "re-snapshot complete: deleting the rows it did not read again (deleted at the source while the slot was lost)");
-            planned.progress.truncated = planned.progress.truncated.max(Some(p));
-        }
-        let screened = self.screen(&self.view(&applicable)?, before.watermark)?;
-        report.stale = screened.stale;
-        // Quarantine first: a crash before the Silver commit repeats this round, and the
-        // quarantine table skips the records it already holds (by id: a snapshot row may
-        // be screened before the streamed rows ahead of it in its partition).
-        report.quarantined = self
-            .quarantine
-            .append_new(wal2delta_quarantine::Stage::Silver, screened.quarantined)
-            .await?;
-        let applicable = self.view(&screened.rows)?;
-        let folded = fold(&applicable, before.truncated.max(resnapshot))
-            .map_err(|e| self.rows_error(e.0))?;
-        steps.screen = clock.lap();
-        if let Some(r) = &mut self.rules {
-            if resnapshot.is_some() {
-                r.backfill_next();
-            }
-            let tagged = r
-                .stream(
-                    &applicable,
-                    before.truncated,
-                    covered.as_ref(),
-                    silver.as_ref(),
-                    &self.tombstones,
-                    &planned.progress,
-                )
-                .await;
-            match tagged {
-                Ok(mut t) => {
-                    let failed = std::mem::take(&mut t.quarantined);
-                    self.quarantine
-                        .append_new(wal2delta_quarantine::Stage::Silver, failed)
-                        .await?;
-                    report.rules.push(t);
-                }
-                Err(e) => {
-                    r.reset();
-                    return Err(e);
-                }
-            }
-        }
-        steps.rules = clock.lap();
-        let new_truncate = folded.truncate.filter(|t| Some(*t) > before.truncated);
-
-        let props = self.commit_properties(&planned.progress);
-        let Some(source) = folded.rows else {
-            // Nothing to write; the progress still moves (and a TRUNCATE still empties).
-            let version = match (silver, new_truncate) {
-                (Some(t), Some(p)) => Some(self.truncate_only(t, p, props).await?),
-                (Some(t), None) => Some(self.commit_progress(&t, &planned.progress).await?),
-                (None, _) => {
-                    // Every change of the table's first round went to quarantine (or was
-                    // a copy): create it empty so the progress is recorded, or the same
-                    // window would be read again forever.
-                    let t = self
-                        .ensure_columns(None, &initial_fields(&read, &self.name)?)
-                        .await?;
-                    Some(self.commit_progress(&t, &planned.progress).await?)
-                }
-            };
-            report.version = version;
-            steps.write = clock.lap();
-            report.steps = steps;
-            return Ok(report);
-        };
-        let keys = applicable.key_names();
-        let written = self
-            .write_folded(
-                silver,
-                source,
-                &keys,
-                &folded.unchanged_columns,
-                new_truncate,
-                props,
-            )
-            .await?;
-        report.deletes = written.deletes;
-        report.upserts = written.upserts;
-        report.version = Some(written.version);
-        steps.write = clock.lap();
-        report.steps = steps;
-        Ok(report)
     }
 
     /// Whether every event of the partial transaction `lsn` is applied once `after`'s
@@ -570,7 +273,7 @@ impl SilverTable {
     /// (resolved quarantine records included), and in every partition each of its
     /// distinct events has a copy at or below the cursor (pieces apply only rows the
     /// cursors pass). Reads only positions, by an aggregate over the transaction's rows.
-    async fn pieces_complete(
+    pub(super) async fn pieces_complete(
         &mut self,
         lsn: i64,
         after: &Progress,
@@ -619,7 +322,7 @@ impl SilverTable {
     /// snapshot end (`ends`: commit LSN, partitions it was sent to) is not applied yet
     /// (above `truncated`), Bronze holds it in as many partitions as it was sent to, and
     /// `after`'s cursors pass each of them, so every snapshot row before it is applied.
-    async fn resnapshot_complete(
+    pub(super) async fn resnapshot_complete(
         &mut self,
         ends: &[(i64, i64)],
         after: &Progress,
@@ -821,7 +524,7 @@ impl SilverTable {
 
 /// Splits the snapshot ends (`op` = `s`) off `rows`: the other rows, and each end's
 /// (commit LSN, number of partitions it was sent to, carried as its `ordinal`).
-fn take_snapshot_ends(rows: &BronzeRows) -> Result<(RecordBatch, Vec<(i64, i64)>), ArrowError> {
+pub(super) fn take_snapshot_ends(rows: &BronzeRows) -> Result<(RecordBatch, Vec<(i64, i64)>), ArrowError> {
     let is_end = |i: usize| rows.op(i) == Some(ChangeOp::SnapshotEnd);
     let ends: BTreeSet<(i64, i64)> = (0..rows.num_rows())
         .filter(|&i| is_end(i))
@@ -839,7 +542,7 @@ use wal2delta_model::clock::unix_us as now_us;
 
 /// The columns of a Silver table created before any row reached it: Bronze's `after`
 /// columns and Silver's own, as the fold and MERGE write them.
-fn initial_fields(rows: &BronzeRows, table: &str) -> Result<Vec<Field>, LakeError> {
+pub(super) fn initial_fields(rows: &BronzeRows, table: &str) -> Result<Vec<Field>, LakeError> {
     let after = rows.after().map_err(|e| LakeError::Rows {
         table: table.to_owned(),
         reason: e.to_string(),

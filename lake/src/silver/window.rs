@@ -29,7 +29,7 @@ use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::{Int32Type, Int64Type};
 
 use super::rows::BronzeRows;
-use super::table::KeptTables;
+use super::kept::KeptTables;
 use super::{Plan, Progress, TransactionCounts};
 use wal2delta_model::bronze;
 

@@ -12,10 +12,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod lookups;
+mod rules_report;
 pub mod replay;
 
 use tokio::sync::watch;
-use wal2delta_lake::rules::{RuleSource, RulesOutput, RulesReport};
+use wal2delta_lake::rules::{RuleSource, RulesOutput, TableRules, Untagged};
 use wal2delta_lake::silver::{SilverTable, TransactionCounts, TransactionLog};
 use wal2delta_lake::{Lake, LakeError};
 
@@ -64,7 +65,6 @@ pub async fn run(
         policies: &policies,
         rules,
         output,
-        filtered: HashMap::new(),
         lake: &lake,
         supervisor: &supervisor,
         tables: HashMap::new(),
@@ -138,8 +138,6 @@ struct Stage<'a> {
     rules: Option<RuleSource>,
     /// Where the rules publish their rounds (`[rules] transitions_topic`, `filter_topic`).
     output: Option<Arc<dyn RulesOutput>>,
-    /// Early filter events (in, out) per table since the stage started.
-    filtered: HashMap<String, (u64, u64)>,
     lake: &'a Lake,
     supervisor: &'a Supervisor,
     tables: HashMap<String, Tracked>,
@@ -212,7 +210,7 @@ impl Stage<'_> {
     /// start rolls them forward from the transitions).
     async fn flush_rules_hits(&mut self) {
         for (name, t) in &mut self.tables {
-            if let Err(e) = t.table.flush_rules_hits().await {
+            if let Err(e) = t.table.flush_hooks().await {
                 tracing::warn!(table = %name, error = %e, "could not commit rules/hits at stop; the next start rolls it forward from rules/transitions");
             }
         }
@@ -255,6 +253,8 @@ pub fn silver_table(
 ) -> SilverTable {
     let policy = policies.of(&format!("{schema}.{table}"));
     SilverTable::new(lake, schema, table, config.silver.max_rows_per_partition)
+        // Without rules, its commits say so: rules started later backfill it.
+        .with_hooks(vec![Box::new(Untagged::new(&format!("{schema}.{table}")))])
         .with_policy(policy.masking, policy.checks)
         .with_file_size(config.silver.target_file_bytes)
         .with_atomic_limit(config.silver.max_atomic_transaction_rows)
@@ -403,13 +403,13 @@ impl Stage<'_> {
         let t = match open_table(self.config, self.policies, self.lake, schema, table).await {
             Ok(t) => match &self.rules {
                 Some(rules) => {
-                    let t = t
-                        .with_rules(self.lake, rules.clone())
-                        .with_hits_interval(self.config.rules.hits_interval());
-                    match &self.output {
-                        Some(o) => t.with_rules_output(o.clone()),
-                        None => t,
+                    let mut r = TableRules::new(self.lake, name, rules.clone())
+                        .with_hits_interval(self.config.rules.hits_interval())
+                        .with_observer(rules_report::observer());
+                    if let Some(o) = &self.output {
+                        r = r.with_output(o.clone());
                     }
+                    t.with_hooks(vec![Box::new(r)])
                 }
                 None => t,
             },
@@ -463,10 +463,6 @@ impl Stage<'_> {
                 self.watermarks.insert(name.to_owned(), r.watermark);
                 self.more |= r.again || (r.partial.is_some() && r.version.is_some());
                 report_applied(name, &r, started);
-                let totals = self.filtered.entry(name.to_owned()).or_default();
-                for rules in &r.rules {
-                    report_filter(name, rules, totals);
-                }
                 if self.failing.remove(name).is_some() {
                     self.supervisor.table_ok(name);
                     tracing::info!(table = %name, "Silver table merging again");
@@ -517,93 +513,11 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     }
     metrics::histogram!(m::SILVER_ROUND_SECONDS, "table" => name.clone())
         .record(started.elapsed().as_secs_f64());
-    for rules in &r.rules {
-        report_rules(&name, rules);
-    }
     if let Some(v) = r.version {
         let s = &r.steps;
         tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark,
             open_ms = s.open.as_millis() as u64, progress_ms = s.progress.as_millis() as u64, bronze_ms = s.bronze.as_millis() as u64, read_ms = s.read.as_millis() as u64, plan_ms = s.plan.as_millis() as u64,
-            screen_ms = s.screen.as_millis() as u64, rules_ms = s.rules.as_millis() as u64, write_ms = s.write.as_millis() as u64, "silver commit");
-        if let Some(rules) = r.rules.last().filter(|x| !x.backfill) {
-            let ms = |d: std::time::Duration| d.as_millis() as u64;
-            let s = &rules.steps;
-            tracing::debug!(table = %name, version = v, rows = rules.rows, settle_ms = ms(s.settle), compile_ms = ms(s.compile), evaluate_ms = ms(s.evaluate),
-                walk_ms = ms(s.walk), publish_ms = ms(s.publish), append_ms = ms(s.append), hits_ms = ms(s.hits), "rules round");
-        }
+            screen_ms = s.screen.as_millis() as u64, hooks_ms = s.hooks.as_millis() as u64, write_ms = s.write.as_millis() as u64, "silver commit");
     }
 }
 
-/// The early filter's metrics of one round; `totals` are the table's (in, out) so far.
-fn report_filter(table: &str, r: &RulesReport, totals: &mut (u64, u64)) {
-    if r.filter_in == 0 {
-        return;
-    }
-    totals.0 += r.filter_in as u64;
-    totals.1 += r.filter_out as u64;
-    metrics::counter!(m::RULES_FILTER_EVENTS_IN, "table" => table.to_owned())
-        .increment(r.filter_in as u64);
-    metrics::counter!(m::RULES_FILTER_EVENTS_OUT, "table" => table.to_owned())
-        .increment(r.filter_out as u64);
-    if totals.1 > 0 {
-        metrics::gauge!(m::RULES_FILTER_REDUCTION, "table" => table.to_owned())
-            .set(totals.0 as f64 / totals.1 as f64);
-    }
-}
-
-/// The metrics of one table's rules in one round.
-fn report_rules(table: &str, r: &RulesReport) {
-    let origin = if r.backfill { "backfill" } else { "stream" };
-    if r.backfill {
-        metrics::counter!(m::RULES_BACKFILLS, "table" => table.to_owned()).increment(1);
-    }
-    metrics::gauge!(m::RULES_INVALID, "table" => table.to_owned()).set(r.invalid.len() as f64);
-    for e in &r.invalid {
-        tracing::warn!(table, rule = %e.id, reason = %e.reason, "a rule cannot be compiled against its table and is skipped");
-    }
-    metrics::histogram!(m::RULES_EVAL_SECONDS, "table" => table.to_owned())
-        .record(r.eval_time.as_secs_f64());
-    for (rule, n) in &r.transitions {
-        metrics::counter!(m::RULES_TRANSITIONS, "rule" => rule.clone(), "origin" => origin)
-            .increment(*n as u64);
-    }
-    for (rule, n) in &r.errors {
-        metrics::counter!(m::RULES_ERRORS, "rule" => rule.clone()).increment(*n as u64);
-        metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::rules::RULE_FAILED)
-            .increment(*n as u64);
-    }
-    if r.rows > 0 && r.rules > 0 {
-        // Every evaluated rule saw every row of the round.
-        metrics::counter!(m::RULES_EVALUATIONS, "table" => table.to_owned())
-            .increment((r.rows * r.rules) as u64);
-    }
-    for (rule, took) in &r.rule_time {
-        metrics::counter!(m::RULES_RULE_EVALUATIONS, "rule" => rule.clone())
-            .increment(r.rows as u64);
-        metrics::histogram!(m::RULES_RULE_SECONDS, "rule" => rule.clone())
-            .record(took.as_secs_f64());
-    }
-    if r.lookups + r.lookups_avoided > 0 {
-        metrics::counter!(m::RULES_LOOKUPS, "table" => table.to_owned())
-            .increment(r.lookups as u64);
-        metrics::counter!(m::RULES_LOOKUPS_AVOIDED, "table" => table.to_owned())
-            .increment(r.lookups_avoided as u64);
-    }
-    if r.lookups_newer > 0 {
-        metrics::counter!(m::RULES_LOOKUPS_NEWER, "table" => table.to_owned())
-            .increment(r.lookups_newer as u64);
-    }
-    if r.lookups_stale > 0 {
-        metrics::counter!(m::RULES_LOOKUPS_STALE, "table" => table.to_owned())
-            .increment(r.lookups_stale as u64);
-        tracing::warn!(
-            table,
-            rows = r.lookups_stale,
-            "rows were looked up while the related table was behind their commit"
-        );
-    }
-    if let (Some(ts), false) = (r.newest_commit_ts, r.backfill) {
-        let lag = (wal2delta_model::clock::unix_us() - ts).max(0) as f64 / 1e6;
-        metrics::gauge!(m::RULES_LAG_SECONDS, "table" => table.to_owned()).set(lag);
-    }
-}
