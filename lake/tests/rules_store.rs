@@ -51,7 +51,7 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
     // Round 1: two keys enter; its hits are committed.
     let round1 = [tr(10, "a", "big", true), tr(10, "b", "big", true)];
     store
-        .append(t, 1, 7, &progress(10), &round1, Origin::Stream)
+        .append(t, 1, 7, &progress(10), &round1, Origin::Stream, false)
         .await
         .unwrap();
     store
@@ -62,6 +62,7 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
                 ("a".into(), "big".into(), Some((1, 10, None))),
                 ("b".into(), "big".into(), Some((1, 10, None))),
             ],
+            None,
         )
         .await
         .unwrap();
@@ -75,6 +76,7 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
             &progress(20),
             &[tr(20, "a", "big", false), tr(20, "c", "big", true)],
             Origin::Stream,
+            false,
         )
         .await
         .unwrap();
@@ -91,6 +93,7 @@ async fn hits_trailing_the_transitions_are_rolled_forward() {
                 tr(31, "c", "big", true),
             ],
             Origin::Stream,
+            false,
         )
         .await
         .unwrap();
@@ -141,11 +144,11 @@ async fn hits_commits_of_two_tables_at_once_both_land() {
     let first = RulesStore::new(&lake);
     // One file holding both tables' hits.
     first
-        .merge_hits(a, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))])
+        .merge_hits(a, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))], None)
         .await
         .unwrap();
     first
-        .merge_hits(b, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))])
+        .merge_hits(b, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))], None)
         .await
         .unwrap();
     let compacted =
@@ -164,8 +167,8 @@ async fn hits_commits_of_two_tables_at_once_both_land() {
             ]
         };
         let (ra, rb) = tokio::join!(
-            tokio::spawn(sa.merge_hits(a, round, change(round))),
-            tokio::spawn(sb.merge_hits(b, round, change(round * 10))),
+            tokio::spawn(sa.merge_hits(a, round, change(round), None)),
+            tokio::spawn(sb.merge_hits(b, round, change(round * 10), None)),
         );
         ra.unwrap().unwrap();
         rb.unwrap().unwrap();

@@ -135,6 +135,17 @@ impl TableRules {
         self.publish(Origin::Backfill, seq, &transitions, &[])
             .await?;
         let state = self.state.as_mut().expect("loaded in start");
+        // Hits changes that are no transition's (a rule's new version on a row it still
+        // matches): until the hits commit below holds them, a start must backfill again.
+        let hits_only = {
+            let transitioned: std::collections::HashSet<(&str, &str)> = transitions
+                .iter()
+                .map(|t| (t.key.as_str(), t.rule_id.as_str()))
+                .collect();
+            changes.iter().any(|(key, rule, hit)| {
+                hit.is_some() && !transitioned.contains(&(key.as_str(), rule.as_str()))
+            })
+        };
         self.store
             .append(
                 &self.name,
@@ -143,6 +154,7 @@ impl TableRules {
                 before,
                 &transitions,
                 Origin::Backfill,
+                hits_only,
             )
             .await?;
         state.seq = seq;
@@ -152,9 +164,165 @@ impl TableRules {
         // row that still matches changes the hits without a transition, which a roll
         // forward from the transitions would not see.
         self.add_pending(changes);
+        if hits_only {
+            self.pending_backfill = Some(seq);
+        }
         self.flush_hits(true).await?;
         tracing::info!(table = %self.name, rules = report.rules, rows = report.rows, transitions = transitions.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rules installed: backfilled over the current Silver rows");
         self.installed = Some(desired);
         Ok(report)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::{Path, PathBuf};
+    use std::process::Command;
+    use std::sync::Arc;
+
+    use deltalake::arrow::array::{AsArray, Int64Array, RecordBatch, TimestampMicrosecondArray};
+    use deltalake::arrow::datatypes::{DataType, Field, Int64Type, Schema, TimeUnit};
+    use deltalake::protocol::SaveMode;
+    use wal2delta_model::TableName;
+
+    use crate::delta;
+    use crate::rules::{Rule, RuleSource, TableRules};
+    use crate::silver::{Progress, COMMIT_LSN, COMMIT_TS, ORDINAL};
+    use crate::Lake;
+
+    fn rule(version: i64) -> Rule {
+        Rule {
+            id: "big".into(),
+            table: TableName::new("s", "t"),
+            when: "amount > 10".into(),
+            version,
+            active: true,
+            lookups: Vec::new(),
+        }
+    }
+
+    /// `rules/hits` of `s.t`: (key, version), sorted.
+    async fn hits(lake: &Lake) -> Vec<(String, i64)> {
+        let t = delta::open("h", &lake.rules_hits()).await.unwrap().unwrap();
+        let sql = "SELECT key, rule_version FROM t WHERE \"table\" = 's.t' ORDER BY key";
+        let mut out = Vec::new();
+        for b in delta::query("h", &t, sql).await.unwrap() {
+            let (k, v) = (b.column(0).as_string::<i32>(), b.column(1).as_primitive::<Int64Type>());
+            out.extend((0..b.num_rows()).map(|i| (k.value(i).to_owned(), v.value(i))));
+        }
+        out
+    }
+
+    async fn transitions(lake: &Lake) -> usize {
+        let t = delta::open("t", &lake.rules_transitions()).await.unwrap().unwrap();
+        let sql = "SELECT count(*) FROM t";
+        delta::query("t", &t, sql).await.unwrap()[0]
+            .column(0)
+            .as_primitive::<Int64Type>()
+            .value(0) as usize
+    }
+
+    /// What the Silver commit of the round does: records the rules seq the hook gives.
+    async fn silver_commit(url: &url::Url, rules: &TableRules) -> deltalake::DeltaTable {
+        use crate::silver::hook::RoundHook;
+        let t = delta::open("s.t", url).await.unwrap().unwrap();
+        let props = delta::commit_properties().with_application_transactions(rules.commit_actions());
+        delta::commit_progress_only(&t, props, "test", 10).await.unwrap();
+        delta::open("s.t", url).await.unwrap().unwrap()
+    }
+
+    /// `chattr +i` on a tree while it lives (root ignores permissions, not this).
+    struct Immutable(PathBuf);
+    impl Immutable {
+        fn set(p: &Path) -> Immutable {
+            assert!(Command::new("chattr").args(["-R", "+i"]).arg(p).status().unwrap().success());
+            Immutable(p.to_owned())
+        }
+    }
+    impl Drop for Immutable {
+        fn drop(&mut self) {
+            let _ = Command::new("chattr").args(["-R", "-i"]).arg(&self.0).status();
+        }
+    }
+
+    /// Issue 38, defect 6: a backfill's new rule version on rows that still match is in
+    /// `rules/hits` only; when its hits commit fails (or the process dies before it), the
+    /// next start backfills again and the hits take the new version, no transition twice.
+    #[tokio::test]
+    async fn a_backfills_new_rule_versions_survive_a_lost_hits_commit() {
+        let dir = std::env::temp_dir().join(format!("w2d-backfill-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let silver_url = lake.silver("s", "t");
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let rows = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, true),
+                Field::new("amount", DataType::Int64, true),
+                Field::new(COMMIT_LSN, DataType::Int64, true),
+                Field::new(ORDINAL, DataType::Int64, true),
+                Field::new(COMMIT_TS, utc, true),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
+                Arc::new(Int64Array::from(vec![5, 50, 500, 5000])),
+                Arc::new(Int64Array::from(vec![10; 4])),
+                Arc::new(Int64Array::from(vec![0, 1, 2, 3])),
+                Arc::new(TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; 4]).with_timezone("UTC")),
+            ],
+        )
+        .unwrap();
+        delta::handle("s.t", &silver_url)
+            .unwrap()
+            .write(vec![rows])
+            .with_save_mode(SaveMode::Append)
+            .await
+            .unwrap();
+        let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
+        let before = Progress {
+            watermark: 10,
+            ..Progress::default()
+        };
+        let keys = vec!["id".to_owned()];
+        let source = RuleSource::new(&[rule(1)]);
+
+        let mut rules = TableRules::new(&lake, "s.t", source.clone());
+        let start = rules.start(Some(&silver), &before, &keys).await.unwrap();
+        assert!(start.report.is_some_and(|r| r.backfill));
+        let silver = silver_commit(&silver_url, &rules).await;
+        let v1: Vec<(String, i64)> =
+            ["{\"id\":2}", "{\"id\":3}", "{\"id\":4}"].map(|k| (k.to_owned(), 1)).to_vec();
+        assert_eq!(hits(&lake).await, v1);
+        assert_eq!(transitions(&lake).await, 3);
+
+        // Version 2 of the same condition; its backfill's hits commit fails.
+        source.replace(&[rule(2)]);
+        {
+            let _frozen = Immutable::set(&dir.join("rules/hits/_delta_log"));
+            assert!(rules.start(Some(&silver), &before, &keys).await.is_err());
+        }
+        drop(rules);
+        assert_eq!(hits(&lake).await, v1, "the hits commit did fail");
+
+        // A new process with the same rules: its first round finds the backfill's seq
+        // not in Silver yet (the round covers it, as after any crash before the Silver
+        // commit); the next backfills again, and the hits take version 2.
+        let mut rules = TableRules::new(&lake, "s.t", source.clone());
+        let start = rules.start(Some(&silver), &before, &keys).await.unwrap();
+        assert!(start.report.is_none() && start.covered.is_some());
+        let silver = silver_commit(&silver_url, &rules).await;
+        let start = rules.start(Some(&silver), &before, &keys).await.unwrap();
+        assert!(start.report.is_some_and(|r| r.backfill), "backfilled again");
+        let v2: Vec<(String, i64)> = v1.iter().map(|(k, _)| (k.clone(), 2)).collect();
+        assert_eq!(hits(&lake).await, v2);
+        assert_eq!(transitions(&lake).await, 3, "no transition twice");
+
+        // And the next start trusts the hits again.
+        let (loaded, _) = crate::rules::store::RulesStore::new(&lake)
+            .read("s.t")
+            .await
+            .unwrap();
+        assert!(!loaded.backfill_pending, "nothing left to backfill");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

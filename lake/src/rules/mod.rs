@@ -23,7 +23,7 @@ pub use evaluate::key_json;
 pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
 pub use source::RuleSource;
-pub use store::hit_counts;
+pub use store::{hit_counts, hits_commits_paused};
 pub use hook::{RulesObserver, Untagged};
 pub use table::{RulesReport, RulesSteps, Start, TableRules, DEFAULT_HITS_INTERVAL, RULE_FAILED};
 

@@ -63,6 +63,12 @@ pub struct Loaded {
     pub progress: Progress,
     /// The fingerprint of the rules the hits reflect ([`fingerprint`]), when recorded.
     pub ruleset: Option<i64>,
+    /// A backfill's transitions are committed, but not the `rules/hits` commit that
+    /// carries its other changes: a rule's new version on the rows it still matches
+    /// changes their hits without a transition, so no roll-forward from the transitions
+    /// can restore it. The rules backfill again (which emits no transition twice: the
+    /// state holds the rolled-forward ones) and commit the hits with it.
+    pub backfill_pending: bool,
 }
 
 /// A stable fingerprint of a table's rule set (ids, versions and conditions; FNV-1a, so
@@ -109,6 +115,13 @@ pub struct RulesStore {
     kept_transitions: delta::Kept,
     /// Shared with a `rules/hits` commit running beside the rounds ([`Self::merge_hits`]).
     kept_hits: Arc<tokio::sync::Mutex<delta::Kept>>,
+}
+
+/// Waits for the `rules/hits` commit under way, if any, and keeps the next from starting
+/// while the guard lives: maintenance (a compaction of `rules/hits`) takes it, so that it
+/// never races a hits MERGE (which would fail on the conflict).
+pub async fn hits_commits_paused() -> tokio::sync::MutexGuard<'static, ()> {
+    HITS_COMMITS.lock().await
 }
 
 /// Held by every `rules/hits` commit of the process. The table is shared by every
@@ -168,12 +181,20 @@ impl RulesStore {
         format!("{APP}/{table}/seq")
     }
 
+    /// The `txn` app id of the last backfill: in `rules/transitions` the seq it appended
+    /// as, in `rules/hits` the seq of the backfill whose changes the hits hold.
+    fn backfill_app(table: &str) -> String {
+        format!("{APP}/{table}/backfill")
+    }
+
     /// The state of `table`'s rules: hits rolled forward to the last transitions, the
     /// rolled-forward hits committed to `rules/hits`.
     pub async fn load(&mut self, table: &str) -> Result<Loaded, LakeError> {
         let (mut out, missed) = self.read(table).await?;
         if !missed.is_empty() {
-            self.merge_hits(table, out.seq, changes_of(&missed)).await?;
+            // Not a backfill's changes: the hits' backfill seq stays as it was.
+            self.merge_hits(table, out.seq, changes_of(&missed), None)
+                .await?;
             tracing::info!(
                 table,
                 from_seq = out.hits_seq,
@@ -191,8 +212,12 @@ impl RulesStore {
         let mut out = Loaded::default();
         let mut missed = Vec::new();
         let mut hits_seq = 0;
+        let mut hits_backfill = 0;
         if let Some(h) = delta::open("rules/hits", &self.hits).await? {
             hits_seq = delta::txn_version("rules/hits", &h, Self::seq_app(table))
+                .await?
+                .unwrap_or(0);
+            hits_backfill = delta::txn_version("rules/hits", &h, Self::backfill_app(table))
                 .await?
                 .unwrap_or(0);
             let sql = format!(
@@ -224,6 +249,10 @@ impl RulesStore {
             out.ruleset =
                 delta::txn_version("rules/transitions", &t, format!("{APP}/{table}/ruleset"))
                     .await?;
+            let backfill = delta::txn_version("rules/transitions", &t, Self::backfill_app(table))
+                .await?
+                .unwrap_or(0);
+            out.backfill_pending = backfill > hits_backfill;
             if seq > hits_seq {
                 // Rounds whose hits are not committed yet: roll forward.
                 let sql = format!(
@@ -276,7 +305,10 @@ impl RulesStore {
 
     /// Appends one round of `table`'s rules as `seq`: its transitions, the rule set they
     /// were computed with and the Silver progress they cover. `rules/hits` follows with
-    /// [`Self::merge_hits`].
+    /// [`Self::merge_hits`]; `hits_only_changes`: that commit will carry changes no
+    /// transition records (a backfill's new rule versions), recorded here so that a start
+    /// can tell they are missing ([`Loaded::backfill_pending`]).
+    #[allow(clippy::too_many_arguments)]
     pub async fn append(
         &mut self,
         table: &str,
@@ -285,10 +317,14 @@ impl RulesStore {
         progress: &Progress,
         transitions: &[Transition],
         origin: Origin,
+        hits_only_changes: bool,
     ) -> Result<(), LakeError> {
         let mut txns = progress.transactions_as(APP, table);
         txns.push(Transaction::new(Self::seq_app(table), seq));
         txns.push(Transaction::new(format!("{APP}/{table}/ruleset"), ruleset));
+        if hits_only_changes {
+            txns.push(Transaction::new(Self::backfill_app(table), seq));
+        }
         let n = transitions.len();
         let batch = RecordBatch::try_new(
             transitions_schema(),
@@ -343,21 +379,28 @@ impl RulesStore {
     }
 
     /// Commits `changes` (in order: the last change of a (key, rule) decides) to
-    /// `rules/hits` as reflecting the transitions up to `seq`. The future borrows
-    /// nothing, so it can run beside the rounds ([`super::table`]); it holds
-    /// [`HITS_COMMITS`] while it refreshes the table and commits.
+    /// `rules/hits` as reflecting the transitions up to `seq`, and the changes of the
+    /// backfill appended as seq `backfill` when they are among them
+    /// ([`Loaded::backfill_pending`]). The future borrows nothing, so it can run beside
+    /// the rounds ([`super::table`]); it holds [`HITS_COMMITS`] while it refreshes the
+    /// table and commits.
     pub fn merge_hits(
         &self,
         table: &str,
         seq: i64,
         changes: Vec<HitChange>,
+        backfill: Option<i64>,
     ) -> impl std::future::Future<Output = Result<(), LakeError>> + Send + 'static {
         let (kept, url, table) = (self.kept_hits.clone(), self.hits.clone(), table.to_owned());
         async move {
             let batch = hits_batch(&table, &changes)?;
             let _one_at_a_time = HITS_COMMITS.lock().await;
             let mut kept = kept.lock().await;
-            commit_hits(&mut kept, &url, &table, seq, batch).await
+            let mut txns = vec![Transaction::new(RulesStore::seq_app(&table), seq)];
+            if let Some(b) = backfill {
+                txns.push(Transaction::new(RulesStore::backfill_app(&table), b));
+            }
+            commit_hits(&mut kept, &url, &table, txns, batch).await
         }
     }
 }
@@ -402,11 +445,11 @@ async fn commit_hits(
     kept: &mut delta::Kept,
     url: &Url,
     table: &str,
-    seq: i64,
+    txns: Vec<Transaction>,
     batch: RecordBatch,
 ) -> Result<(), LakeError> {
     let props = delta::commit_properties()
-        .with_application_transactions(vec![Transaction::new(RulesStore::seq_app(table), seq)])
+        .with_application_transactions(txns)
         .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
     let err = LakeError::delta(&"rules/hits");
     let Some(target) = kept.latest("rules/hits", url).await? else {

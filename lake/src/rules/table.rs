@@ -155,6 +155,8 @@ pub struct TableRules {
     /// last change per (key, rule), and when the first of them was appended.
     pending: BTreeMap<(String, String), super::store::Hit>,
     pending_since: Option<Instant>,
+    /// The seq of the backfill whose changes are among those pending.
+    pub(super) pending_backfill: Option<i64>,
     /// The `rules/hits` commit running beside the rounds, and the seq it records.
     committing: Option<Committing>,
 }
@@ -198,6 +200,7 @@ impl TableRules {
             hits_interval: DEFAULT_HITS_INTERVAL,
             pending: BTreeMap::new(),
             pending_since: None,
+            pending_backfill: None,
             committing: None,
         }
     }
@@ -249,8 +252,9 @@ impl TableRules {
             .collect();
         self.pending_since = None;
         let (seq, n) = (state.seq, changes.len());
+        let backfill = self.pending_backfill.take();
         self.committing = Some(Committing {
-            task: tokio::spawn(self.store.merge_hits(&self.name, seq, changes)),
+            task: tokio::spawn(self.store.merge_hits(&self.name, seq, changes, backfill)),
             seq,
             changes: n,
             started: Instant::now(),
@@ -348,6 +352,7 @@ impl TableRules {
         self.state = None;
         self.pending.clear();
         self.pending_since = None;
+        self.pending_backfill = None;
         // A `rules/hits` commit still running is kept: the next load waits for it
         // ([`Self::start`]).
     }
@@ -382,8 +387,17 @@ impl TableRules {
             if let Err(e) = self.committed(true).await {
                 tracing::debug!(table = %self.name, error = %e, "a rules/hits commit left running failed; rolling forward");
             }
-            self.state = Some(self.store.load(&self.name).await?);
+            let loaded = self.store.load(&self.name).await?;
+            let backfill_pending = loaded.backfill_pending;
+            self.state = Some(loaded);
             self.installed = None;
+            if backfill_pending {
+                // A backfill whose rule-version changes never reached `rules/hits`
+                // (a crash, or a failed hits commit, between its transitions and that
+                // commit): do it again, whatever the recorded rule set says.
+                tracing::info!(table = %self.name, "the last backfill's rules/hits commit is missing: backfilling again");
+                self.backfill_next();
+            }
         }
         if !keys.is_empty() {
             self.keys = keys.to_vec();
@@ -657,6 +671,7 @@ impl TableRules {
                     after,
                     &walked.transitions,
                     Origin::Stream,
+                    false,
                 )
                 .await?;
             state.seq = seq;

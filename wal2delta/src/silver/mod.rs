@@ -201,6 +201,8 @@ impl Stage<'_> {
                 ("transitions".to_owned(), self.lake.rules_transitions()),
                 ("hits".to_owned(), self.lake.rules_hits()),
             ];
+            // Never beside a rules/hits MERGE: the compaction's commit would fail it.
+            let _paused = wal2delta_lake::rules::hits_commits_paused().await;
             maintain_tables("rules", rules, target, retention).await;
         }
     }
