@@ -108,9 +108,9 @@ pub(super) async fn affected_keys(
         let now = files(&o.table);
         let removed: Vec<String> = before.difference(&now).cloned().collect();
         let added: Vec<String> = now.difference(&before).cloned().collect();
-        let store = input_store(&ctx, o);
-        let r = read_files(&ctx, &store, removed, &schema).await?;
-        let a = read_files(&ctx, &store, added, &schema).await?;
+        register_input_store(&ctx, o);
+        let r = read_files(&ctx, removed, &schema).await?;
+        let a = read_files(&ctx, added, &schema).await?;
         let diff = r.clone().except(a.clone())?.union(a.except(r)?)?;
         ctx.register_table(TableReference::bare(diff_name(i)), diff.into_view())?;
         let select: Vec<String> = exprs
@@ -143,54 +143,32 @@ async fn at_version(o: &Opened, version: i64) -> Option<DeltaTable> {
     Some(t)
 }
 
-/// Where `ctx` reads the data files of input `o`: the input table's own object store
-/// (with the lake's storage options: an S3 endpoint, credentials), registered under a URL
-/// of its own, and the table's root as its data files' URIs begin. A plain URI of the
-/// files (`s3://bucket/...`) would need a store registered for the bucket, which the
-/// session has not.
-struct InputStore {
-    /// `delta-rs://…/`: the registered store, rooted at the table.
-    url: String,
-    /// The table's root URI, without a trailing `/`.
-    root: String,
-}
-
-fn input_store(ctx: &SessionContext, o: &Opened) -> InputStore {
-    let log_store = o.table.log_store();
-    let url = log_store.object_store_url();
-    ctx.register_object_store(url.as_ref(), log_store.object_store(None));
-    InputStore {
-        url: url.as_str().trim_end_matches('/').to_owned(),
-        // As the table writes its files' URIs (`to_uri`), so that they begin with it.
-        root: log_store
-            .to_uri(&Default::default())
-            .trim_end_matches('/')
-            .to_owned(),
+/// Lets `ctx` read the data files of input `o` by the URIs the table lists them with: on
+/// an object store (`s3://bucket/…`, `gs://`, `az://`) the session has no store for the
+/// bucket, so the input table's own store at the bucket's root (with the lake's storage
+/// options: endpoint, credentials) is registered for it. Local files need none.
+fn register_input_store(ctx: &SessionContext, o: &Opened) {
+    let url = o.table.log_store().root_url().clone();
+    if url.scheme() == "file" {
+        return;
     }
+    let mut root = url.clone();
+    root.set_path("/");
+    root.set_query(None);
+    root.set_fragment(None);
+    ctx.register_object_store(&root, o.table.log_store().root_object_store(None));
 }
 
-/// The rows of data files `uris` (as the table lists them), read with `schema` through
-/// `store`.
+/// The rows of data files `uris`, read with `schema`.
 async fn read_files(
     ctx: &SessionContext,
-    store: &InputStore,
     uris: Vec<String>,
     schema: &SchemaRef,
 ) -> Result<DataFrame, DataFusionError> {
     if uris.is_empty() {
         return ctx.read_batch(RecordBatch::new_empty(schema.clone()));
     }
-    let paths = uris
-        .iter()
-        .map(|u| match u.strip_prefix(&store.root) {
-            Some(rel) => Ok(format!("{}/{}", store.url, rel.trim_start_matches('/'))),
-            None => Err(DataFusionError::Plan(format!(
-                "a data file outside its table's root {}",
-                store.root
-            ))),
-        })
-        .collect::<Result<Vec<_>, _>>()?;
-    ctx.read_parquet(paths, ParquetReadOptions::default().schema(schema))
+    ctx.read_parquet(uris, ParquetReadOptions::default().schema(schema))
         .await
 }
 
