@@ -214,7 +214,7 @@ async fn survive_kills(
                 loaded += usize::from(!load.is_finished());
                 // Dropped (writable again) even when the test fails.
                 let _frozen = ReadOnlyLake::set(silver_log.clone())?;
-                tokio::time::sleep(Duration::from_millis(rng.random_range(2500..4500))).await;
+                tokio::time::sleep(Duration::from_millis(rng.random_range(3500..6000))).await;
                 silver.assert_running()?;
             }
         }
@@ -279,15 +279,22 @@ async fn survive_kills(
         "{backfills} restarts backfilled the rules again"
     );
     if fault == Fault::FailSilverCommits {
-        // The faults did what they are for: rounds failed, several in a row, while the
-        // transitions of the changes they applied were appended.
+        // The faults did what they are for: rounds failed several times in a row (between
+        // two "merging again"), while the workload ran.
         let log = std::fs::read_to_string(d.dir.join("silver-0.log"))?;
-        let failed = log
-            .matches("silver round of the table failed")
-            .count();
+        let (mut run, mut longest, mut failed) = (0, 0, 0);
+        for line in log.lines() {
+            if line.contains("silver round of the table failed") {
+                run += 1;
+                failed += 1;
+            } else if line.contains("Silver table merging again") {
+                longest = longest.max(run);
+                run = 0;
+            }
+        }
         ensure!(
-            loaded >= 2 && failed >= 2 * loaded,
-            "the freezes failed several Silver rounds in a row: {failed} failed rounds in {kills} freezes ({loaded} under load)"
+            loaded >= 2 && longest >= 2,
+            "the freezes failed Silver rounds several times in a row: at most {longest} in a row, {failed} in all, in {kills} freezes ({loaded} under load)"
         );
     }
     // The division by zero went to quarantine under the rule's id, as no hit.

@@ -267,7 +267,11 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
         port,
     } = running(
         "rulestimeout",
-        &[("WAL2DELTA__RULES__LOOKUP_TIMEOUT_MS", &timeout)],
+        // Bronze commits often, so the times below measure the hold, not Bronze's batch.
+        &[
+            ("WAL2DELTA__RULES__LOOKUP_TIMEOUT_MS", &timeout),
+            ("WAL2DELTA__BRONZE__MAX_BATCH_MS", "300"),
+        ],
         "INSERT INTO {s}.shops VALUES (1, 'gambling')",
         1,
     )

@@ -459,33 +459,14 @@ async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhil
     Ok(())
 }
 
-/// The commits of the Delta table at `table` whose commit info names a partial source
-/// transaction (`wal2delta.partial_transaction`), read from its JSON log.
-fn partial_commits(table: &std::path::Path) -> Result<Vec<i64>> {
+/// The commit info of every JSON commit of the Delta table at `table`, with its version,
+/// in version order (none before the table exists).
+fn commit_infos(table: &std::path::Path) -> Result<Vec<(i64, Value)>> {
     let mut out = Vec::new();
     let Ok(dir) = std::fs::read_dir(table.join("_delta_log")) else {
         return Ok(out);
     };
     for entry in dir {
-        let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        for line in std::fs::read_to_string(&path)?.lines() {
-            let v: Value = serde_json::from_str(line)?;
-            if let Some(lsn) = v["commitInfo"]["wal2delta.partial_transaction"].as_i64() {
-                out.push(lsn);
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// The versions of the Delta table at `table` whose commit info names a partial source
-/// transaction.
-fn partial_versions(table: &std::path::Path) -> Result<std::collections::BTreeSet<i64>> {
-    let mut out = std::collections::BTreeSet::new();
-    for entry in std::fs::read_dir(table.join("_delta_log"))? {
         let path = entry?.path();
         let Some(version) = path
             .file_name()
@@ -495,34 +476,33 @@ fn partial_versions(table: &std::path::Path) -> Result<std::collections::BTreeSe
         else {
             continue;
         };
-        if std::fs::read_to_string(&path)?.contains("wal2delta.partial_transaction") {
-            out.insert(version);
+        for line in std::fs::read_to_string(&path)?.lines() {
+            let v: Value = serde_json::from_str(line)?;
+            if v.get("commitInfo").is_some() {
+                out.push((version, v["commitInfo"].clone()));
+            }
         }
     }
+    out.sort_by_key(|(v, _)| *v);
     Ok(out)
+}
+
+/// The commits of the Delta table at `table` whose commit info names a partial source
+/// transaction (`wal2delta.partial_transaction`): (version, the transaction's LSN).
+fn partial_commits(table: &std::path::Path) -> Result<Vec<(i64, i64)>> {
+    Ok(commit_infos(table)?
+        .into_iter()
+        .filter_map(|(v, info)| Some((v, info["wal2delta.partial_transaction"].as_i64()?)))
+        .collect())
 }
 
 /// The Silver versions of input `input` that the commits of the Gold table at `gold`
 /// record (`wal2delta.gold`).
 fn gold_recorded(gold: &std::path::Path, input: &str) -> Result<Vec<i64>> {
-    let mut out = Vec::new();
-    let Ok(dir) = std::fs::read_dir(gold.join("_delta_log")) else {
-        return Ok(out);
-    };
-    for entry in dir {
-        let path = entry?.path();
-        if path.extension().is_none_or(|e| e != "json") {
-            continue;
-        }
-        for line in std::fs::read_to_string(&path)?.lines() {
-            let v: Value = serde_json::from_str(line)?;
-            if let Some(version) = v["commitInfo"]["wal2delta.gold"]["inputs"][input].as_i64() {
-                out.push(version);
-            }
-        }
-    }
-    out.sort();
-    Ok(out)
+    Ok(commit_infos(gold)?
+        .into_iter()
+        .filter_map(|(_, info)| info["wal2delta.gold"]["inputs"][input].as_i64())
+        .collect())
 }
 
 /// Issue 15: a transaction over `[silver] max_atomic_transaction_rows` is applied in
@@ -621,7 +601,10 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
     let rows = wait_equal(&pg, &d, s, "t", &mut silver).await?;
     assert_eq!(rows, 2400 - 2400 / 7 + 700 / 7 + 1);
 
-    let partial = partial_commits(&silver_path)?;
+    let partial: Vec<i64> = partial_commits(&silver_path)?
+        .into_iter()
+        .map(|(_, lsn)| lsn)
+        .collect();
     assert!(
         partial.len() >= 5 && partial.iter().all(|l| *l == partial[0]),
         "pieces of one transaction, each marked: {partial:?}"
@@ -653,7 +636,10 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let pieces = partial_versions(&silver_path)?;
+    let pieces: std::collections::BTreeSet<i64> = partial_commits(&silver_path)?
+        .into_iter()
+        .map(|(v, _)| v)
+        .collect();
     let recorded = gold_recorded(&gold_path, &format!("{s}.t"))?;
     assert!(
         recorded.len() >= 2 && recorded.iter().all(|v| !pieces.contains(v)),
