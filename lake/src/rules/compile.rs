@@ -108,6 +108,9 @@ pub fn compile_with(
             format!("`when` uses {f}(), whose result depends on when it runs: a rule's result must depend on the row alone (transitions are replayed and backfilled)"),
         ));
     }
+    if let Some(reason) = unbounded_output(&expr) {
+        return Err(refuse(rule, reason));
+    }
     let expr = crate::conditions::in_microseconds(expr, &df_schema);
     let ty = expr
         .get_type(&df_schema)
@@ -300,6 +303,65 @@ fn is_number(t: &DataType) -> bool {
     t.is_numeric()
 }
 
+/// The largest size a rule may ask a function to make: `repeat`, `lpad`, `rpad` and
+/// `array_repeat` build a value of the size their count argument names, so a rule such as
+/// `repeat(note, 2147483647) <> ''` would try to allocate gigabytes per row and take the
+/// silver stage (which evaluates every rule) down with it.
+pub const MAX_GROWN: i64 = 10_000;
+
+/// Why `expr` may build values of unbounded size, if it may: a growing function whose
+/// count is not a literal of at most [`MAX_GROWN`], or a function that makes a series
+/// (`range`, `generate_series`).
+fn unbounded_output(expr: &Expr) -> Option<String> {
+    use deltalake::datafusion::scalar::ScalarValue;
+    let mut found = None;
+    let _ = expr.apply(|e| {
+        let Expr::ScalarFunction(f) = e else {
+            return Ok(TreeNodeRecursion::Continue);
+        };
+        let name = f.func.name().to_lowercase();
+        let why = match name.as_str() {
+            "range" | "generate_series" => Some(format!(
+                "`when` uses {name}(), which makes a series of any length: a rule's condition must stay small per row"
+            )),
+            "repeat" | "lpad" | "rpad" | "array_repeat" => {
+                let count = f.args.get(1).and_then(|a| match a {
+                    Expr::Literal(v, _) => match v {
+                        ScalarValue::Int8(Some(n)) => Some(i64::from(*n)),
+                        ScalarValue::Int16(Some(n)) => Some(i64::from(*n)),
+                        ScalarValue::Int32(Some(n)) => Some(i64::from(*n)),
+                        ScalarValue::Int64(Some(n)) => Some(*n),
+                        ScalarValue::UInt8(Some(n)) => Some(i64::from(*n)),
+                        ScalarValue::UInt16(Some(n)) => Some(i64::from(*n)),
+                        ScalarValue::UInt32(Some(n)) => Some(i64::from(*n)),
+                        ScalarValue::UInt64(Some(n)) => i64::try_from(*n).ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                });
+                match count {
+                    Some(n) if n <= MAX_GROWN => None,
+                    Some(n) => Some(format!(
+                        "`when` asks {name}() for {n} elements; at most {MAX_GROWN} (a rule's condition must stay small per row)"
+                    )),
+                    None => Some(format!(
+                        "`when` gives {name}() a count that is not a number written in the rule; write it as a number of at most {MAX_GROWN} (a count read from the row could ask for gigabytes)"
+                    )),
+                }
+            }
+            _ => None,
+        };
+        match why {
+            Some(w) => {
+                found = Some(w);
+                Ok(TreeNodeRecursion::Stop)
+            }
+            None => Ok(TreeNodeRecursion::Continue),
+        }
+    });
+    found
+}
+
 /// Refuses `text_column < 10`-style comparisons: DataFusion would compare them as strings.
 fn check_text_number_comparisons(
     rule: &Rule,
@@ -418,6 +480,12 @@ mod tests {
             ("amount IN (1, 2)", "cast it"),
             ("currency = 'EUR' AND score > 'x'", ""),
             ("", "empty"),
+            // Issue 38, item 11: nothing that can build a value of any size per row.
+            ("repeat(currency, 2147483647) = ''", "at most 10000"),
+            ("lpad(currency, score) = 'x'", "not a number written"),
+            ("length(rpad(currency, 20000)) > 1", "at most 10000"),
+            ("repeat(currency, 3) = 'EUREUREUR'", ""),
+            ("cardinality(range(1, score)) > 1", "series"),
         ] {
             match compile(&rule("r1", when), &schema()) {
                 Err(e) => {
