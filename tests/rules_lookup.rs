@@ -353,8 +353,12 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
         run.log_text()
     );
 
-    // Unfrozen, shops catches up and the chain goes on as before.
+    // Unfrozen, shops catches up (until then orders stays released: its changes would see
+    // shops as it is), and the chain goes on as before: held for shops again.
     drop(frozen);
+    pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (2, 'books')"))
+        .await?;
+    run.wait_for("shops caught up", &2, || rows_of(&shops)).await?;
     pg.batch_execute(&format!(
         "BEGIN; UPDATE {s}.shops SET category = 'books' WHERE id = 1; UPDATE {s}.orders SET amount = 700 WHERE id = 11; COMMIT"
     ))
