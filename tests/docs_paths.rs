@@ -25,7 +25,10 @@ fn every_path_the_architecture_map_names_exists() -> Result<()> {
     let root = repo_root();
     let text = std::fs::read_to_string(root.join("docs/architecture.md"))?;
     let named = named_paths(&text);
-    ensure!(named.len() > 20, "the map names the code's files: {named:?}");
+    ensure!(
+        named.len() > 20,
+        "the map names the code's files: {named:?}"
+    );
     let missing: Vec<&&str> = named
         .iter()
         .filter(|p| !Path::new(&root).join(p).exists())
@@ -43,6 +46,10 @@ fn the_path_reader_finds_paths_and_nothing_else() {
                 `/metrics` or `a b.rs`; [doc](`docs/rules.md`)";
     assert_eq!(
         named_paths(text),
-        vec!["lake/src/silver/hook.rs", "lake/src/silver/fold/", "docs/rules.md"]
+        vec![
+            "lake/src/silver/hook.rs",
+            "lake/src/silver/fold/",
+            "docs/rules.md"
+        ]
     );
 }

@@ -512,8 +512,15 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
         log.contains("leaky") && log.to_lowercase().contains("cast"),
         "the failing model is logged with what failed: {log}"
     );
-    for (what, text) in [("log", &log), ("/readyz", &readyz().await?), ("status", &status)] {
-        ensure!(!text.contains("7f3a9c"), "a row value reached the {what}: {text}");
+    for (what, text) in [
+        ("log", &log),
+        ("/readyz", &readyz().await?),
+        ("status", &status),
+    ] {
+        ensure!(
+            !text.contains("7f3a9c"),
+            "a row value reached the {what}: {text}"
+        );
     }
 
     // A random workload in steps, each followed by a refresh: updates that move payments

@@ -116,7 +116,9 @@ async fn every_stage_runs_on_an_s3_lake_read_by_duckdb_and_deltalake() -> Result
     for (k, v) in s3.daemon_env(&lake_uri) {
         scenario = scenario.env(&k, &v);
     }
-    let World { name, pg, mut d, .. } = scenario.build().await?;
+    let World {
+        name, pg, mut d, ..
+    } = scenario.build().await?;
     let lake = format!("s3://{}/{name}/lake", s3.bucket);
     let bronze = format!("{lake}/bronze/{name}/pay");
     let silver = format!("{lake}/silver/{name}/pay");

@@ -348,7 +348,10 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
         "the next order waited {waited:?}: held for another {TIMEOUT_MS} ms timeout"
     );
     ensure!(
-        run.log_text().matches("past [rules] lookup_timeout_ms").count() == 1,
+        run.log_text()
+            .matches("past [rules] lookup_timeout_ms")
+            .count()
+            == 1,
         "one release is logged once: {}",
         run.log_text()
     );
@@ -358,7 +361,8 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     drop(frozen);
     pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (2, 'books')"))
         .await?;
-    run.wait_for("shops caught up", &2, || rows_of(&shops)).await?;
+    run.wait_for("shops caught up", &2, || rows_of(&shops))
+        .await?;
     pg.batch_execute(&format!(
         "BEGIN; UPDATE {s}.shops SET category = 'books' WHERE id = 1; UPDATE {s}.orders SET amount = 700 WHERE id = 11; COMMIT"
     ))

@@ -625,7 +625,8 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
     let start = Instant::now();
     loop {
         gold.assert_running()?;
-        let got = duckdb(&format!("SELECT row_count FROM {}", scan(&gold_path))).unwrap_or_default();
+        let got =
+            duckdb(&format!("SELECT row_count FROM {}", scan(&gold_path))).unwrap_or_default();
         if got.first().and_then(|r| r[0].as_i64()) == Some(rows as i64) {
             break;
         }

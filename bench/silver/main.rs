@@ -635,7 +635,11 @@ async fn apply(
         read += r.read;
         upserts += r.upserts;
         deletes += r.deletes;
-        for x in reports.lock().map(|mut v| std::mem::take(&mut *v)).unwrap_or_default() {
+        for x in reports
+            .lock()
+            .map(|mut v| std::mem::take(&mut *v))
+            .unwrap_or_default()
+        {
             rules_transitions += x.transitions.values().sum::<usize>();
             rules_eval += x.eval_time.as_secs_f64();
             rules_backfills += usize::from(x.backfill);

@@ -82,11 +82,13 @@ pub fn silver_with_rules(
     let seen = reports.clone();
     let r = wal2delta_lake::rules::TableRules::new(lake, synth::TABLE_NAME, RuleSource::new(&set))
         .with_hits_interval(hits_interval)
-        .with_observer(std::sync::Arc::new(move |_: &str, r: &wal2delta_lake::rules::RulesReport| {
-            if let Ok(mut v) = seen.lock() {
-                v.push(r.clone());
-            }
-        }));
+        .with_observer(std::sync::Arc::new(
+            move |_: &str, r: &wal2delta_lake::rules::RulesReport| {
+                if let Ok(mut v) = seen.lock() {
+                    v.push(r.clone());
+                }
+            },
+        ));
     (t.with_hooks(vec![Box::new(r)]), reports)
 }
 

@@ -144,11 +144,21 @@ async fn hits_commits_of_two_tables_at_once_both_land() {
     let first = RulesStore::new(&lake);
     // One file holding both tables' hits.
     first
-        .merge_hits(a, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))], None)
+        .merge_hits(
+            a,
+            1,
+            vec![("k1".into(), "big".into(), Some((1, 10, None)))],
+            None,
+        )
         .await
         .unwrap();
     first
-        .merge_hits(b, 1, vec![("k1".into(), "big".into(), Some((1, 10, None)))], None)
+        .merge_hits(
+            b,
+            1,
+            vec![("k1".into(), "big".into(), Some((1, 10, None)))],
+            None,
+        )
         .await
         .unwrap();
     let compacted =

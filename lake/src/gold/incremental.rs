@@ -400,9 +400,8 @@ pub(super) async fn ensure_unique_rows(
     let Some(first) = rows.first() else {
         return Ok(());
     };
-    let mem =
-        MemTable::try_new(first.schema(), vec![rows.to_vec()])
-            .map_err(|e| super::run_failed(&model.name, e))?;
+    let mem = MemTable::try_new(first.schema(), vec![rows.to_vec()])
+        .map_err(|e| super::run_failed(&model.name, e))?;
     ctx.register_table(TableReference::bare(RESULT), Arc::new(mem))
         .map_err(|e| super::run_failed(&model.name, e))?;
     for c in &key.columns {

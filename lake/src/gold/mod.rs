@@ -25,7 +25,9 @@ pub(crate) fn run_failed(model: &str, e: impl std::fmt::Display) -> crate::LakeE
 
 /// A Delta write of `table` that ran a model's SQL (a MERGE whose source is the model's
 /// query), without the row values the message may quote; still retried (transient).
-pub(crate) fn write_failed(table: &str) -> impl FnOnce(deltalake::DeltaTableError) -> crate::LakeError + '_ {
+pub(crate) fn write_failed(
+    table: &str,
+) -> impl FnOnce(deltalake::DeltaTableError) -> crate::LakeError + '_ {
     move |e| crate::LakeError::Delta {
         table: table.to_owned(),
         source: deltalake::DeltaTableError::Generic(crate::conditions::without_values(

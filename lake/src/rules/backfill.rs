@@ -207,14 +207,20 @@ mod tests {
         let sql = "SELECT key, rule_version FROM t WHERE \"table\" = 's.t' ORDER BY key";
         let mut out = Vec::new();
         for b in delta::query("h", &t, sql).await.unwrap() {
-            let (k, v) = (b.column(0).as_string::<i32>(), b.column(1).as_primitive::<Int64Type>());
+            let (k, v) = (
+                b.column(0).as_string::<i32>(),
+                b.column(1).as_primitive::<Int64Type>(),
+            );
             out.extend((0..b.num_rows()).map(|i| (k.value(i).to_owned(), v.value(i))));
         }
         out
     }
 
     async fn transitions(lake: &Lake) -> usize {
-        let t = delta::open("t", &lake.rules_transitions()).await.unwrap().unwrap();
+        let t = delta::open("t", &lake.rules_transitions())
+            .await
+            .unwrap()
+            .unwrap();
         let sql = "SELECT count(*) FROM t";
         delta::query("t", &t, sql).await.unwrap()[0]
             .column(0)
@@ -226,8 +232,11 @@ mod tests {
     async fn silver_commit(url: &url::Url, rules: &TableRules) -> deltalake::DeltaTable {
         use crate::silver::hook::RoundHook;
         let t = delta::open("s.t", url).await.unwrap().unwrap();
-        let props = delta::commit_properties().with_application_transactions(rules.commit_actions());
-        delta::commit_progress_only(&t, props, "test", 10).await.unwrap();
+        let props =
+            delta::commit_properties().with_application_transactions(rules.commit_actions());
+        delta::commit_progress_only(&t, props, "test", 10)
+            .await
+            .unwrap();
         delta::open("s.t", url).await.unwrap().unwrap()
     }
 
@@ -235,13 +244,21 @@ mod tests {
     struct Immutable(PathBuf);
     impl Immutable {
         fn set(p: &Path) -> Immutable {
-            assert!(Command::new("chattr").args(["-R", "+i"]).arg(p).status().unwrap().success());
+            assert!(Command::new("chattr")
+                .args(["-R", "+i"])
+                .arg(p)
+                .status()
+                .unwrap()
+                .success());
             Immutable(p.to_owned())
         }
     }
     impl Drop for Immutable {
         fn drop(&mut self) {
-            let _ = Command::new("chattr").args(["-R", "-i"]).arg(&self.0).status();
+            let _ = Command::new("chattr")
+                .args(["-R", "-i"])
+                .arg(&self.0)
+                .status();
         }
     }
 
@@ -268,7 +285,10 @@ mod tests {
                 Arc::new(Int64Array::from(vec![5, 50, 500, 5000])),
                 Arc::new(Int64Array::from(vec![10; 4])),
                 Arc::new(Int64Array::from(vec![0, 1, 2, 3])),
-                Arc::new(TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; 4]).with_timezone("UTC")),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; 4])
+                        .with_timezone("UTC"),
+                ),
             ],
         )
         .unwrap();
@@ -290,8 +310,9 @@ mod tests {
         let start = rules.start(Some(&silver), &before, &keys).await.unwrap();
         assert!(start.report.is_some_and(|r| r.backfill));
         let silver = silver_commit(&silver_url, &rules).await;
-        let v1: Vec<(String, i64)> =
-            ["{\"id\":2}", "{\"id\":3}", "{\"id\":4}"].map(|k| (k.to_owned(), 1)).to_vec();
+        let v1: Vec<(String, i64)> = ["{\"id\":2}", "{\"id\":3}", "{\"id\":4}"]
+            .map(|k| (k.to_owned(), 1))
+            .to_vec();
         assert_eq!(hits(&lake).await, v1);
         assert_eq!(transitions(&lake).await, 3);
 

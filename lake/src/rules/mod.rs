@@ -20,11 +20,11 @@ pub mod walk;
 
 pub use compile::{compile, compile_with, evaluate, lake_name, CompiledRule, Related, RuleError};
 pub use evaluate::key_json;
+pub use hook::{RulesObserver, Untagged};
 pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
 pub use source::RuleSource;
 pub use store::{hit_counts, hits_commits_paused};
-pub use hook::{RulesObserver, Untagged};
 pub use table::{RulesReport, RulesSteps, Start, TableRules, DEFAULT_HITS_INTERVAL, RULE_FAILED};
 
 use wal2delta_model::TableName;

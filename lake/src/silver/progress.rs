@@ -303,14 +303,20 @@ mod tests {
         };
         let at_10 = p(10, None, &[(0, 5)]);
         assert!(at_10.covers(&at_10));
-        assert!(at_10.covers(&p(8, None, &[(0, 9)])), "cursors alone apply nothing");
+        assert!(
+            at_10.covers(&p(8, None, &[(0, 9)])),
+            "cursors alone apply nothing"
+        );
         assert!(!at_10.covers(&p(12, None, &[(0, 5)])));
         // Pieces of transaction 20: covered only by the same transaction's cursors past them.
         let piece = p(10, Some(20), &[(0, 7), (1, 3)]);
         assert!(!at_10.covers(&piece));
         assert!(p(10, Some(20), &[(0, 7), (1, 4)]).covers(&piece));
         assert!(!p(10, Some(20), &[(0, 6), (1, 4)]).covers(&piece));
-        assert!(p(20, None, &[]).covers(&piece), "the whole transaction applied");
+        assert!(
+            p(20, None, &[]).covers(&piece),
+            "the whole transaction applied"
+        );
         assert!(!piece.covers(&p(20, None, &[])));
     }
 

@@ -66,7 +66,9 @@ impl SilverTable {
             }
             return Ok(report);
         }
-        let screened = self.screen_and_fold(&read, &mut planned, &mut report).await?;
+        let screened = self
+            .screen_and_fold(&read, &mut planned, &mut report)
+            .await?;
         report.steps.screen = clock.lap();
         self.hooks_changes(&read, &screened, &planned.progress, &begun)
             .await?;
@@ -216,8 +218,11 @@ impl SilverTable {
             .quarantine
             .append_new(wal2delta_quarantine::Stage::Silver, screened.quarantined)
             .await?;
-        let folded = fold(&self.view(&screened.rows)?, before.truncated.max(resnapshot))
-            .map_err(|e| self.rows_error(e.0))?;
+        let folded = fold(
+            &self.view(&screened.rows)?,
+            before.truncated.max(resnapshot),
+        )
+        .map_err(|e| self.rows_error(e.0))?;
         Ok(Applicable {
             rows: screened.rows,
             folded,

@@ -15,14 +15,14 @@ use url::Url;
 use wal2delta_model::{bronze, ChangeOp};
 
 use super::checks::Check;
-use super::hook::RoundHook;
 use super::columns::{
     Position, COMMIT_LSN, COMMIT_TS, MASKING_KEY, OP, ORDINAL, UNCHANGED, UNRESOLVED,
 };
+use super::hook::RoundHook;
+use super::kept::KeptTables;
 use super::mask::Masking;
 use super::rows::BronzeRows;
 use super::screen::{screen, ScreenError, Screened};
-use super::kept::KeptTables;
 use super::tombstones::Tombstones;
 use super::window::Window;
 use super::{Progress, TransactionCounts};
@@ -214,16 +214,17 @@ impl SilverTable {
                 (MASKING_KEY.to_owned(), self.masking.describe()),
             ]);
         match progress.partial {
-            Some(lsn) => props.with_metadata([(
-                PARTIAL_KEY.to_owned(),
-                serde_json::json!(lsn),
-            )]),
+            Some(lsn) => props.with_metadata([(PARTIAL_KEY.to_owned(), serde_json::json!(lsn))]),
             None => props,
         }
     }
 
     /// A commit of `t` that records `progress` and changes no row.
-    pub(super) async fn commit_progress(&self, t: &DeltaTable, progress: &Progress) -> Result<u64, LakeError> {
+    pub(super) async fn commit_progress(
+        &self,
+        t: &DeltaTable,
+        progress: &Progress,
+    ) -> Result<u64, LakeError> {
         delta::commit_progress_only(
             t,
             self.commit_properties(progress),
@@ -524,7 +525,9 @@ impl SilverTable {
 
 /// Splits the snapshot ends (`op` = `s`) off `rows`: the other rows, and each end's
 /// (commit LSN, number of partitions it was sent to, carried as its `ordinal`).
-pub(super) fn take_snapshot_ends(rows: &BronzeRows) -> Result<(RecordBatch, Vec<(i64, i64)>), ArrowError> {
+pub(super) fn take_snapshot_ends(
+    rows: &BronzeRows,
+) -> Result<(RecordBatch, Vec<(i64, i64)>), ArrowError> {
     let is_end = |i: usize| rows.op(i) == Some(ChangeOp::SnapshotEnd);
     let ends: BTreeSet<(i64, i64)> = (0..rows.num_rows())
         .filter(|&i| is_end(i))

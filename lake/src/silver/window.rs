@@ -28,8 +28,8 @@ use std::time::{Duration, Instant};
 use deltalake::arrow::array::{Array, AsArray};
 use deltalake::arrow::datatypes::{Int32Type, Int64Type};
 
-use super::rows::BronzeRows;
 use super::kept::KeptTables;
+use super::rows::BronzeRows;
 use super::{Plan, Progress, TransactionCounts};
 use wal2delta_model::bronze;
 

@@ -65,7 +65,9 @@ impl Session<'_> {
         self.take_deliveries_while_draining();
         // Record the final position, wait for it, then confirm it.
         self.state.record_position(&self.publisher).await?;
-        self.publisher.producer.flush(wal2delta_stream::KAFKA_REQUEST_TIMEOUT);
+        self.publisher
+            .producer
+            .flush(wal2delta_stream::KAFKA_REQUEST_TIMEOUT);
         self.take_deliveries_while_draining();
         self.state
             .status(&mut self.stream, true, Duration::ZERO)

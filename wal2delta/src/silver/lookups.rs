@@ -111,7 +111,10 @@ impl Holds {
         timeout: Duration,
         now: Instant,
     ) -> Decision {
-        let held_for = self.began.get(name).map(|b| now.saturating_duration_since(b.at));
+        let held_for = self
+            .began
+            .get(name)
+            .map(|b| now.saturating_duration_since(b.at));
         let free = |counts| Decision {
             counts,
             released_after: None,
@@ -243,7 +246,11 @@ mod tests {
         let d = round(&mut holds, 32, 50, 150, &counts(200, &[40, 90, 150]));
         assert_eq!(d.counts.top, 150);
         let d = round(&mut holds, 33, 50, 150, &counts(300, &[40, 90, 150, 250]));
-        assert_eq!((d.counts.top, d.released_after), (300, None), "still released");
+        assert_eq!(
+            (d.counts.top, d.released_after),
+            (300, None),
+            "still released"
+        );
         // The related table catches up: the next wait is a new hold, with its own timeout.
         let d = round(&mut holds, 40, 300, 250, &counts(300, &[250]));
         assert_eq!(d.counts.top, 300);
@@ -253,7 +260,10 @@ mod tests {
         let d = round(&mut holds, 70, 320, 300, &c);
         assert_eq!(d.counts.top, 320);
         let d = round(&mut holds, 71, 320, 300, &c);
-        assert_eq!((d.counts.top, d.released_after), (400, Some(Duration::from_secs(30))));
+        assert_eq!(
+            (d.counts.top, d.released_after),
+            (400, Some(Duration::from_secs(30)))
+        );
     }
 
     #[test]

@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 mod lookups;
-mod rules_report;
 pub mod replay;
+mod rules_report;
 
 use tokio::sync::watch;
 use wal2delta_lake::rules::{RuleSource, RulesOutput, TableRules, Untagged};
@@ -522,4 +522,3 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
             screen_ms = s.screen.as_millis() as u64, hooks_ms = s.hooks.as_millis() as u64, write_ms = s.write.as_millis() as u64, "silver commit");
     }
 }
-

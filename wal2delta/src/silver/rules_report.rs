@@ -20,8 +20,18 @@ pub(super) fn observer() -> RulesObserver {
         if !r.backfill {
             let ms = |d: std::time::Duration| d.as_millis() as u64;
             let s = &r.steps;
-            tracing::debug!(table, rows = r.rows, settle_ms = ms(s.settle), compile_ms = ms(s.compile), evaluate_ms = ms(s.evaluate),
-                walk_ms = ms(s.walk), publish_ms = ms(s.publish), append_ms = ms(s.append), hits_ms = ms(s.hits), "rules round");
+            tracing::debug!(
+                table,
+                rows = r.rows,
+                settle_ms = ms(s.settle),
+                compile_ms = ms(s.compile),
+                evaluate_ms = ms(s.evaluate),
+                walk_ms = ms(s.walk),
+                publish_ms = ms(s.publish),
+                append_ms = ms(s.append),
+                hits_ms = ms(s.hits),
+                "rules round"
+            );
         }
     })
 }
