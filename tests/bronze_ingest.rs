@@ -232,7 +232,7 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() -> Result<()> {
+async fn schema_evolution_mid_run_merges_columns_widens_types_and_quarantines_other_changes() -> Result<()> {
     let stack = Stack::from_env();
     let (name, pg, d) = scenario(
         &stack,
@@ -277,9 +277,27 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
         ],
         "old rows read NULL for the new column, new rows NULL for the dropped one: {rows:?}"
     );
-    // A type change cannot be merged: its events are quarantined, the stream goes on.
+    // A widening (int → bigint) is taken: the table is rewritten under the wider type and
+    // the event holding a value only bigint holds is stored, the old rows cast.
     pg.batch_execute(&format!(
         "ALTER TABLE {name}.t ALTER COLUMN a TYPE bigint; INSERT INTO {name}.t VALUES (103, 3000000000, true);"
+    ))
+    .await?;
+    wait_for(
+        &format!("SELECT count(*) FROM {t} WHERE after.a = 3000000000"),
+        1,
+        Duration::from_secs(60),
+        &mut [&mut run],
+    )?;
+    ensure!(
+        duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 103
+            && duckdb_i64(&format!("SELECT sum(after.a) FROM {t} WHERE after.id <= 100"))? == 5050,
+        "every event once, the old values cast"
+    );
+    // Any other type change the registry lets through (Avro promotes long to double)
+    // cannot be merged: its events are quarantined, the stream goes on.
+    pg.batch_execute(&format!(
+        "ALTER TABLE {name}.t ALTER COLUMN a TYPE double precision; INSERT INTO {name}.t VALUES (104, 4.5, true);"
     ))
     .await?;
     let q = scan(&d.lake().join("quarantine/records"));
@@ -296,15 +314,15 @@ async fn schema_evolution_mid_run_merges_columns_and_quarantines_type_changes() 
     ensure!(
         detail[0][0]
             .as_str()
-            .is_some_and(|s| s.contains(".a is Int32 in the table but Int64")),
+            .is_some_and(|s| s.contains(".a is Int64 in the table but Float64")),
         "reason names the column: {detail:?}"
     );
     ensure!(
-        detail[0][1] == true && detail[0][2] == 102,
+        detail[0][1] == true && detail[0][2] == 103,
         "raw bytes and offset kept: {detail:?}"
     );
     ensure!(
-        duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 102,
+        duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 103,
         "the conflicting event is not in Bronze"
     );
     run.assert_running()?;

@@ -4,6 +4,9 @@
                              the duckdb-ext-delta package; print the rows as JSON
     lake.py deltalake PATH   open PATH with the deltalake package; print version, rows,
                              partition columns and protocol as JSON
+    lake.py versions PATH    read every version of the table at PATH with the deltalake
+                             package and with DuckDB (ATTACH ... VERSION); print
+                             [version, deltalake rows, duckdb rows] per version
     lake.py tamper JSON      change a table behind wal2delta's back with the deltalake
                              package (tests that must detect it): JSON is {"path": ...,
                              "update": [[predicate, {column: SQL expression}], ...],
@@ -64,20 +67,25 @@ def duckdb_s3(con, extensions):
     )
 
 
+def duckdb_delta():
+    """A DuckDB connection with the delta extension (and S3, when configured) loaded."""
+    import duckdb
+
+    ext = glob.glob(
+        os.path.join(site.getsitepackages()[0], "duckdb_ext/extensions/*/*/delta.duckdb_extension")
+    )
+    if not ext:
+        raise SystemExit("duckdb-ext-delta is not installed (run ops/pyenv)")
+    con = duckdb.connect()
+    con.execute(f"LOAD '{ext[0]}'")
+    duckdb_s3(con, os.path.dirname(ext[0]))
+    return con
+
+
 def main():
     mode, arg = sys.argv[1], sys.argv[2]
     if mode == "duckdb":
-        import duckdb
-
-        ext = glob.glob(
-            os.path.join(site.getsitepackages()[0], "duckdb_ext/extensions/*/*/delta.duckdb_extension")
-        )
-        if not ext:
-            raise SystemExit("duckdb-ext-delta is not installed (run ops/pyenv)")
-        con = duckdb.connect()
-        con.execute(f"LOAD '{ext[0]}'")
-        duckdb_s3(con, os.path.dirname(ext[0]))
-        rows = con.execute(arg).fetchall()
+        rows = duckdb_delta().execute(arg).fetchall()
         out = [[v if isinstance(v, (int, float, str, bool, type(None))) else str(v) for v in r] for r in rows]
     elif mode == "deltalake":
         import deltalake
@@ -90,6 +98,17 @@ def main():
             "partition_columns": dt.metadata().partition_columns,
             "min_reader_version": p.min_reader_version,
         }
+    elif mode == "versions":
+        import deltalake
+
+        con = duckdb_delta()
+        latest = open_table(arg).version()
+        out = []
+        for v in range(latest + 1):
+            dt = deltalake.DeltaTable(arg, version=v, storage_options=s3_options() if arg.startswith("s3://") else None)
+            con.execute(f"ATTACH '{arg}' AS v{v} (TYPE delta, VERSION {v})")
+            n = con.execute(f"SELECT count(*) FROM v{v}").fetchone()[0]
+            out.append([v, dt.to_pyarrow_table().num_rows, n])
     elif mode == "tamper":
         import deltalake
         import pyarrow as pa

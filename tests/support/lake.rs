@@ -58,6 +58,13 @@ pub fn deltalake_info(path: &Path) -> Result<Value> {
     run("deltalake", &path.display().to_string())
 }
 
+/// `[version, deltalake rows, duckdb rows]` for every version of the table at `path`, each
+/// read by both readers at that version.
+pub fn every_version(path: &Path) -> Result<Vec<[i64; 3]>> {
+    let out = run("versions", &path.display().to_string())?;
+    Ok(serde_json::from_value(out)?)
+}
+
 /// Changes a table behind wal2delta's back with the `deltalake` package (see the `tamper`
 /// mode of `tests/py/lake.py` for the shape of `spec`); the new version.
 pub fn tamper(spec: &Value) -> Result<i64> {

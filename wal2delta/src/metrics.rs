@@ -95,6 +95,9 @@ pub const BRONZE_OFFSET_GAPS: &str = "wal2delta_bronze_offset_gaps_total";
 /// Tombstones (null-value messages capture sends after deletes) Bronze passed over
 /// (label `table`): not change events, stored as no row.
 pub const BRONZE_TOMBSTONES: &str = "wal2delta_bronze_tombstones_skipped_total";
+/// Tables rewritten under a wider column type (`int` → `bigint`), labels `layer` and
+/// `table`.
+pub const TYPE_WIDENINGS: &str = "wal2delta_type_widenings_total";
 /// Commits of one Bronze table that failed (labels `table`, `kind`: `error` or `panic`);
 /// the table retries with its own backoff while the others go on.
 pub const BRONZE_TABLE_FAILURES: &str = "wal2delta_bronze_table_failures_total";

@@ -3,8 +3,11 @@
 //! Bronze evolves by *adding* columns (top level or inside the `before`/`after` structs):
 //! a column a new schema version adds appears in the table, and earlier rows read it as
 //! NULL; a column a version no longer has stays in the table and new rows hold NULL. A
-//! column whose type changes cannot be merged: Delta cannot hold both in one column, so
-//! the events are quarantined with the reason rather than rewritten or dropped.
+//! column whose type widens (`int` → `bigint`) takes the wider type ([`crate::widen`]:
+//! the table is rewritten under it before the events are appended); events of the
+//! narrower type cast into it. Any other type change cannot be merged: Delta cannot hold
+//! both in one column, so the events are quarantined with the reason rather than
+//! rewritten or dropped.
 
 use std::sync::Arc;
 
@@ -55,9 +58,7 @@ fn merge_type(table: &DataType, batch: &DataType, path: &str) -> Result<DataType
             Ok(table.clone())
         }
         (t, b) if t == b => Ok(t.clone()),
-        (t, b) => Err(format!(
-            "column {path} is {t} in the table but {b} in the events; Bronze cannot change a column's type"
-        )),
+        (t, b) => crate::widen::wider(t, b).ok_or_else(|| crate::widen::refusal(path, t, b)),
     }
 }
 
@@ -126,18 +127,19 @@ mod tests {
     }
 
     #[test]
-    fn a_changed_type_is_refused_naming_the_column() {
-        let t = s(vec![Field::new(
-            "after",
-            DataType::Struct(Fields::from(vec![Field::new("n", DataType::Int32, true)])),
-            true,
-        )]);
-        let b = s(vec![Field::new(
-            "after",
-            DataType::Struct(Fields::from(vec![Field::new("n", DataType::Int64, true)])),
-            true,
-        )]);
-        let err = merge_schemas(&t, &b).unwrap_err();
-        assert!(err.contains("after.n"), "{err}");
+    fn a_widened_type_merges_and_a_changed_one_is_refused_naming_the_column() {
+        let after = |t: DataType| {
+            s(vec![Field::new(
+                "after",
+                DataType::Struct(Fields::from(vec![Field::new("n", t, true)])),
+                true,
+            )])
+        };
+        let wide = merge_schemas(&after(DataType::Int32), &after(DataType::Int64)).unwrap();
+        assert_eq!(wide, after(DataType::Int64));
+        // Events of the narrower type (written before the ALTER) cast into the wider.
+        assert_eq!(merge_schemas(&wide, &after(DataType::Int32)).unwrap(), wide);
+        let err = merge_schemas(&after(DataType::Int32), &after(DataType::Utf8)).unwrap_err();
+        assert!(err.contains("after.n") && err.contains("rebuild"), "{err}");
     }
 }

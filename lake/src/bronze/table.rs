@@ -58,6 +58,9 @@ pub enum AppendOutcome {
         version: u64,
         rows: usize,
         schema_changed: bool,
+        /// Columns whose type widened: the table was rewritten under the wider types in
+        /// the commit before this one ([`crate::widen`]).
+        widened: Vec<String>,
     },
     /// Another writer stored some of these offsets first: nothing was written. Each
     /// partition of the batch with the last offset the table now holds for it.
@@ -210,11 +213,18 @@ impl BronzeTable {
                         serde_json::json!(append.topic),
                     ),
                 ]);
+            let mut widened = Vec::new();
             let result = if rows == 0 {
                 self.commit_offsets_only(props, &append).await
             } else {
                 let (batches, schema_changed) = self.conform(&append.batches)?;
-                self.write_rows(props, batches, schema_changed).await
+                match self.widen_for(&batches).await {
+                    Ok(w) => {
+                        widened = w;
+                        self.write_rows(props, batches, schema_changed).await
+                    }
+                    Err(e) => Err(e),
+                }
             };
             match result {
                 Ok((version, schema_changed)) => {
@@ -222,6 +232,7 @@ impl BronzeTable {
                         version,
                         rows,
                         schema_changed,
+                        widened,
                     })
                 }
                 Err(e) if delta::is_conflict(&e) => {
@@ -266,6 +277,36 @@ impl BronzeTable {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| conflict(e.to_string()))?;
         Ok((cast, changed))
+    }
+
+    /// Rewrites the table under the wider column types `batches` (already conformed) bring,
+    /// in a commit of its own before theirs; the columns that widened. A crash between the
+    /// two commits re-reads the events from the offsets the table still holds, and they
+    /// then find the table wide already.
+    async fn widen_for(&mut self, batches: &[RecordBatch]) -> Result<Vec<String>, DeltaTableError> {
+        let (Some(have), Some(first)) = (self.arrow_schema(), batches.first()) else {
+            return Ok(Vec::new());
+        };
+        let Some((schema, paths)) = crate::widen::widened(&have, first.schema().fields()) else {
+            return Ok(Vec::new());
+        };
+        let Some(table) = self.table.clone() else {
+            return Ok(Vec::new());
+        };
+        tracing::info!(table = %self.name, columns = ?paths, "a column's type widened; rewriting the Bronze table under the wider type");
+        let started = std::time::Instant::now();
+        let props = delta::commit_properties().with_metadata([
+            ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
+            (
+                crate::widen::REWRITE_KEY.to_owned(),
+                serde_json::json!({ "reason": "type widening", "columns": paths }),
+            ),
+        ]);
+        let table =
+            crate::widen::rewrite(table, Arc::new(schema), &[PARTITION_COLUMN], props).await?;
+        tracing::info!(table = %self.name, columns = ?paths, version = table.version(), ms = started.elapsed().as_millis() as u64, "Bronze table rewritten under the wider type");
+        self.table = Some(table);
+        Ok(paths)
     }
 
     async fn write_rows(

@@ -542,7 +542,15 @@ impl TableRules {
             let batch = self.settle(batch, silver, tombstones, &keys, reads).await?;
             report.steps.settle = clock.lap();
             let schema = match silver {
-                Some(s) => delta::arrow_schema(&self.name, s)?,
+                // Silver as it will be after this round: a column that widens this round
+                // (`int` → `bigint`, crate::widen) is evaluated in the wider type.
+                Some(s) => {
+                    let have = delta::arrow_schema(&self.name, s)?;
+                    match crate::widen::widened(&have, batch.schema().fields()) {
+                        Some((wide, _)) => Arc::new(wide),
+                        None => have,
+                    }
+                }
                 None => value_schema(&batch),
             };
             let (compiled, invalid) = self.compiled(&schema).await?;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use deltalake::arrow::compute::concat_batches;
-use deltalake::arrow::datatypes::{DataType, Field, Schema};
+use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::operations::write::SchemaMode;
 use deltalake::protocol::SaveMode;
@@ -18,6 +18,7 @@ use super::columns::{Position, COMMIT_LSN, MOVED_FROM, OP, ORDINAL, UNCHANGED, U
 use super::table::SilverTable;
 use super::tombstones::{keys_equal, newer};
 use crate::delta::{self, ident, literal};
+use crate::widen;
 use crate::LakeError;
 
 /// The Delta table property delta-rs' writers size their files by.
@@ -97,6 +98,35 @@ impl SilverTable {
         let out = delta::collect(&self.name, &ctx, &sql).await?;
         let out_schema = out.first().map_or_else(|| plain.schema(), |b| b.schema());
         concat_batches(&out_schema, &out).map_err(|e| self.rows_error(e.to_string()))
+    }
+
+    /// Rewrites Silver under the wider column types `fields` bring ([`crate::widen`]),
+    /// carrying its last commit's `wal2delta.*` info (the progress and masking readers
+    /// take from it) forward as compaction does; the columns that widened (none: `table`
+    /// as it was).
+    pub(super) async fn widen(
+        &self,
+        table: DeltaTable,
+        fields: &Fields,
+    ) -> Result<(DeltaTable, Vec<String>), LakeError> {
+        let have = delta::arrow_schema(&self.name, &table)?;
+        let Some((schema, paths)) = widen::widened(&have, fields) else {
+            return Ok((table, Vec::new()));
+        };
+        tracing::info!(table = %self.name, columns = ?paths, "a column's type widened; rewriting the Silver table under the wider type");
+        let started = std::time::Instant::now();
+        let mut carried = crate::maintenance::own_commit_info(&self.name, &table).await?;
+        carried.retain(|(k, _)| k != widen::REWRITE_KEY);
+        carried.push((
+            widen::REWRITE_KEY.to_owned(),
+            serde_json::json!({ "reason": "type widening", "columns": paths }),
+        ));
+        let props = delta::commit_properties().with_metadata(carried);
+        let table = widen::rewrite(table, Arc::new(schema), &[], props)
+            .await
+            .map_err(LakeError::delta(&self.name))?;
+        tracing::info!(table = %self.name, columns = ?paths, version = table.version(), ms = started.elapsed().as_millis() as u64, "Silver table rewritten under the wider type");
+        Ok((table, paths))
     }
 
     /// Opens the Silver table with every column of `fields`, creating it or adding

@@ -57,6 +57,9 @@ pub struct ApplyReport {
     pub again: bool,
     /// The source transaction this round leaves applied in part (pieces), if any.
     pub partial: Option<i64>,
+    /// Columns whose type widened this round: Silver was rewritten under the wider types
+    /// before the round's MERGE ([`crate::widen`]).
+    pub widened: Vec<String>,
     /// Where the round's time went.
     pub steps: Steps,
 }
@@ -90,6 +93,8 @@ pub(super) struct Written {
     pub(super) deletes: usize,
     /// Silver rows inserted, updated or deleted.
     pub(super) touched: usize,
+    /// Columns whose type widened: Silver was rewritten under the wider types first.
+    pub(super) widened: Vec<String>,
 }
 
 /// The outcome of re-driving one quarantined change.
@@ -375,6 +380,13 @@ impl SilverTable {
         truncate: Option<Position>,
         props: CommitProperties,
     ) -> Result<Written, LakeError> {
+        let (silver, widened) = match silver {
+            Some(t) => {
+                let (t, widened) = self.widen(t, source.schema().fields()).await?;
+                (Some(t), widened)
+            }
+            None => (None, Vec::new()),
+        };
         let (deletes, _) = split(&source, "d")?;
         self.tombstones
             .record(
@@ -420,6 +432,7 @@ impl SilverTable {
             upserts,
             deletes,
             touched,
+            widened,
         })
     }
 

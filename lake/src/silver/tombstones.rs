@@ -65,6 +65,20 @@ impl Tombstones {
                     .map_err(err)?;
             }
             Some(table) => {
+                // A key whose type widened (`int` → `bigint`) widens here too, or the
+                // MERGE would cast the new keys into the old type.
+                let have = delta::arrow_schema(&self.name, &table)?;
+                let table = match crate::widen::widened(&have, deletes.schema().fields()) {
+                    Some((schema, _)) => crate::widen::rewrite(
+                        table,
+                        std::sync::Arc::new(schema),
+                        &[],
+                        delta::commit_properties(),
+                    )
+                    .await
+                    .map_err(LakeError::delta(&self.name))?,
+                    None => table,
+                };
                 let ctx = delta::session();
                 let source = ctx
                     .read_batch(deletes)

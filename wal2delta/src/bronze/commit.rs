@@ -165,6 +165,7 @@ impl Session<'_> {
             Ok(AppendOutcome::Committed {
                 version,
                 schema_changed,
+                widened,
                 ..
             }) => {
                 self.supervisor.healthy();
@@ -177,6 +178,10 @@ impl Session<'_> {
                 metrics::counter!(m::BRONZE_BYTES, "table" => name.clone())
                     .increment(payload_bytes as u64);
                 metrics::counter!(m::BRONZE_COMMITS, "table" => name.clone()).increment(1);
+                if !widened.is_empty() {
+                    metrics::counter!(m::TYPE_WIDENINGS, "layer" => "bronze", "table" => name.clone())
+                        .increment(1);
+                }
                 if version == 0 {
                     tracing::info!(table = %name, "Bronze table created");
                 } else if schema_changed {

@@ -508,6 +508,10 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     metrics::gauge!(m::SILVER_WATERMARK_LSN, "table" => name.clone()).set(r.watermark as f64);
     metrics::gauge!(m::SILVER_WAITING_TRANSACTIONS, "table" => name.clone()).set(r.waiting as f64);
     metrics::counter!(m::SILVER_DUPLICATES, "table" => name.clone()).increment(r.stale as u64);
+    if !r.widened.is_empty() {
+        metrics::counter!(m::TYPE_WIDENINGS, "layer" => "silver", "table" => name.clone())
+            .increment(1);
+    }
     if r.quarantined > 0 {
         metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::silver::CHECK_FAILED)
             .increment(r.quarantined as u64);
