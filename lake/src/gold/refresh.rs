@@ -127,13 +127,12 @@ impl<'a> GoldTable<'a> {
         };
         let mut versions = BTreeMap::new();
         let mut data = BTreeMap::new();
-        let mut columns = BTreeMap::new();
         for o in &opened {
             versions.insert(o.label.clone(), o.table.version().map_or(-1, |v| v as i64));
             data.insert(o.label.clone(), data_fingerprint(&o.table));
-            columns.insert(o.label.clone(), columns_fingerprint(&o.table));
         }
-        let recorded = json!({ "sql_sha256": self.model.sql_hash, "inputs": versions, "data": data, "columns": columns });
+        let recorded =
+            json!({ "sql_sha256": self.model.sql_hash, "inputs": versions, "data": data });
         let current = delta::open(&name, &url).await?;
         if let (false, Some(t)) = (force, &current) {
             // Unchanged when the SQL and the inputs' data files are: a Silver commit that
@@ -143,11 +142,7 @@ impl<'a> GoldTable<'a> {
             if same("sql_sha256") && same("data") {
                 return Ok(Refreshed::Unchanged);
             }
-            if !same("columns") {
-                tracing::info!(model = %self.model.name, "an input's columns or types changed; gold model rewritten whole");
-            } else if let (Some(key), Some(last), true) =
-                (&self.model.key, &last, same("sql_sha256"))
-            {
+            if let (Some(key), Some(last), true) = (&self.model.key, &last, same("sql_sha256")) {
                 match incremental::affected_keys(self.model, key, &opened, last).await {
                     Ok(Ok(affected)) => {
                         return incremental::merge(
@@ -254,32 +249,9 @@ pub(super) fn files(table: &DeltaTable) -> BTreeSet<String> {
 /// A fingerprint of the data files of `table`'s loaded version (FNV-1a over their sorted
 /// paths, as hex): equal exactly when the rows are.
 pub(super) fn data_fingerprint(table: &DeltaTable) -> String {
-    fnv(files(table).iter().map(String::as_str))
-}
-
-/// A fingerprint of the columns and types of `table`'s loaded version: a Silver table
-/// rewritten under a wider type (`int` → `bigint`) changes it, and the model is then
-/// rewritten whole under its new output types rather than merged into the old ones.
-pub(super) fn columns_fingerprint(table: &DeltaTable) -> String {
-    match table.snapshot() {
-        Ok(s) => {
-            let schema = s.snapshot().arrow_schema();
-            let cols: Vec<String> = schema
-                .fields()
-                .iter()
-                .map(|f| format!("{}:{}", f.name(), f.data_type()))
-                .collect();
-            fnv(cols.iter().map(String::as_str))
-        }
-        Err(_) => String::new(),
-    }
-}
-
-/// FNV-1a over `parts`, each ended by a zero byte, as hex.
-fn fnv<'a>(parts: impl Iterator<Item = &'a str>) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for p in parts {
-        for b in p.bytes().chain([0]) {
+    for f in &files(table) {
+        for b in f.bytes().chain([0]) {
             h ^= u64::from(b);
             h = h.wrapping_mul(0x0100_0000_01b3);
         }
