@@ -32,6 +32,16 @@ impl RoundHook for TableRules {
     fn begin<'a>(&'a mut self, round: Begin<'a>) -> BoxFuture<'a, Result<Begun, LakeError>> {
         Box::pin(async move {
             let start = self.start(round.silver, round.before, round.keys).await?;
+            if start.covered.is_none() {
+                self.reopen(
+                    round.silver,
+                    round.before,
+                    round.keys,
+                    round.tombstones,
+                    start.report.is_some(),
+                )
+                .await?;
+            }
             let mut begun = Begun {
                 covered: start.covered,
                 ..Begun::default()

@@ -10,6 +10,7 @@ pub mod compile;
 mod evaluate;
 mod hook;
 mod lookup;
+mod pieces;
 pub mod output;
 mod related;
 mod shared;

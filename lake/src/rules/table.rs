@@ -28,7 +28,7 @@ use wal2delta_quarantine::QuarantineRecord;
 use super::evaluate::{key_json, rows_json, value_schema, with_column};
 use super::output::{FilterEvent, RulesOutput, RulesRound};
 use super::store::{changes_of, fingerprint, Loaded, Origin, RulesStore};
-use super::walk::{walk, Event, Transition, What};
+use super::walk::{walk_pieces, Event, OpenTx, Transition, What};
 use super::{compile_with, Evaluator, Related, Rule, RuleError, RuleSource};
 use crate::delta;
 use crate::silver::{versions, BronzeRows, Position, Progress, COMMIT_LSN, COMMIT_TS, OP, ORDINAL};
@@ -159,6 +159,9 @@ pub struct TableRules {
     pub(super) pending_backfill: Option<i64>,
     /// The `rules/hits` commit running beside the rounds, and the seq it records.
     committing: Option<Committing>,
+    /// A source transaction Silver applies in pieces whose last piece has not come yet
+    /// ([`super::walk::OpenTx`]; rebuilt from Silver after a restart, [`super::pieces`]).
+    pub(super) open: Option<OpenTx>,
 }
 
 /// The default `[rules] hits_interval_ms`: `rules/hits` trails `rules/transitions` by a
@@ -198,6 +201,7 @@ impl TableRules {
             observer: None,
             keys: Vec::new(),
             hits_interval: DEFAULT_HITS_INTERVAL,
+            open: None,
             pending: BTreeMap::new(),
             pending_since: None,
             pending_backfill: None,
@@ -350,6 +354,7 @@ impl TableRules {
     pub fn reset(&mut self) {
         self.forget_tables();
         self.state = None;
+        self.open = None;
         self.pending.clear();
         self.pending_since = None;
         self.pending_backfill = None;
@@ -439,6 +444,20 @@ impl TableRules {
         {
             // A restart with the rules the hits were built with: no backfill needed.
             self.installed = Some(desired.clone());
+        }
+        if before.partial.is_some()
+            && self.installed.is_some()
+            && self.installed.as_ref() != Some(&desired)
+        {
+            // A transaction applied in pieces is under way: its transitions are computed
+            // over the whole of it, under one rule set, so the edit waits for its last
+            // piece (docs/rules.md, "Rule changes without restart").
+            tracing::debug!(table = %self.name, "rule change waits for the transaction applied in pieces");
+            self.round_rules = self.installed.clone();
+            return Ok(Start {
+                covered: None,
+                report: None,
+            });
         }
         let Some(silver) = silver else {
             self.installed = Some(desired);
@@ -651,7 +670,7 @@ impl TableRules {
             table: self.name.clone(),
             reason: "rules state not loaded".into(),
         })?;
-        let walked = walk(&mut state.hits, events);
+        let walked = walk_pieces(&mut state.hits, events, &mut self.open, after.partial);
         let seq = state.seq + 1;
         report.eval_time = started.elapsed();
         count(&mut report, &walked.transitions);

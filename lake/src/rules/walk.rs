@@ -209,9 +209,34 @@ pub struct Walked {
     pub changed: BTreeSet<String>,
 }
 
+/// A source transaction applied to Silver in pieces (`[silver] max_atomic_transaction_rows`)
+/// whose last piece has not come yet: the hits its keys had before it, carried from piece
+/// to piece, so that its transitions are computed once, over the whole transaction, when
+/// the last piece comes. A key that enters in one piece and leaves in the next yields
+/// nothing, wherever the pieces were cut.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct OpenTx {
+    pub lsn: i64,
+    pub commit_ts: Option<i64>,
+    pub start: BTreeMap<String, Option<KeyHits>>,
+}
+
 /// Applies `events` to `hits` (the state before them) and returns the transitions, per
 /// transaction. `events` may come in any order; they are sorted by position.
-pub fn walk(hits: &mut Hits, mut events: Vec<Event>) -> Walked {
+pub fn walk(hits: &mut Hits, events: Vec<Event>) -> Walked {
+    walk_pieces(hits, events, &mut None, None)
+}
+
+/// [`walk`] for a round that may end inside a transaction applied in pieces: `partial` is
+/// the transaction the round leaves applied in part (its transitions wait in `open`), and
+/// `open` what an earlier round left open (continued when this round goes on with it,
+/// closed, its transitions emitted, when this round has passed it).
+pub fn walk_pieces(
+    hits: &mut Hits,
+    mut events: Vec<Event>,
+    open: &mut Option<OpenTx>,
+    partial: Option<i64>,
+) -> Walked {
     events.sort_by_key(|e| e.pos);
     let mut out = Walked::default();
     let mut i = 0;
@@ -222,52 +247,83 @@ pub fn walk(hits: &mut Hits, mut events: Vec<Event>) -> Walked {
             .position(|e| e.pos.0 != lsn)
             .map_or(events.len(), |n| i + n);
         let tx = &events[i..end];
-        let commit_ts = tx.iter().rev().find_map(|e| e.commit_ts);
-        // Each touched key's hits before the transaction.
-        let mut start: BTreeMap<String, Option<KeyHits>> = BTreeMap::new();
-        for e in tx {
-            match &e.what {
-                What::Row { key, hits: now } => {
-                    start
-                        .entry(key.clone())
-                        .or_insert_with(|| hits.get(key).cloned());
-                    if now.is_empty() {
-                        hits.remove(key);
-                    } else {
-                        // A clone holds no spare capacity.
-                        hits.insert(key.clone(), now.clone());
-                    }
-                }
-                What::Delete { key } => {
-                    start
-                        .entry(key.clone())
-                        .or_insert_with(|| hits.get(key).cloned());
-                    hits.remove(key);
-                }
-                What::Truncate => {
-                    for (key, h) in hits.drain() {
-                        start.entry(key).or_insert(Some(h));
-                    }
-                }
+        // Each touched key's hits before the transaction (its earlier pieces' included).
+        let mut tx_open = match open.take() {
+            Some(o) if o.lsn == lsn => o,
+            Some(o) => {
+                close(hits, o, &mut out);
+                OpenTx::default()
             }
-        }
-        for (key, before) in start {
-            let n = out.transitions.len();
-            diff(
-                &key,
-                before.as_ref(),
-                hits.get(&key),
-                lsn,
-                commit_ts,
-                &mut out.transitions,
-            );
-            if out.transitions.len() > n || before.as_ref() != hits.get(&key) {
-                out.changed.insert(key);
-            }
+            None => OpenTx::default(),
+        };
+        tx_open.lsn = lsn;
+        tx_open.commit_ts = tx.iter().rev().find_map(|e| e.commit_ts).or(tx_open.commit_ts);
+        apply(hits, tx, &mut tx_open.start);
+        if partial == Some(lsn) {
+            *open = Some(tx_open);
+        } else {
+            close(hits, tx_open, &mut out);
         }
         i = end;
     }
+    if let Some(o) = open.take() {
+        if partial == Some(o.lsn) {
+            *open = Some(o);
+        } else {
+            // The round passed the transaction without a change of it left to walk.
+            close(hits, o, &mut out);
+        }
+    }
     out
+}
+
+/// Applies one transaction's (or piece's) events to `hits`, noting in `start` the hits
+/// each key had before its first change.
+fn apply(hits: &mut Hits, tx: &[Event], start: &mut BTreeMap<String, Option<KeyHits>>) {
+    for e in tx {
+        match &e.what {
+            What::Row { key, hits: now } => {
+                start
+                    .entry(key.clone())
+                    .or_insert_with(|| hits.get(key).cloned());
+                if now.is_empty() {
+                    hits.remove(key);
+                } else {
+                    // A clone holds no spare capacity.
+                    hits.insert(key.clone(), now.clone());
+                }
+            }
+            What::Delete { key } => {
+                start
+                    .entry(key.clone())
+                    .or_insert_with(|| hits.get(key).cloned());
+                hits.remove(key);
+            }
+            What::Truncate => {
+                for (key, h) in hits.drain() {
+                    start.entry(key).or_insert(Some(h));
+                }
+            }
+        }
+    }
+}
+
+/// The transitions of a whole transaction: each touched key's hits before it against now.
+fn close(hits: &Hits, tx: OpenTx, out: &mut Walked) {
+    for (key, before) in tx.start {
+        let n = out.transitions.len();
+        diff(
+            &key,
+            before.as_ref(),
+            hits.get(&key),
+            tx.lsn,
+            tx.commit_ts,
+            &mut out.transitions,
+        );
+        if out.transitions.len() > n || before.as_ref() != hits.get(&key) {
+            out.changed.insert(key);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -396,6 +452,48 @@ mod tests {
             }
             assert_eq!(got, whole.transitions, "cut every {cut} transactions");
             assert_eq!(h, one);
+        }
+    }
+
+    #[test]
+    fn a_transaction_in_pieces_gives_the_transitions_of_the_whole_wherever_it_is_cut() {
+        // Transaction 20 touches k1 (enters then leaves), k2 (enters), k3 (leaves then
+        // comes back); 10 before it and 30 after it are whole.
+        let history = vec![
+            row(10, 0, "k3", &["a"]),
+            row(20, 0, "k1", &["a"]),
+            row(20, 1, "k3", &[]),
+            row(20, 2, "k2", &["a"]),
+            row(20, 3, "k1", &[]),
+            row(20, 4, "k3", &["a"]),
+            row(30, 0, "k2", &[]),
+        ];
+        let mut one = Hits::new();
+        let whole = walk(&mut one, history.clone());
+        assert_eq!(
+            names(&whole),
+            vec![
+                t(10, "k3", "a", "entered"),
+                t(20, "k2", "a", "entered"),
+                t(30, "k2", "a", "left")
+            ]
+        );
+        for cuts in [vec![2, 4, 6], vec![1, 2, 3, 4, 5, 6], vec![3], vec![5, 6]] {
+            let mut h = Hits::new();
+            let mut open = None;
+            let mut got = Vec::new();
+            let mut from = 0;
+            for &to in cuts.iter().chain([&history.len()]) {
+                let piece = history[from..to].to_vec();
+                // The round ends inside transaction 20 unless its last event is in it.
+                let last = piece.last().map(|e| e.pos);
+                let partial = (last.is_some_and(|p| p.0 == 20) && to < 6).then_some(20);
+                got.extend(walk_pieces(&mut h, piece, &mut open, partial).transitions);
+                from = to;
+            }
+            assert_eq!(got, whole.transitions, "cut at {cuts:?}");
+            assert_eq!(h, one);
+            assert!(open.is_none());
         }
     }
 

@@ -32,6 +32,8 @@ pub struct Begin<'a> {
     pub before: &'a Progress,
     /// The table's primary-key columns (Silver's names; empty when the round read no row).
     pub keys: &'a [String],
+    /// The table's delete tombstones.
+    pub tombstones: &'a Tombstones,
 }
 
 /// What a hook did as the round started.

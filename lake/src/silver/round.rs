@@ -123,6 +123,7 @@ impl SilverTable {
                 silver: read.silver.as_ref(),
                 before: &read.before,
                 keys: &keys,
+                tombstones: &self.tombstones,
             };
             let b = match h.begin(begin).await {
                 Ok(b) => b,
@@ -307,6 +308,7 @@ impl SilverTable {
         report.deletes = written.deletes;
         report.upserts = written.upserts;
         report.version = Some(written.version);
+        report.widened = written.widened;
         Ok(())
     }
 }

@@ -49,6 +49,18 @@ impl Tombstones {
         delta::open(&self.name, &self.url).await
     }
 
+    /// The tombstones of the deletes of source transaction `lsn` (key columns,
+    /// `_commit_lsn`, `_ordinal`, `_commit_ts`): none when the table has none.
+    pub async fn at_lsn(&self, lsn: i64) -> Result<Vec<RecordBatch>, LakeError> {
+        match self.open().await? {
+            None => Ok(Vec::new()),
+            Some(t) => {
+                delta::query(&self.name, &t, &format!("SELECT * FROM t WHERE {COMMIT_LSN} = {lsn}"))
+                    .await
+            }
+        }
+    }
+
     /// Records `deletes` (key columns, `_commit_lsn`, `_ordinal`, `_commit_ts`).
     pub async fn record(&self, keys: &[String], deletes: RecordBatch) -> Result<(), LakeError> {
         if deletes.num_rows() == 0 {
