@@ -380,3 +380,120 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     run.assert_running()?;
     Ok(())
 }
+
+/// Moves a table's data files away while it lives (a storage that cannot serve them: a
+/// 404, an object store outage), and back when dropped, also when the test fails.
+struct FilesAway {
+    moved: Vec<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl FilesAway {
+    fn take(table: &std::path::Path, to: &std::path::Path) -> Result<FilesAway> {
+        std::fs::create_dir_all(to)?;
+        let mut moved = Vec::new();
+        for entry in std::fs::read_dir(table)? {
+            let from = entry?.path();
+            if from.extension().is_some_and(|e| e == "parquet") {
+                let away = to.join(from.file_name().unwrap_or_default());
+                std::fs::rename(&from, &away)?;
+                moved.push((from, away));
+            }
+        }
+        ensure!(!moved.is_empty(), "no data file in {}", table.display());
+        Ok(FilesAway { moved })
+    }
+}
+
+impl Drop for FilesAway {
+    fn drop(&mut self) {
+        for (home, away) in &self.moved {
+            if let Err(e) = std::fs::rename(away, home) {
+                eprintln!("could not put {} back: {e}", home.display());
+            }
+        }
+    }
+}
+
+/// Issue 38, defect 2: the looked-up table cannot be read for a while (its data files
+/// gone). The rounds of the table that looks it up fail and are retried; none takes the
+/// failed read for "no related row", so the order's hit stays, no `left` is committed and
+/// nothing is quarantined, and once the files are back the change is tagged as it should.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lookup_that_cannot_read_the_related_table_fails_the_round_and_tags_nothing() -> Result<()> {
+    let Running {
+        s,
+        pg,
+        d,
+        mut run,
+        lake,
+        ..
+    } = running(
+        "rulesreaderr",
+        &[],
+        "INSERT INTO {s}.shops VALUES (1, 'gambling')",
+        1,
+    )
+    .await?;
+    pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (10, 1, 500)"))
+        .await?;
+    let entered = vec![tr(10, "risky", "entered")];
+    run.wait_for("order 10 entered", &entered, || transitions(&lake, "stream"))
+        .await?;
+    let failures = |log: &str| {
+        log.lines()
+            .filter(|l| l.contains("silver round of the table failed") && l.contains(".orders"))
+            .count()
+    };
+    let before = failures(&run.log_text());
+    {
+        let _away = FilesAway::take(&lake.join(format!("silver/{s}/shops")), &d.dir.join("away"))?;
+        // Still passes phase one, so the shop is looked up.
+        pg.batch_execute(&format!("UPDATE {s}.orders SET amount = 600 WHERE id = 10"))
+            .await?;
+        let start = std::time::Instant::now();
+        while failures(&run.log_text()) < before + 2 {
+            run.assert_running()?;
+            ensure!(
+                start.elapsed() < std::time::Duration::from_secs(60),
+                "the orders rounds never failed on the unreadable shops: {}",
+                run.log_text()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        }
+        ensure!(
+            transitions(&lake, "stream")? == entered,
+            "a failed read committed no transition"
+        );
+    }
+    // The files back: the update is applied and tagged, the hit stays.
+    let orders = lake.join(format!("silver/{s}/orders"));
+    run.wait_for("the update in Silver", &1, || {
+        Ok(duckdb(&format!(
+            "SELECT count(*) FROM delta_scan('{}') WHERE amount = '600.00'",
+            orders.display()
+        ))?[0][0]
+            .as_i64()
+            .unwrap_or(0))
+    })
+    .await?;
+    ensure!(
+        transitions(&lake, "stream")? == entered,
+        "the order never left its rule"
+    );
+    let hits = wal2delta_tests::lake::rule_hits(&lake)?;
+    ensure!(
+        hits.contains(&("{\"id\":10}".to_owned(), "risky".to_owned())),
+        "the hit stays: {hits:?}"
+    );
+    let q = lake.join("quarantine/records");
+    ensure!(
+        rows_of(&q)? == 0,
+        "nothing quarantined: {:?}",
+        duckdb(&format!(
+            "SELECT reason_code, detail FROM delta_scan('{}')",
+            q.display()
+        ))
+    );
+    ensure!(run.stop()?.success(), "clean stop: {}", run.log_text());
+    Ok(())
+}
