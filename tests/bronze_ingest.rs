@@ -232,7 +232,8 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn schema_evolution_mid_run_merges_columns_widens_types_and_quarantines_other_changes() -> Result<()> {
+async fn schema_evolution_mid_run_merges_columns_widens_types_and_quarantines_other_changes(
+) -> Result<()> {
     let stack = Stack::from_env();
     let (name, pg, d) = scenario(
         &stack,
@@ -291,7 +292,9 @@ async fn schema_evolution_mid_run_merges_columns_widens_types_and_quarantines_ot
     )?;
     ensure!(
         duckdb_i64(&format!("SELECT count(*) FROM {t}"))? == 103
-            && duckdb_i64(&format!("SELECT sum(after.a) FROM {t} WHERE after.id <= 100"))? == 5050,
+            && duckdb_i64(&format!(
+                "SELECT sum(after.a) FROM {t} WHERE after.id <= 100"
+            ))? == 5050,
         "every event once, the old values cast"
     );
     // Any other type change the registry lets through (Avro promotes long to double)

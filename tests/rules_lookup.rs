@@ -419,7 +419,8 @@ impl Drop for FilesAway {
 /// failed read for "no related row", so the order's hit stays, no `left` is committed and
 /// nothing is quarantined, and once the files are back the change is tagged as it should.
 #[tokio::test(flavor = "multi_thread")]
-async fn a_lookup_that_cannot_read_the_related_table_fails_the_round_and_tags_nothing() -> Result<()> {
+async fn a_lookup_that_cannot_read_the_related_table_fails_the_round_and_tags_nothing() -> Result<()>
+{
     let Running {
         s,
         pg,
@@ -437,8 +438,10 @@ async fn a_lookup_that_cannot_read_the_related_table_fails_the_round_and_tags_no
     pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (10, 1, 500)"))
         .await?;
     let entered = vec![tr(10, "risky", "entered")];
-    run.wait_for("order 10 entered", &entered, || transitions(&lake, "stream"))
-        .await?;
+    run.wait_for("order 10 entered", &entered, || {
+        transitions(&lake, "stream")
+    })
+    .await?;
     let failures = |log: &str| {
         log.lines()
             .filter(|l| l.contains("silver round of the table failed") && l.contains(".orders"))

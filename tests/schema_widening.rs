@@ -43,7 +43,10 @@ async fn source_rows(pg: &Client, s: &str) -> Result<Vec<Vec<String>>> {
         rows.iter()
             .map(|r| {
                 (0..6)
-                    .map(|i| r.get::<_, Option<String>>(i).unwrap_or_else(|| "NULL".into()))
+                    .map(|i| {
+                        r.get::<_, Option<String>>(i)
+                            .unwrap_or_else(|| "NULL".into())
+                    })
                     .collect()
             })
             .collect(),
@@ -52,10 +55,13 @@ async fn source_rows(pg: &Client, s: &str) -> Result<Vec<Vec<String>>> {
 
 fn silver_rows(silver: &Path) -> Result<Vec<Vec<String>>> {
     Ok(by_id(
-        duckdb(&format!("SELECT {DUCK_ROW} FROM delta_scan('{}')", silver.display()))?
-            .iter()
-            .map(|r| r.iter().map(text).collect())
-            .collect(),
+        duckdb(&format!(
+            "SELECT {DUCK_ROW} FROM delta_scan('{}')",
+            silver.display()
+        ))?
+        .iter()
+        .map(|r| r.iter().map(text).collect())
+        .collect(),
     ))
 }
 
@@ -69,7 +75,14 @@ async fn expected_gold(pg: &Client, s: &str) -> Result<Vec<Vec<String>>> {
         .await?;
     Ok(rows
         .iter()
-        .map(|r| (0..3).map(|i| r.get::<_, Option<String>>(i).unwrap_or_else(|| "NULL".into())).collect())
+        .map(|r| {
+            (0..3)
+                .map(|i| {
+                    r.get::<_, Option<String>>(i)
+                        .unwrap_or_else(|| "NULL".into())
+                })
+                .collect()
+        })
         .collect())
 }
 
@@ -86,11 +99,19 @@ fn gold_rows(gold: &Path) -> Result<Vec<Vec<String>>> {
 /// Keys with `ref > 1000`, as `rules/hits` holds them.
 async fn expected_hits(pg: &Client, s: &str) -> Result<Vec<(String, String)>> {
     let rows = pg
-        .query(&format!("SELECT id::text FROM {s}.pay WHERE ref > 1000"), &[])
+        .query(
+            &format!("SELECT id::text FROM {s}.pay WHERE ref > 1000"),
+            &[],
+        )
         .await?;
     let mut out: Vec<(String, String)> = rows
         .iter()
-        .map(|r| (format!("{{\"id\":{}}}", r.get::<_, String>(0)), "big_ref".to_owned()))
+        .map(|r| {
+            (
+                format!("{{\"id\":{}}}", r.get::<_, String>(0)),
+                "big_ref".to_owned(),
+            )
+        })
         .collect();
     out.sort();
     Ok(out)
@@ -143,7 +164,11 @@ fn column_type(path: &Path, column: &str) -> Result<String> {
         "SELECT typeof({column}) FROM delta_scan('{}') LIMIT 1",
         path.display()
     ))?;
-    Ok(rows.first().and_then(|r| r.first()).map(text).unwrap_or_default())
+    Ok(rows
+        .first()
+        .and_then(|r| r.first())
+        .map(text)
+        .unwrap_or_default())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -175,7 +200,10 @@ async fn widened_columns_are_taken_mid_stream_by_bronze_silver_gold_and_rules() 
     wait_all_equal(&pg, &s, &lake, &mut run, "before the ALTERs").await?;
     let bronze = d.bronze("pay");
     let silver = d.silver("pay");
-    ensure!(column_type(&silver, "id")? == "INTEGER", "Silver starts with int ids");
+    ensure!(
+        column_type(&silver, "id")? == "INTEGER",
+        "Silver starts with int ids"
+    );
 
     // The classic migration, a key and a non-key column, with values only bigint holds,
     // a key moved past the int range, and changes to old rows.
@@ -201,14 +229,32 @@ async fn widened_columns_are_taken_mid_stream_by_bronze_silver_gold_and_rules() 
     // Nothing was quarantined, and each layer holds the wider types.
     let q = lake.join("quarantine/records");
     if q.join("_delta_log").is_dir() {
-        let n = duckdb(&format!("SELECT count(*) FROM delta_scan('{}')", q.display()))?;
+        let n = duckdb(&format!(
+            "SELECT count(*) FROM delta_scan('{}')",
+            q.display()
+        ))?;
         ensure!(n[0][0] == 0, "no event or row quarantined: {n:?}");
     }
-    ensure!(column_type(&bronze, "after.id")? == "BIGINT", "Bronze after.id is bigint");
-    ensure!(column_type(&bronze, "after.rate")? == "DOUBLE", "Bronze after.rate is double");
-    ensure!(column_type(&silver, "id")? == "BIGINT", "Silver id is bigint");
-    ensure!(column_type(&silver, "ref")? == "BIGINT", "Silver ref is bigint");
-    ensure!(column_type(&silver, "rate")? == "DOUBLE", "Silver rate is double");
+    ensure!(
+        column_type(&bronze, "after.id")? == "BIGINT",
+        "Bronze after.id is bigint"
+    );
+    ensure!(
+        column_type(&bronze, "after.rate")? == "DOUBLE",
+        "Bronze after.rate is double"
+    );
+    ensure!(
+        column_type(&silver, "id")? == "BIGINT",
+        "Silver id is bigint"
+    );
+    ensure!(
+        column_type(&silver, "ref")? == "BIGINT",
+        "Silver ref is bigint"
+    );
+    ensure!(
+        column_type(&silver, "rate")? == "DOUBLE",
+        "Silver rate is double"
+    );
     ensure!(
         column_type(&lake.join("gold/by_merchant"), "refs")? != "",
         "Gold readable"

@@ -324,11 +324,12 @@ async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() 
     wait_equal(&pg, &d, s, "t", &mut run).await?;
 
     // One transaction: an update Bronze stores, and an insert whose column type changed
-    // (int -> bigint), which Bronze cannot merge into the table and quarantines. The next
+    // (int -> double precision, not a widening Bronze takes), which Bronze cannot merge
+    // into the table and quarantines. The next
     // transaction changes the type back, so its insert lands.
     pg.batch_execute(&format!(
         "BEGIN; UPDATE {s}.t SET v = 'updated' WHERE id = 1;
-         ALTER TABLE {s}.t ALTER COLUMN n TYPE bigint; INSERT INTO {s}.t VALUES (11, 'q', 11); COMMIT;
+         ALTER TABLE {s}.t ALTER COLUMN n TYPE double precision; INSERT INTO {s}.t VALUES (11, 'q', 11.5); COMMIT;
          BEGIN; ALTER TABLE {s}.t ALTER COLUMN n TYPE int; INSERT INTO {s}.t VALUES (12, 'later', 12); COMMIT;"
     ))
     .await?;

@@ -100,7 +100,12 @@ pub fn refusal(path: &str, table: &DataType, events: &DataType) -> String {
 pub fn widened(table: &Schema, wanted: &Fields) -> Option<(Schema, Vec<String>)> {
     let mut paths = Vec::new();
     let fields = widen_fields(table.fields(), wanted, "", &mut paths);
-    (!paths.is_empty()).then(|| (Schema::new_with_metadata(fields, table.metadata().clone()), paths))
+    (!paths.is_empty()).then(|| {
+        (
+            Schema::new_with_metadata(fields, table.metadata().clone()),
+            paths,
+        )
+    })
 }
 
 fn widen_fields(table: &Fields, wanted: &Fields, path: &str, paths: &mut Vec<String>) -> Fields {
@@ -117,7 +122,12 @@ fn widen_fields(table: &Fields, wanted: &Fields, path: &str, paths: &mut Vec<Str
         .collect()
 }
 
-fn widen_type(table: &DataType, wanted: &DataType, path: &str, paths: &mut Vec<String>) -> DataType {
+fn widen_type(
+    table: &DataType,
+    wanted: &DataType,
+    path: &str,
+    paths: &mut Vec<String>,
+) -> DataType {
     match (table, wanted) {
         (DataType::Struct(t), DataType::Struct(w)) => {
             DataType::Struct(widen_fields(t, w, &format!("{path}."), paths))
@@ -183,9 +193,15 @@ mod tests {
         assert_eq!(wider(&Int32, &Int64), Some(Int64));
         assert_eq!(wider(&Int64, &Int16), Some(Int64));
         assert_eq!(wider(&Float32, &Float64), Some(Float64));
-        assert_eq!(wider(&Decimal128(10, 2), &Decimal128(14, 4)), Some(Decimal128(14, 4)));
+        assert_eq!(
+            wider(&Decimal128(10, 2), &Decimal128(14, 4)),
+            Some(Decimal128(14, 4))
+        );
         // 8 integer digits and 4 of scale: both hold.
-        assert_eq!(wider(&Decimal128(10, 2), &Decimal128(6, 4)), Some(Decimal128(12, 4)));
+        assert_eq!(
+            wider(&Decimal128(10, 2), &Decimal128(6, 4)),
+            Some(Decimal128(12, 4))
+        );
         assert_eq!(wider(&Decimal128(38, 0), &Decimal128(38, 10)), None);
         assert_eq!(wider(&Int32, &Int32), None);
         assert_eq!(wider(&Int32, &Utf8), None);
@@ -206,23 +222,40 @@ mod tests {
         let events = Schema::new(vec![Field::new("op", Utf8, true), after(Int64, true)]);
         let (schema, paths) = widened(&table, events.fields()).unwrap();
         assert_eq!(paths, ["after.id"]);
-        assert_eq!(schema, Schema::new(vec![Field::new("op", Utf8, true), after(Int64, false)]));
+        assert_eq!(
+            schema,
+            Schema::new(vec![Field::new("op", Utf8, true), after(Int64, false)])
+        );
         // Narrower events change nothing.
         assert!(widened(&schema, table.fields()).is_none());
     }
 
     #[tokio::test]
     async fn a_rewrite_casts_every_row_nested_and_partitioned_in_one_commit() {
-        use deltalake::arrow::array::{Array, AsArray, Int32Array, RecordBatch, StringArray, StructArray};
+        use deltalake::arrow::array::{
+            Array, AsArray, Int32Array, RecordBatch, StringArray, StructArray,
+        };
         use deltalake::arrow::datatypes::Int64Type;
         let url = url::Url::parse("memory:///widen/rewrite/").unwrap();
-        let after = |t: DataType| Field::new("after", Struct(Fields::from(vec![Field::new("id", t, true)])), true);
-        let narrow = Arc::new(Schema::new(vec![Field::new("day", Utf8, true), after(Int32)]));
+        let after = |t: DataType| {
+            Field::new(
+                "after",
+                Struct(Fields::from(vec![Field::new("id", t, true)])),
+                true,
+            )
+        };
+        let narrow = Arc::new(Schema::new(vec![
+            Field::new("day", Utf8, true),
+            after(Int32),
+        ]));
         let ids = Arc::new(Int32Array::from(vec![1, 2, i32::MAX]));
         let structs = StructArray::from(vec![(Arc::new(Field::new("id", Int32, true)), ids as _)]);
         let batch = RecordBatch::try_new(
             narrow.clone(),
-            vec![Arc::new(StringArray::from(vec!["a", "b", "a"])), Arc::new(structs)],
+            vec![
+                Arc::new(StringArray::from(vec!["a", "b", "a"])),
+                Arc::new(structs),
+            ],
         )
         .unwrap();
         let table = delta::handle("t", &url)
@@ -238,10 +271,13 @@ mod tests {
             .unwrap();
         assert_eq!(table.version(), Some(1));
         let schema = delta::arrow_schema("t", &table).unwrap();
-        let Struct(f) = schema.field_with_name("after").unwrap().data_type() else { panic!() };
+        let Struct(f) = schema.field_with_name("after").unwrap().data_type() else {
+            panic!()
+        };
         assert_eq!(f[0].data_type(), &Int64);
         let ctx = delta::session();
-        ctx.register_table("t", table.table_provider().await.unwrap()).unwrap();
+        ctx.register_table("t", table.table_provider().await.unwrap())
+            .unwrap();
         let out = ctx
             .sql("SELECT after.id AS id, day FROM t ORDER BY 1")
             .await

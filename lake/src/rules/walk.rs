@@ -257,7 +257,11 @@ pub fn walk_pieces(
             None => OpenTx::default(),
         };
         tx_open.lsn = lsn;
-        tx_open.commit_ts = tx.iter().rev().find_map(|e| e.commit_ts).or(tx_open.commit_ts);
+        tx_open.commit_ts = tx
+            .iter()
+            .rev()
+            .find_map(|e| e.commit_ts)
+            .or(tx_open.commit_ts);
         apply(hits, tx, &mut tx_open.start);
         if partial == Some(lsn) {
             *open = Some(tx_open);

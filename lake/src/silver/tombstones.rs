@@ -55,8 +55,12 @@ impl Tombstones {
         match self.open().await? {
             None => Ok(Vec::new()),
             Some(t) => {
-                delta::query(&self.name, &t, &format!("SELECT * FROM t WHERE {COMMIT_LSN} = {lsn}"))
-                    .await
+                delta::query(
+                    &self.name,
+                    &t,
+                    &format!("SELECT * FROM t WHERE {COMMIT_LSN} = {lsn}"),
+                )
+                .await
             }
         }
     }
