@@ -256,7 +256,7 @@ async fn widened_columns_are_taken_mid_stream_by_bronze_silver_gold_and_rules() 
         "Silver rate is double"
     );
     ensure!(
-        column_type(&lake.join("gold/by_merchant"), "refs")? != "",
+        !column_type(&lake.join("gold/by_merchant"), "refs")?.is_empty(),
         "Gold readable"
     );
     let log = run.log_text();

@@ -76,7 +76,8 @@ pub fn wider(a: &DataType, b: &DataType) -> Option<DataType> {
             let scale = (*s1).max(*s2);
             let digits = (*p1 as i16 - *s1 as i16).max(*p2 as i16 - *s2 as i16);
             let precision = digits + scale as i16;
-            (precision <= MAX_DECIMAL_PRECISION as i16).then(|| Decimal128(precision as u8, scale))
+            (precision <= MAX_DECIMAL_PRECISION as i16)
+                .then_some(Decimal128(precision as u8, scale))
         }
         _ => None,
     }
