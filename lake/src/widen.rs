@@ -147,6 +147,35 @@ fn widen_type(
     }
 }
 
+/// Rewrites table `name` (a `layer` table: `Bronze`, `Silver`, `tombstones`) when
+/// `wanted` widens some of its columns ([`widened`], then [`rewrite`]), logging it; the commit carries `info` (the `wal2delta.*` commit info its
+/// readers need) and [`REWRITE_KEY`] with the columns. The table rewritten and the
+/// columns that widened, or `None` when none does.
+pub(crate) async fn widen_table(
+    layer: &str,
+    name: &str,
+    table: &DeltaTable,
+    wanted: &Fields,
+    partition_columns: &[&str],
+    mut info: Vec<(String, serde_json::Value)>,
+) -> Result<Option<(DeltaTable, Vec<String>)>, DeltaTableError> {
+    let have = table.snapshot()?.snapshot().arrow_schema();
+    let Some((schema, paths)) = widened(&have, wanted) else {
+        return Ok(None);
+    };
+    tracing::info!(table = %name, columns = ?paths, "a column's type widened; rewriting the {layer} table under the wider type");
+    let started = std::time::Instant::now();
+    info.retain(|(k, _)| k != REWRITE_KEY);
+    info.push((
+        REWRITE_KEY.to_owned(),
+        serde_json::json!({ "reason": "type widening", "columns": paths }),
+    ));
+    let props = delta::commit_properties().with_metadata(info);
+    let table = rewrite(table.clone(), Arc::new(schema), partition_columns, props).await?;
+    tracing::info!(table = %name, columns = ?paths, version = table.version(), ms = started.elapsed().as_millis() as u64, "{layer} table rewritten under the wider type");
+    Ok(Some((table, paths)))
+}
+
 /// Rewrites `table` under `schema` (its own columns, some wider) in one commit: every row
 /// cast, partitioned by `partition_columns`, committed with `props`. See the module doc.
 pub async fn rewrite(

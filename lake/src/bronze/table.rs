@@ -284,29 +284,27 @@ impl BronzeTable {
     /// two commits re-reads the events from the offsets the table still holds, and they
     /// then find the table wide already.
     async fn widen_for(&mut self, batches: &[RecordBatch]) -> Result<Vec<String>, DeltaTableError> {
-        let (Some(have), Some(first)) = (self.arrow_schema(), batches.first()) else {
+        let (Some(table), Some(first)) = (&self.table, batches.first()) else {
             return Ok(Vec::new());
         };
-        let Some((schema, paths)) = crate::widen::widened(&have, first.schema().fields()) else {
-            return Ok(Vec::new());
-        };
-        let Some(table) = self.table.clone() else {
-            return Ok(Vec::new());
-        };
-        tracing::info!(table = %self.name, columns = ?paths, "a column's type widened; rewriting the Bronze table under the wider type");
-        let started = std::time::Instant::now();
-        let props = delta::commit_properties().with_metadata([
-            ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
-            (
-                crate::widen::REWRITE_KEY.to_owned(),
-                serde_json::json!({ "reason": "type widening", "columns": paths }),
-            ),
-        ]);
-        let table =
-            crate::widen::rewrite(table, Arc::new(schema), &[PARTITION_COLUMN], props).await?;
-        tracing::info!(table = %self.name, columns = ?paths, version = table.version(), ms = started.elapsed().as_millis() as u64, "Bronze table rewritten under the wider type");
-        self.table = Some(table);
-        Ok(paths)
+        let info = vec![("wal2delta.stage".to_owned(), serde_json::json!("bronze"))];
+        let wanted = first.schema();
+        match crate::widen::widen_table(
+            "Bronze",
+            &self.name,
+            table,
+            wanted.fields(),
+            &[PARTITION_COLUMN],
+            info,
+        )
+        .await?
+        {
+            Some((table, paths)) => {
+                self.table = Some(table);
+                Ok(paths)
+            }
+            None => Ok(Vec::new()),
+        }
     }
 
     async fn write_rows(

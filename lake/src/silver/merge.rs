@@ -109,24 +109,14 @@ impl SilverTable {
         table: DeltaTable,
         fields: &Fields,
     ) -> Result<(DeltaTable, Vec<String>), LakeError> {
-        let have = delta::arrow_schema(&self.name, &table)?;
-        let Some((schema, paths)) = widen::widened(&have, fields) else {
-            return Ok((table, Vec::new()));
-        };
-        tracing::info!(table = %self.name, columns = ?paths, "a column's type widened; rewriting the Silver table under the wider type");
-        let started = std::time::Instant::now();
-        let mut carried = crate::maintenance::own_commit_info(&self.name, &table).await?;
-        carried.retain(|(k, _)| k != widen::REWRITE_KEY);
-        carried.push((
-            widen::REWRITE_KEY.to_owned(),
-            serde_json::json!({ "reason": "type widening", "columns": paths }),
-        ));
-        let props = delta::commit_properties().with_metadata(carried);
-        let table = widen::rewrite(table, Arc::new(schema), &[], props)
+        let carried = crate::maintenance::own_commit_info(&self.name, &table).await?;
+        match widen::widen_table("Silver", &self.name, &table, fields, &[], carried)
             .await
-            .map_err(LakeError::delta(&self.name))?;
-        tracing::info!(table = %self.name, columns = ?paths, version = table.version(), ms = started.elapsed().as_millis() as u64, "Silver table rewritten under the wider type");
-        Ok((table, paths))
+            .map_err(LakeError::delta(&self.name))?
+        {
+            Some(widened) => Ok(widened),
+            None => Ok((table, Vec::new())),
+        }
     }
 
     /// Opens the Silver table with every column of `fields`, creating it or adding

@@ -83,18 +83,17 @@ impl Tombstones {
             Some(table) => {
                 // A key whose type widened (`int` → `bigint`) widens here too, or the
                 // MERGE would cast the new keys into the old type.
-                let have = delta::arrow_schema(&self.name, &table)?;
-                let table = match crate::widen::widened(&have, deletes.schema().fields()) {
-                    Some((schema, _)) => crate::widen::rewrite(
-                        table,
-                        std::sync::Arc::new(schema),
-                        &[],
-                        delta::commit_properties(),
-                    )
-                    .await
-                    .map_err(LakeError::delta(&self.name))?,
-                    None => table,
-                };
+                let widened = crate::widen::widen_table(
+                    "tombstones",
+                    &self.name,
+                    &table,
+                    deletes.schema().fields(),
+                    &[],
+                    Vec::new(),
+                )
+                .await
+                .map_err(LakeError::delta(&self.name))?;
+                let table = widened.map_or(table, |(t, _)| t);
                 let ctx = delta::session();
                 let source = ctx
                     .read_batch(deletes)
