@@ -1,5 +1,7 @@
 //! Re-driving one quarantined change (`quarantine redrive`): checked again, and merged
-//! like any change when it passes, unless something newer of its key is in Silver.
+//! like any change when it passes, unless something newer of its key is in Silver. The
+//! commit is marked as one the round hooks did not see ([`super::hook::RoundHook::untagged_actions`]):
+//! the rules compare every row at their next round and tag the re-driven ones.
 
 use deltalake::arrow::array::RecordBatch;
 use deltalake::DeltaTable;
@@ -60,14 +62,24 @@ impl SilverTable {
         let Some(source) = folded.rows else {
             return Ok(Redrive::Superseded);
         };
-        let props = delta::commit_properties().with_metadata([
-            ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
-            (
-                "wal2delta.redrive".to_owned(),
-                serde_json::json!(format!("{partition}/{offset}")),
-            ),
-            (MASKING_KEY.to_owned(), self.masking.describe()),
-        ]);
+        // The hooks took no part in this commit (the rules never saw the row): it says so,
+        // and their next round compares every row again (a rules backfill), so a re-driven
+        // row is tagged like any other.
+        let untagged: Vec<_> = self
+            .hooks
+            .iter()
+            .flat_map(|h| h.untagged_actions())
+            .collect();
+        let props = delta::commit_properties()
+            .with_application_transactions(untagged)
+            .with_metadata([
+                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+                (
+                    "wal2delta.redrive".to_owned(),
+                    serde_json::json!(format!("{partition}/{offset}")),
+                ),
+                (MASKING_KEY.to_owned(), self.masking.describe()),
+            ]);
         let keys = screened_rows.key_names();
         let written = self
             .write_folded(
