@@ -408,3 +408,112 @@ async fn a_million_row_transaction_and_update_are_tagged_whole() -> Result<()> {
     ensure!(feed.stop()?.success());
     Ok(())
 }
+
+const COSTLY: &str =
+    "CREATE TABLE {s}.costly (id bigint PRIMARY KEY, amount bigint NOT NULL, note text NOT NULL);";
+
+/// Issue 38, defect 11: a rule whose condition costs more than `[rules]
+/// max_eval_us_per_row` is disabled with its reason, the other rules and the stage go on,
+/// its hits stay as they were, and a start with a larger budget enables it again: its
+/// backfill brings its hits in line with the source.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_rule_past_its_budget_is_disabled_and_the_stage_goes_on() -> Result<()> {
+    const ROWS: i64 = 50_000;
+    let stack = Stack::from_env();
+    let w = Scenario::new(&stack, "rulesbudget", COSTLY)
+        .env("WAL2DELTA__SILVER__INTERVAL_MS", "300")
+        .env("WAL2DELTA__RULES__MAX_EVAL_US_PER_ROW", "1")
+        .build_with_rules(|s| {
+            format!(
+                "[[rule]]\nid = \"slow\"\ntable = \"{s}.costly\"\nwhen = \"regexp_like(note, '^(a|b)*z$')\"\n\n\
+                 [[rule]]\nid = \"cheap\"\ntable = \"{s}.costly\"\nwhen = \"amount > 10\"\n"
+            )
+        })
+        .await?;
+    let (s, pg, mut d) = (w.name, w.pg, w.d);
+    let lake = d.lake();
+    let count_of = |rule: &str| -> Result<i64> {
+        let path = lake.join("rules/hits");
+        if !path.join("_delta_log").is_dir() {
+            return Ok(0);
+        }
+        let n = duckdb(&format!(
+            "SELECT count(*) FROM delta_scan('{}') WHERE rule_id = '{rule}' AND hit",
+            path.display()
+        ))?;
+        Ok(n[0][0].as_i64().unwrap_or(-1))
+    };
+    let transitions_of = |rule: &str| -> Result<i64> {
+        let path = lake.join("rules/transitions");
+        if !path.join("_delta_log").is_dir() {
+            return Ok(0);
+        }
+        let n = duckdb(&format!(
+            "SELECT count(*) FROM delta_scan('{}') WHERE rule_id = '{rule}'",
+            path.display()
+        ))?;
+        Ok(n[0][0].as_i64().unwrap_or(-1))
+    };
+    let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
+    // Every row matches `slow`, whose regular expression runs over 200 characters a row
+    // (far more than 1 µs in this build); none matches `cheap`.
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.costly SELECT g, 1, repeat('ab', 100) || 'z' FROM generate_series(1, {ROWS}) g"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(120)).await?;
+    run.wait_for("the rule disabled", &true, || {
+        Ok(run_log_has(
+            &d,
+            "run",
+            "past its evaluation budget is disabled",
+        ))
+    })
+    .await?;
+    // The stage goes on: `cheap` tags the next changes, `slow` (disabled) emits nothing,
+    // although ids 1..10 no longer match it.
+    // The round that disabled it committed its transitions before saying so.
+    let slow_before = transitions_of("slow")?;
+    ensure!(
+        slow_before > 0,
+        "the round that disabled slow tagged its rows"
+    );
+    pg.batch_execute(&format!(
+        "UPDATE {s}.costly SET amount = 100, note = 'q' WHERE id <= 10"
+    ))
+    .await?;
+    d.wait_caught_up(&pg, Duration::from_secs(60)).await?;
+    run.wait_for("cheap's hits", &10, || count_of("cheap"))
+        .await?;
+    ensure!(
+        transitions_of("slow")? == slow_before,
+        "a disabled rule emitted transitions"
+    );
+    run.stop()?;
+
+    // A start with a budget the rule fits: it is enabled again, and its backfill makes the
+    // hits those PostgreSQL gives.
+    d.env
+        .retain(|(k, _)| k != "WAL2DELTA__RULES__MAX_EVAL_US_PER_ROW");
+    let mut run = d.spawn_stage("capture,bronze,silver,rules", "run2")?;
+    let want: i64 = pg
+        .query_one(
+            &format!("SELECT count(*) FROM {s}.costly WHERE note ~ '^(a|b)*z$'"),
+            &[],
+        )
+        .await?
+        .get(0);
+    run.wait_for("slow's hits equal to the source", &want, || {
+        count_of("slow")
+    })
+    .await?;
+    ensure!(count_of("cheap")? == 10);
+    ensure!(!run_log_has(&d, "run2", "is disabled"), "disabled again");
+    run.stop()?;
+    Ok(())
+}
+
+/// Whether the log of the stage process spawned as `log` holds `text`.
+fn run_log_has(d: &wal2delta_tests::daemon::Daemon, log: &str, text: &str) -> bool {
+    std::fs::read_to_string(d.dir.join(format!("{log}.log"))).is_ok_and(|l| l.contains(text))
+}

@@ -365,6 +365,8 @@ async fn outputs_lose_nothing_when_the_rules_process_is_killed() -> Result<()> {
 
     let stack = Stack::from_env();
     let w = Scenario::new(&stack, "rulesoutkill", TABLES)
+        // What a filter event may carry of the row: `id` and `amount`, never the rest.
+        .toml("[rules]\nfilter_columns = { \"{s}.payments\" = [\"id\", \"amount\"] }\n")
         .env("WAL2DELTA__RULES__FILE", "{dir}/rules.toml")
         .env(
             "WAL2DELTA__RULES__TRANSITIONS_TOPIC",
@@ -461,6 +463,14 @@ async fn outputs_lose_nothing_when_the_rules_process_is_killed() -> Result<()> {
     }
     // Every stream `entered` has its filter event, naming the rule.
     let events = topic_values(&stack.brokers, &filter_topic)?;
+    // `[rules] filter_columns`: each event's row holds the listed columns and no other.
+    for (_, e) in &events {
+        let cols: Vec<&String> = e["after"]
+            .as_object()
+            .map(|a| a.keys().collect())
+            .unwrap_or_default();
+        ensure!(cols == ["amount", "id"], "{e}");
+    }
     for v in delta_transitions(&lake)?
         .iter()
         .filter(|v| v["transition"] == "entered" && v["origin"] == "stream")

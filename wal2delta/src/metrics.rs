@@ -148,9 +148,12 @@ pub const RULES_EVAL_SECONDS: &str = "wal2delta_rules_evaluation_seconds";
 pub const RULES_LAG_SECONDS: &str = "wal2delta_rules_lag_seconds";
 /// Backfills run (a rule set installed on a table; label `table`).
 pub const RULES_BACKFILLS: &str = "wal2delta_rules_backfills_total";
-/// Active rules that cannot be compiled against their table and are skipped (label
-/// `table`).
+/// Active rules that cannot be compiled against their table, or are disabled past their
+/// evaluation budget, and are skipped (label `table`).
 pub const RULES_INVALID: &str = "wal2delta_rules_invalid";
+/// Rules disabled because their condition cost more than `[rules] max_eval_us_per_row`
+/// per row (label `rule`).
+pub const RULES_DISABLED: &str = "wal2delta_rules_disabled_total";
 /// Rule files that failed validation and were not installed (the running set goes on).
 pub const RULES_RELOAD_FAILURES: &str = "wal2delta_rules_reload_failures_total";
 /// Early filter: change events of the stream the rules saw (row versions, deletes

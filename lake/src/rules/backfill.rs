@@ -9,7 +9,7 @@ use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::DataType;
 use deltalake::DeltaTable;
 
-use super::store::{fingerprint, HitChange, Origin};
+use super::store::{HitChange, Origin};
 use super::table::{count, RulesReport, TableRules};
 use super::walk::{diff, KeyHits};
 use super::{key_json, CompiledRule, Evaluator, Rule};
@@ -130,7 +130,10 @@ impl TableRules {
         // Committed even when nothing changed: the commit records the rule set, so a
         // restart with the same rules skips this backfill.
         let seq = state.seq + 1;
-        let ruleset = fingerprint(&desired);
+        // A rule the backfill itself finds over budget is disabled from the next round:
+        // the rule set recorded leaves it out.
+        report.disabled = self.judge_budget(&report);
+        let ruleset = self.budget.fingerprint(&desired);
         // Published before the commits, acknowledged, or the round fails (super::output).
         self.publish(Origin::Backfill, seq, &transitions, &[])
             .await?;

@@ -114,6 +114,10 @@ impl TableRules {
         let mut hits = vec![KeyHits::new(); input.num_rows()];
         for (rule, (result, took)) in ev.rules().iter().zip(ev.evaluate_timed(&input)) {
             *report.rule_time.entry(rule.rule.id.clone()).or_default() += took;
+            *report
+                .condition_time
+                .entry(rule.rule.id.clone())
+                .or_default() += took;
             let bits = match result {
                 Ok(b) => b,
                 Err(e) => {

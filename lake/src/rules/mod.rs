@@ -6,6 +6,7 @@
 //! optional outputs ([`output`]).
 
 mod backfill;
+mod budget;
 pub mod compile;
 mod evaluate;
 mod hook;
@@ -19,6 +20,7 @@ pub mod store;
 mod table;
 pub mod walk;
 
+pub use budget::DEFAULT_MAX_EVAL_PER_ROW;
 pub use compile::{compile, compile_with, evaluate, lake_name, CompiledRule, Related, RuleError};
 pub use evaluate::key_json;
 pub use hook::{RulesObserver, Untagged};

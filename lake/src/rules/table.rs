@@ -27,7 +27,7 @@ use wal2delta_quarantine::QuarantineRecord;
 
 use super::evaluate::{key_json, rows_json, value_schema, with_column};
 use super::output::{FilterEvent, RulesOutput, RulesRound};
-use super::store::{changes_of, fingerprint, Loaded, Origin, RulesStore};
+use super::store::{changes_of, Loaded, Origin, RulesStore};
 use super::walk::{walk_pieces, Event, OpenTx, Transition, What};
 use super::{compile_with, Evaluator, Related, Rule, RuleError, RuleSource};
 use crate::delta;
@@ -50,6 +50,11 @@ pub struct RulesReport {
     /// Per rule id, the time its condition took over the round's rows (phase one and, with
     /// lookups, phase two; casts shared between rules are in no rule's time).
     pub rule_time: BTreeMap<String, Duration>,
+    /// Per rule id, the time its condition took over the round's rows (phase one only:
+    /// what its budget is judged on, [`super::budget`]).
+    pub condition_time: BTreeMap<String, Duration>,
+    /// The rules this round disabled, past their budget ([`super::budget`]).
+    pub disabled: Vec<RuleError>,
     /// A backfill ran (a rule set installed).
     pub backfill: bool,
     /// The rules that could not be compiled against the table (skipped).
@@ -162,6 +167,8 @@ pub struct TableRules {
     /// A source transaction Silver applies in pieces whose last piece has not come yet
     /// ([`super::walk::OpenTx`]; rebuilt from Silver after a restart, [`super::pieces`]).
     pub(super) open: Option<OpenTx>,
+    /// The rules disabled past their evaluation budget ([`super::budget`]).
+    pub(super) budget: super::budget::Budget,
 }
 
 /// The default `[rules] hits_interval_ms`: `rules/hits` trails `rules/transitions` by a
@@ -206,7 +213,15 @@ impl TableRules {
             pending_since: None,
             pending_backfill: None,
             committing: None,
+            budget: Default::default(),
         }
+    }
+
+    /// Disables a rule whose condition costs more than `per_row` per row
+    /// ([`super::budget`]); default [`super::DEFAULT_MAX_EVAL_PER_ROW`].
+    pub fn with_eval_budget(mut self, per_row: Duration) -> Self {
+        self.budget = super::budget::Budget::new(per_row);
+        self
     }
 
     /// Commits `rules/hits` at most every `interval` ([`super::store`]); zero: every round.
@@ -440,7 +455,8 @@ impl TableRules {
             self.installed = None;
         } else if self.installed.is_none()
             && !self.force_backfill
-            && self.state.as_ref().and_then(|s| s.ruleset) == Some(fingerprint(&desired))
+            && self.state.as_ref().and_then(|s| s.ruleset)
+                == Some(self.budget.fingerprint(&desired))
         {
             // A restart with the rules the hits were built with: no backfill needed.
             self.installed = Some(desired.clone());
@@ -496,6 +512,10 @@ impl TableRules {
             let mut ok = Vec::new();
             let mut bad = Vec::new();
             for r in &desired {
+                if let Some(e) = self.budget.refusal(r) {
+                    bad.push(e);
+                    continue;
+                }
                 match compile_with(r, schema, &related) {
                     Ok(c) => ok.push(c),
                     Err(e) => bad.push(e),
@@ -580,6 +600,7 @@ impl TableRules {
             let mut row_hits = self
                 .evaluate_rows(&compiled, &batch, &schema, &mut report)
                 .await?;
+            report.disabled = self.judge_budget(&report);
             report.steps.evaluate = clock.lap();
             let keys_json = key_json(&batch, &keys).map_err(|e| self.error(e))?;
             let col = |n: &str| batch.column_by_name(n).cloned();
@@ -596,6 +617,8 @@ impl TableRules {
                 op.as_string::<i32>(),
             );
             let filtering = self.output.as_ref().is_some_and(|o| o.wants_events());
+            let skipped: std::collections::BTreeSet<String> =
+                report.invalid.iter().map(|e| e.id.clone()).collect();
             let mut passed: Vec<u32> = Vec::new();
             for (i, key) in keys_json.into_iter().enumerate() {
                 if !uncovered(src.value(i) as usize) {
@@ -625,10 +648,18 @@ impl TableRules {
                 let what = if op.value(i) == "d" {
                     What::Delete { key }
                 } else {
-                    What::Row {
-                        key,
-                        hits: std::mem::take(&mut row_hits[i]),
+                    let mut hits = std::mem::take(&mut row_hits[i]);
+                    // A rule skipped this round (disabled, or not compilable) keeps the
+                    // key's hit as it was: no `left` for a rule that was not evaluated.
+                    if !skipped.is_empty() {
+                        let old = self.state.as_ref().and_then(|s| s.hits.get(&key));
+                        for (id, v) in old.into_iter().flat_map(|h| h.iter()) {
+                            if skipped.contains(id.as_ref()) {
+                                hits.insert(id.clone(), v);
+                            }
+                        }
                     }
+                    What::Row { key, hits }
                 };
                 events.push(Event {
                     pos: Position(lsn.value(i), ord.value(i)),
@@ -679,17 +710,25 @@ impl TableRules {
         self.publish(Origin::Stream, seq, &walked.transitions, &filter_events)
             .await?;
         report.steps.publish = clock.lap();
-        // Only when the state records no rule set (a table whose first round is this one).
+        // When the state records no rule set (a table whose first round is this one), or
+        // this round disabled a rule: the hits no longer reflect it.
+        let disabled = !report.disabled.is_empty();
         let round_ruleset = match self.state.as_ref().and_then(|s| s.ruleset) {
-            Some(r) => r,
-            None => fingerprint(&self.rules_of_round()),
+            Some(r) if !disabled => r,
+            _ => self.budget.fingerprint(&self.rules_of_round()),
         };
         let state = self.state.as_mut().ok_or_else(|| LakeError::Rows {
             table: self.name.clone(),
             reason: "rules state not loaded".into(),
         })?;
-        if !walked.transitions.is_empty() {
-            let ruleset = state.ruleset.unwrap_or(round_ruleset);
+        // A round that disabled a rule commits even without transitions: the rule set it
+        // records leaves the rule out, so a start with it enabled again backfills.
+        if !walked.transitions.is_empty() || disabled {
+            let ruleset = if disabled {
+                round_ruleset
+            } else {
+                state.ruleset.unwrap_or(round_ruleset)
+            };
             self.store
                 .append(
                     &self.name,
@@ -703,12 +742,28 @@ impl TableRules {
                 .await?;
             state.seq = seq;
             state.progress = after.clone();
+            if disabled {
+                state.ruleset = Some(ruleset);
+            }
             report.steps.append = clock.lap();
             self.add_pending(changes_of(&walked.transitions));
             self.flush_hits(false).await?;
             report.steps.hits = clock.lap();
         }
         Ok(report)
+    }
+
+    /// The rules of the round past their budget, disabled from the next round on
+    /// ([`super::budget`]; the evaluator is built again without them).
+    pub(super) fn judge_budget(&mut self, report: &RulesReport) -> Vec<RuleError> {
+        let rules = self.rules_of_round();
+        let off = self
+            .budget
+            .judge(&rules, &report.condition_time, report.rows);
+        if !off.is_empty() {
+            self.compiled = None;
+        }
+        off
     }
 
     /// The rule set of the round under way (read at its start), or the source's now.

@@ -1,6 +1,7 @@
 //! `[rules]`: where the rule set comes from, and the optional Kafka outputs of the rules
 //! stage (docs/rules.md).
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use serde::Deserialize;
@@ -25,6 +26,11 @@ pub struct RulesConfig {
     /// The early filter: a Kafka topic receiving only the change events whose new row
     /// matches at least one active rule, with the matching rule ids, as JSON.
     pub filter_topic: Option<String>,
+    /// What the filter topic's events may carry of each table's row (`after`): per
+    /// `schema.table`, the columns (as Silver names them); a table not listed carries no
+    /// row. Absent: every column (masked as in Silver). Required with `table`: a writer
+    /// of the rules table decides which rows pass (docs/rules.md, "Kafka outputs").
+    pub filter_columns: Option<BTreeMap<String, Vec<String>>>,
     /// How long the silver stage holds a table's changes for a table its rules look up to
     /// catch up (docs/rules.md, "Lookups"); then they are evaluated against the related
     /// table as it is, counted in `wal2delta_rules_lookup_timeouts_total`. Default
@@ -35,6 +41,10 @@ pub struct RulesConfig {
     /// its MERGE runs once per interval, beside the Silver rounds, instead of in every
     /// round. 0: as often as the commits finish. Default 5,000.
     pub hits_interval_ms: Option<u64>,
+    /// A rule whose condition costs more than this per row (microseconds; judged in
+    /// rounds where it took at least 100 ms) is disabled with the reason, never the stage
+    /// (docs/rules.md, "Limits"). Default 1,000.
+    pub max_eval_us_per_row: Option<u64>,
 }
 
 /// The default `[rules] lookup_timeout_ms`: long enough for a related table's round after
@@ -55,6 +65,13 @@ impl RulesConfig {
         )
     }
 
+    pub fn max_eval_per_row(&self) -> std::time::Duration {
+        self.max_eval_us_per_row.map_or(
+            wal2delta_lake::rules::DEFAULT_MAX_EVAL_PER_ROW,
+            std::time::Duration::from_micros,
+        )
+    }
+
     /// Whether a rule source is configured (`file` or `table`): the rules stage runs.
     pub fn is_set(&self) -> bool {
         self.file.is_some() || self.table.is_some()
@@ -64,6 +81,22 @@ impl RulesConfig {
     pub fn table_name(&self) -> Option<TableName> {
         let parts = path::parse(self.table.as_deref()?, 2)?;
         Some(TableName::new(&parts[0], &parts[1]))
+    }
+
+    /// `filter_columns` by the table's name in the lake (`schema.table` of its identity
+    /// parts, as a filter round names it); `None`: every column passes.
+    pub fn filter_columns(&self) -> Option<BTreeMap<String, BTreeSet<String>>> {
+        let columns = self.filter_columns.as_ref()?;
+        Some(
+            columns
+                .iter()
+                .filter_map(|(t, cols)| {
+                    let parts = path::parse(t, 2)?;
+                    let name = TableName::new(&parts[0], &parts[1]).ident();
+                    Some((name, cols.iter().cloned().collect()))
+                })
+                .collect(),
+        )
     }
 
     /// `kafka`: the `[kafka]` section the topics are written with (it is required by the
@@ -82,6 +115,12 @@ impl RulesConfig {
                     format!("{} is not a file", f.display()),
                 ));
             }
+        }
+        if self.max_eval_us_per_row == Some(0) {
+            return Err(invalid(
+                "rules.max_eval_us_per_row",
+                "must be at least 1 (microseconds per row)",
+            ));
         }
         if self.lookup_timeout_ms == Some(0) {
             return Err(invalid(
@@ -114,6 +153,35 @@ impl RulesConfig {
                 return Err(invalid(
                     field,
                     "needs rules: set [rules] file or [rules] table (the rules stage publishes it)",
+                ));
+            }
+        }
+        match (&self.filter_columns, &self.filter_topic) {
+            (Some(_), None) => {
+                return Err(invalid(
+                    "rules.filter_columns",
+                    "needs [rules] filter_topic (it says what that topic's events carry)",
+                ))
+            }
+            (None, Some(_)) if self.table.is_some() => {
+                return Err(invalid(
+                    "rules.filter_columns",
+                    "with [rules] table and filter_topic, list the columns the filter topic may carry per table (`\"public.payments\" = [\"id\", \"amount\"]`): whoever may write the rules table chooses which rows pass, and `when = 'true'` would publish a whole table",
+                ))
+            }
+            _ => {}
+        }
+        for (t, cols) in self.filter_columns.iter().flatten() {
+            if path::parse(t, 2).is_none() {
+                return Err(invalid(
+                    "rules.filter_columns",
+                    format!("{t:?} is not schema.table (as in PostgreSQL; double-quote a part holding a `.`)"),
+                ));
+            }
+            if let Some(c) = cols.iter().find(|c| c.is_empty()) {
+                return Err(invalid(
+                    "rules.filter_columns",
+                    format!("{t:?} lists an empty column name {c:?}"),
                 ));
             }
         }
@@ -215,6 +283,50 @@ mod tests {
         let err = load(rules).expect_err(rules).to_string();
         assert!(err.contains(field), "{rules}: {err}");
         assert!(err.contains(why), "{rules}: {err}");
+    }
+
+    #[test]
+    fn filter_columns_are_checked_and_required_with_a_rules_table() {
+        let c = load("file = \"{file}\"\nfilter_topic = \"f\"\nfilter_columns = { \"public.Pay ments\" = [\"id\", \"amount\"], '\"a.b\".c' = [] }\n")
+            .expect("valid");
+        let cols = c.rules.filter_columns().expect("set");
+        let pay = wal2delta_model::TableName::new("public", "Pay ments").ident();
+        let dotted = wal2delta_model::TableName::new("a.b", "c").ident();
+        assert_eq!(cols.len(), 2);
+        assert_eq!(
+            cols.get(&pay)
+                .map(|c| c.iter().map(String::as_str).collect::<Vec<_>>()),
+            Some(vec!["amount", "id"])
+        );
+        assert_eq!(cols.get(&dotted).map(|c| c.len()), Some(0));
+        assert!(load("file = \"{file}\"\nfilter_topic = \"f\"\n")
+            .expect("valid")
+            .rules
+            .filter_columns()
+            .is_none());
+        refused(
+            "file = \"{file}\"\nfilter_columns = { \"public.t\" = [\"id\"] }\n",
+            "rules.filter_columns",
+            "needs [rules] filter_topic",
+        );
+        refused(
+            "table = \"public.rules\"\nfilter_topic = \"f\"\n",
+            "rules.filter_columns",
+            "whoever may write the rules table",
+        );
+        assert!(
+            load("table = \"public.rules\"\nfilter_topic = \"f\"\nfilter_columns = {}\n").is_ok()
+        );
+        refused(
+            "file = \"{file}\"\nfilter_topic = \"f\"\nfilter_columns = { \"t\" = [\"id\"] }\n",
+            "rules.filter_columns",
+            "not schema.table",
+        );
+        refused(
+            "file = \"{file}\"\nfilter_topic = \"f\"\nfilter_columns = { \"s.t\" = [\"\"] }\n",
+            "rules.filter_columns",
+            "empty column name",
+        );
     }
 
     #[test]

@@ -11,6 +11,7 @@
 //! Consumers drop repeats by (rule_id, table, key, lsn, transition) for transitions and
 //! (table, key, lsn, ordinal) for filter events.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,12 +29,26 @@ use crate::metrics as m;
 /// What a filter event carries instead of `after` when it is left out.
 const TOO_LARGE: &str = "too large";
 const NOT_JSON: &str = "not representable as JSON";
+const NOT_LISTED: &str = "not in [rules] filter_columns";
+
+/// What the filter topic may carry of a table's rows (`[rules] filter_columns`).
+#[derive(Debug, Clone, Copy)]
+enum Allowed<'a> {
+    /// Every column (no `filter_columns`).
+    All,
+    /// These columns only.
+    Columns(&'a BTreeSet<String>),
+    /// No row: the table is not listed.
+    Nothing,
+}
 
 /// Publishes rules rounds to the configured topics with an idempotent producer.
 pub struct KafkaOutput {
     producer: AckedProducer,
     transitions_topic: Option<String>,
     filter_topic: Option<String>,
+    /// `[rules] filter_columns` by lake table name; `None`: every column.
+    filter_columns: Option<BTreeMap<String, BTreeSet<String>>>,
 }
 
 /// The output `[rules]` configures: `None` without `transitions_topic` and
@@ -56,6 +71,7 @@ pub fn from_config(config: &Config) -> anyhow::Result<Option<Arc<dyn RulesOutput
         producer,
         transitions_topic: r.transitions_topic.clone(),
         filter_topic: r.filter_topic.clone(),
+        filter_columns: r.filter_columns(),
     })))
 }
 
@@ -94,11 +110,19 @@ impl KafkaOutput {
                     .await
                     .map_err(|e| failed(topic, round.table, &e))?;
             }
+            let allowed = match &self.filter_columns {
+                None => Allowed::All,
+                Some(by_table) => by_table
+                    .get(round.table)
+                    .map_or(Allowed::Nothing, Allowed::Columns),
+            };
             for e in round.events {
                 let key = message_key(round.table, &e.key);
-                let mut payload = filter_json(round.table, e, true).to_string().into_bytes();
+                let mut payload = filter_json(round.table, e, allowed)
+                    .to_string()
+                    .into_bytes();
                 if !self.producer.fits(key.len() + payload.len()) {
-                    payload = filter_json(round.table, e, false).to_string().into_bytes();
+                    payload = too_large(round.table, e).to_string().into_bytes();
                 }
                 messages.push(Outgoing {
                     topic: topic.clone(),
@@ -155,8 +179,43 @@ fn transition_json(round: &RulesRound<'_>, t: &wal2delta_lake::rules::walk::Tran
     })
 }
 
-/// A filter event; `with_after` false leaves the row out (`after_omitted`).
-fn filter_json(table: &str, e: &FilterEvent, with_after: bool) -> Value {
+/// A filter event carrying what `allowed` lets through of its row (`after`), or why it
+/// carries none (`after_omitted`).
+fn filter_json(table: &str, e: &FilterEvent, allowed: Allowed<'_>) -> Value {
+    let mut doc = event_doc(table, e);
+    let after = e
+        .after
+        .as_deref()
+        .and_then(|a| serde_json::from_str::<Value>(a).ok());
+    match (allowed, after) {
+        (Allowed::Nothing, _) => {
+            doc.insert("after_omitted".into(), json!(NOT_LISTED));
+        }
+        (_, None) => {
+            doc.insert("after_omitted".into(), json!(NOT_JSON));
+        }
+        (Allowed::All, Some(a)) => {
+            doc.insert("after".into(), a);
+        }
+        (Allowed::Columns(cols), Some(mut a)) => {
+            if let Value::Object(row) = &mut a {
+                row.retain(|c, _| cols.contains(c));
+            }
+            doc.insert("after".into(), a);
+        }
+    }
+    Value::Object(doc)
+}
+
+/// A filter event whose row would not fit in a Kafka message.
+fn too_large(table: &str, e: &FilterEvent) -> Value {
+    let mut doc = event_doc(table, e);
+    doc.insert("after_omitted".into(), json!(TOO_LARGE));
+    Value::Object(doc)
+}
+
+/// The fields of a filter event other than its row.
+fn event_doc(table: &str, e: &FilterEvent) -> Map<String, Value> {
     let mut doc = Map::new();
     doc.insert("table".into(), json!(table));
     doc.insert("key".into(), json!(e.key));
@@ -165,22 +224,7 @@ fn filter_json(table: &str, e: &FilterEvent, with_after: bool) -> Value {
     doc.insert("ordinal".into(), json!(e.ordinal));
     doc.insert("commit_ts".into(), json!(e.commit_ts));
     doc.insert("rules".into(), json!(e.rules));
-    let after = e
-        .after
-        .as_deref()
-        .and_then(|a| serde_json::from_str::<Value>(a).ok());
-    match (with_after, after) {
-        (true, Some(a)) => {
-            doc.insert("after".into(), a);
-        }
-        (false, Some(_)) => {
-            doc.insert("after_omitted".into(), json!(TOO_LARGE));
-        }
-        (_, None) => {
-            doc.insert("after_omitted".into(), json!(NOT_JSON));
-        }
-    }
-    Value::Object(doc)
+    doc
 }
 
 /// A publish failure as the round's error: transient when trying again may work.
@@ -212,17 +256,26 @@ mod tests {
     #[test]
     fn a_filter_event_carries_the_row_or_says_why_not() {
         let e = event(Some("{\"id\":1,\"note\":null}"));
-        let v = filter_json("s.t", &e, true);
+        let v = filter_json("s.t", &e, Allowed::All);
         assert_eq!(v["after"], json!({"id": 1, "note": null}));
         assert_eq!(v["rules"], json!(["a", "b"]));
         assert_eq!(v["key"], json!("{\"id\":1}"));
         assert_eq!(v["op"], json!("u"));
         assert!(v.get("after_omitted").is_none());
-        let v = filter_json("s.t", &e, false);
+        let v = too_large("s.t", &e);
         assert!(v.get("after").is_none());
         assert_eq!(v["after_omitted"], json!("too large"));
-        let v = filter_json("s.t", &event(None), true);
+        assert_eq!(v["rules"], json!(["a", "b"]));
+        let v = filter_json("s.t", &event(None), Allowed::All);
         assert_eq!(v["after_omitted"], json!(NOT_JSON));
+        // `[rules] filter_columns`: the listed columns only, or no row.
+        let cols = BTreeSet::from(["id".to_owned(), "amount".to_owned()]);
+        let v = filter_json("s.t", &e, Allowed::Columns(&cols));
+        assert_eq!(v["after"], json!({"id": 1}));
+        let v = filter_json("s.t", &e, Allowed::Nothing);
+        assert!(v.get("after").is_none());
+        assert_eq!(v["after_omitted"], json!(NOT_LISTED));
+        assert_eq!(v["key"], json!("{\"id\":1}"));
         assert_eq!(message_key("s.t", &e.key), b"s.t/{\"id\":1}".to_vec());
     }
 }

@@ -407,6 +407,7 @@ impl Stage<'_> {
                 Some(rules) => {
                     let mut r = TableRules::new(self.lake, name, rules.clone())
                         .with_hits_interval(self.config.rules.hits_interval())
+                        .with_eval_budget(self.config.rules.max_eval_per_row())
                         .with_observer(rules_report::observer());
                     if let Some(o) = &self.output {
                         r = r.with_output(o.clone());

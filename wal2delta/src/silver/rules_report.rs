@@ -61,7 +61,11 @@ fn report_rules(table: &str, r: &RulesReport) {
     }
     metrics::gauge!(m::RULES_INVALID, "table" => table.to_owned()).set(r.invalid.len() as f64);
     for e in &r.invalid {
-        tracing::warn!(table, rule = %e.id, reason = %e.reason, "a rule cannot be compiled against its table and is skipped");
+        tracing::warn!(table, rule = %e.id, reason = %e.reason, "a rule is skipped");
+    }
+    for e in &r.disabled {
+        metrics::counter!(m::RULES_DISABLED, "rule" => e.id.clone()).increment(1);
+        tracing::error!(table, rule = %e.id, reason = %e.reason, "a rule past its evaluation budget is disabled; the stage goes on");
     }
     metrics::histogram!(m::RULES_EVAL_SECONDS, "table" => table.to_owned())
         .record(r.eval_time.as_secs_f64());
