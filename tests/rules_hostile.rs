@@ -432,28 +432,21 @@ async fn a_rule_past_its_budget_is_disabled_and_the_stage_goes_on() -> Result<()
         .await?;
     let (s, pg, mut d) = (w.name, w.pg, w.d);
     let lake = d.lake();
-    let count_of = |rule: &str| -> Result<i64> {
-        let path = lake.join("rules/hits");
+    // Rows of the rules table `table` (`hits`, `transitions`) of `rule`.
+    let rows_of = |table: &str, rule: &str| -> Result<i64> {
+        let path = lake.join("rules").join(table);
         if !path.join("_delta_log").is_dir() {
             return Ok(0);
         }
+        let hit = if table == "hits" { " AND hit" } else { "" };
         let n = duckdb(&format!(
-            "SELECT count(*) FROM delta_scan('{}') WHERE rule_id = '{rule}' AND hit",
+            "SELECT count(*) FROM delta_scan('{}') WHERE rule_id = '{rule}'{hit}",
             path.display()
         ))?;
         Ok(n[0][0].as_i64().unwrap_or(-1))
     };
-    let transitions_of = |rule: &str| -> Result<i64> {
-        let path = lake.join("rules/transitions");
-        if !path.join("_delta_log").is_dir() {
-            return Ok(0);
-        }
-        let n = duckdb(&format!(
-            "SELECT count(*) FROM delta_scan('{}') WHERE rule_id = '{rule}'",
-            path.display()
-        ))?;
-        Ok(n[0][0].as_i64().unwrap_or(-1))
-    };
+    let count_of = |rule: &str| rows_of("hits", rule);
+    let transitions_of = |rule: &str| rows_of("transitions", rule);
     let mut run = d.spawn_stage("capture,bronze,silver,rules", "run")?;
     // Every row matches `slow`, whose regular expression runs over 200 characters a row
     // (far more than 1 µs in this build); none matches `cheap`.
