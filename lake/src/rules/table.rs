@@ -710,10 +710,10 @@ impl TableRules {
         self.publish(Origin::Stream, seq, &walked.transitions, &filter_events)
             .await?;
         report.steps.publish = clock.lap();
-        // When the state records no rule set (a table whose first round is this one), or
-        // this round disabled a rule: the hits no longer reflect it.
+        // The rule set the hits reflect: the recorded one, unless the state records none
+        // (a table whose first round is this one) or this round disabled a rule.
         let disabled = !report.disabled.is_empty();
-        let round_ruleset = match self.state.as_ref().and_then(|s| s.ruleset) {
+        let ruleset = match self.state.as_ref().and_then(|s| s.ruleset) {
             Some(r) if !disabled => r,
             _ => self.budget.fingerprint(&self.rules_of_round()),
         };
@@ -724,11 +724,6 @@ impl TableRules {
         // A round that disabled a rule commits even without transitions: the rule set it
         // records leaves the rule out, so a start with it enabled again backfills.
         if !walked.transitions.is_empty() || disabled {
-            let ruleset = if disabled {
-                round_ruleset
-            } else {
-                state.ruleset.unwrap_or(round_ruleset)
-            };
             self.store
                 .append(
                     &self.name,
@@ -742,9 +737,7 @@ impl TableRules {
                 .await?;
             state.seq = seq;
             state.progress = after.clone();
-            if disabled {
-                state.ruleset = Some(ruleset);
-            }
+            state.ruleset = Some(ruleset);
             report.steps.append = clock.lap();
             self.add_pending(changes_of(&walked.transitions));
             self.flush_hits(false).await?;
