@@ -17,5 +17,8 @@ CREATE TABLE IF NOT EXISTS wal2delta_rules (
     -- a DataFusion SQL boolean expression over the table's columns as Silver stores them
     "when"  text NOT NULL,
     version integer NOT NULL DEFAULT 1,
-    active  boolean NOT NULL DEFAULT true
+    active  boolean NOT NULL DEFAULT true,
+    -- optional: the rule's lookups, `{"NAME": {"table": "schema.table", "on": {"column": "related column"}}}`
+    -- (docs/rules.md, "Lookups"); NULL for none
+    lookups jsonb
 );

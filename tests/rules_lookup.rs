@@ -14,7 +14,7 @@
 //!   that look it up for the timeout and no longer, counted as timeouts and stale lookups.
 
 use anyhow::{ensure, Result};
-use wal2delta_tests::chaos::ReadOnlyLake;
+use wal2delta_tests::chaos::{FilesAway, ReadOnlyLake};
 use wal2delta_tests::lake::{duckdb, transitions};
 use wal2delta_tests::metrics::{free_port, of, of_table, text};
 use wal2delta_tests::{Scenario, Stack};
@@ -379,39 +379,6 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     .await?;
     run.assert_running()?;
     Ok(())
-}
-
-/// Moves a table's data files away while it lives (a storage that cannot serve them: a
-/// 404, an object store outage), and back when dropped, also when the test fails.
-struct FilesAway {
-    moved: Vec<(std::path::PathBuf, std::path::PathBuf)>,
-}
-
-impl FilesAway {
-    fn take(table: &std::path::Path, to: &std::path::Path) -> Result<FilesAway> {
-        std::fs::create_dir_all(to)?;
-        let mut moved = Vec::new();
-        for entry in std::fs::read_dir(table)? {
-            let from = entry?.path();
-            if from.extension().is_some_and(|e| e == "parquet") {
-                let away = to.join(from.file_name().unwrap_or_default());
-                std::fs::rename(&from, &away)?;
-                moved.push((from, away));
-            }
-        }
-        ensure!(!moved.is_empty(), "no data file in {}", table.display());
-        Ok(FilesAway { moved })
-    }
-}
-
-impl Drop for FilesAway {
-    fn drop(&mut self) {
-        for (home, away) in &self.moved {
-            if let Err(e) = std::fs::rename(away, home) {
-                eprintln!("could not put {} back: {e}", home.display());
-            }
-        }
-    }
 }
 
 /// Issue 38, defect 2: the looked-up table cannot be read for a while (its data files

@@ -171,6 +171,12 @@ impl Lake {
         self.table(&["rules", "transitions"])
     }
 
+    /// `rules/versions`: the rule set's versions from the rules table, each with the LSN
+    /// after which it is in effect (append-only).
+    pub fn rules_versions(&self) -> Url {
+        self.table(&["rules", "versions"])
+    }
+
     /// `rules/hits`: the rules every row matches now.
     pub fn rules_hits(&self) -> Url {
         self.table(&["rules", "hits"])

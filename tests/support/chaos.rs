@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -264,6 +264,39 @@ impl Drop for ReadOnlyLake {
     fn drop(&mut self) {
         if let Err(e) = chattr(&self.0, "-i") {
             eprintln!("chaos: could not make the lake writable again: {e:#}");
+        }
+    }
+}
+
+/// Moves a table's data files away while it lives (a storage that cannot serve them: a
+/// 404, an object store outage), and back when dropped, also when the test fails.
+pub struct FilesAway {
+    moved: Vec<(std::path::PathBuf, std::path::PathBuf)>,
+}
+
+impl FilesAway {
+    pub fn take(table: &std::path::Path, to: &std::path::Path) -> Result<FilesAway> {
+        std::fs::create_dir_all(to)?;
+        let mut moved = Vec::new();
+        for entry in std::fs::read_dir(table)? {
+            let from = entry?.path();
+            if from.extension().is_some_and(|e| e == "parquet") {
+                let away = to.join(from.file_name().unwrap_or_default());
+                std::fs::rename(&from, &away)?;
+                moved.push((from, away));
+            }
+        }
+        ensure!(!moved.is_empty(), "no data file in {}", table.display());
+        Ok(FilesAway { moved })
+    }
+}
+
+impl Drop for FilesAway {
+    fn drop(&mut self) {
+        for (home, away) in &self.moved {
+            if let Err(e) = std::fs::rename(away, home) {
+                eprintln!("could not put {} back: {e}", home.display());
+            }
         }
     }
 }

@@ -18,6 +18,7 @@ mod shared;
 mod source;
 pub mod store;
 mod table;
+pub mod versions;
 pub mod walk;
 
 pub use budget::DEFAULT_MAX_EVAL_PER_ROW;
@@ -26,14 +27,15 @@ pub use evaluate::key_json;
 pub use hook::{RulesObserver, Untagged};
 pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
-pub use source::RuleSource;
+pub use source::{RuleSource, FROM_THE_START};
 pub use store::{hit_counts, hits_commits_paused};
 pub use table::{RulesReport, RulesSteps, Start, TableRules, DEFAULT_HITS_INTERVAL, RULE_FAILED};
 
 use wal2delta_model::TableName;
 
-/// One rule as its source (the rules file or the rules table) states it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// One rule as its source (the rules file or the rules table) states it. Serialised as
+/// JSON in `rules/versions` ([`versions`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Rule {
     pub id: String,
     /// The source table it applies to (`public.transactions`).
@@ -52,7 +54,7 @@ pub struct Rule {
 /// each `on` pair is equal (at most one row may match: a lookup names the related
 /// table's key). Evaluated in two phases: the conditions on the row's own columns first,
 /// the lookup only for the rows that pass them.
-#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
 pub struct Lookup {
     /// The qualifier the condition uses: lowercase letters, digits and `_`.
     pub name: String,

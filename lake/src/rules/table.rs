@@ -399,7 +399,10 @@ impl TableRules {
         before: &Progress,
         keys: &[String],
     ) -> Result<Start, LakeError> {
-        let desired = self.source.of(&self.name);
+        // The version in effect for the changes after the table's watermark: the silver
+        // stage stops a table's rounds at each edit's position (super::source), so a
+        // backfill of an edit runs with Silver as it is at the edit.
+        let desired = self.source.at(&self.name, before.watermark);
         self.round_rules = Some(desired.clone());
         if self.state.is_none() {
             // A commit left running by a reset ends first, whatever its outcome: the load

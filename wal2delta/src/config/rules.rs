@@ -10,7 +10,7 @@ use wal2delta_model::TableName;
 use super::{invalid, path, ConfigError, KafkaConfig, SilverConfig, TokenizeConfig};
 
 /// The columns a row of a rules table is read from (docs/rules.md, "The rules table").
-pub const RULE_COLUMNS: [&str; 5] = ["id", "table", "when", "version", "active"];
+pub const RULE_COLUMNS: [&str; 6] = ["id", "table", "when", "version", "active", "lookups"];
 
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(default, deny_unknown_fields)]

@@ -56,13 +56,30 @@ struct Entry {
     lookup: BTreeMap<String, LookupEntry>,
 }
 
-/// `lookup.NAME = { table = "public.merchants", on = { merchant_id = "id" } }`.
+/// `lookup.NAME = { table = "public.merchants", on = { merchant_id = "id" } }` in a rules
+/// file; the same object per name in the rules table's `lookups` column (JSON).
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct LookupEntry {
+pub(crate) struct LookupEntry {
     table: String,
     /// Column of the rule's table = column of the related table.
     on: BTreeMap<String, String>,
+}
+
+/// The lookups a rule declares, by name, or why they are not valid.
+pub(crate) fn lookups_of(entries: BTreeMap<String, LookupEntry>) -> Result<Vec<Lookup>, String> {
+    entries
+        .into_iter()
+        .map(|(name, l)| {
+            let parts = path::parse(&l.table, 2)
+                .ok_or_else(|| format!("lookup `{name}`: table {:?} is not schema.table", l.table))?;
+            Ok(Lookup {
+                name,
+                table: TableName::new(parts[0].clone(), parts[1].clone()),
+                on: l.on.into_iter().collect(),
+            })
+        })
+        .collect()
 }
 
 fn first_version() -> i64 {
@@ -104,7 +121,6 @@ pub fn load(file: &Path) -> anyhow::Result<(Vec<Rule>, Vec<RuleError>)> {
             errors.push(refuse("this id is used by another rule of the file".into()));
             continue;
         }
-        let n_lookups = e.lookup.len();
         let Some(parts) = path::parse(&e.table, 2) else {
             errors.push(refuse(format!(
                 "table {:?} is not schema.table (as in PostgreSQL; double-quote a part holding a `.`)",
@@ -112,24 +128,13 @@ pub fn load(file: &Path) -> anyhow::Result<(Vec<Rule>, Vec<RuleError>)> {
             )));
             continue;
         };
-        let mut lookups = Vec::new();
-        for (name, l) in e.lookup {
-            let Some(lparts) = path::parse(&l.table, 2) else {
-                errors.push(refuse(format!(
-                    "lookup `{name}`: table {:?} is not schema.table",
-                    l.table
-                )));
-                break;
-            };
-            lookups.push(Lookup {
-                name,
-                table: TableName::new(lparts[0].clone(), lparts[1].clone()),
-                on: l.on.into_iter().collect(),
-            });
-        }
-        if lookups.len() != n_lookups {
-            continue;
-        }
+        let lookups = match lookups_of(e.lookup) {
+            Ok(l) => l,
+            Err(reason) => {
+                errors.push(refuse(reason));
+                continue;
+            }
+        };
         rules.push(Rule {
             id: e.id,
             table: TableName::new(parts[0].clone(), parts[1].clone()),
@@ -329,7 +334,7 @@ pub async fn run(
     // At 0 from the start, so an alert on its increase sees the first failed reload.
     metrics::counter!(m::RULES_RELOAD_FAILURES).increment(0);
     if let Some(t) = config.rules.table_name() {
-        return table::run(config, t, source, seen, supervisor, shutdown).await;
+        return table::run(t, seen, supervisor, shutdown).await;
     }
     let Some(file) = config.rules.file.clone() else {
         anyhow::bail!("the rules stage needs [rules] file or [rules] table (docs/rules.md)");

@@ -4,9 +4,10 @@
 //!
 //! The rules are read from that table's **Silver** table: the rule set the daemon runs is
 //! the rules table as Silver holds it at one version (current state per primary key, after
-//! capture, Bronze and Silver). [`rules_of`] turns the rows into rules; the rules stage
-//! ([`run`]) reads them again whenever the Silver table's version changes and installs a
-//! new set only when every rule of it is valid, exactly as it does for a rules file.
+//! capture, Bronze and Silver). [`rules_of`] turns the rows into rules; the silver stage
+//! reads them again after each round that changed the rules table and records a new set,
+//! in effect after the edit's commit position, only when every rule of it is valid
+//! (`crate::silver`'s rules edits).
 //!
 //! Unlike a bad rules file, a bad rules table at startup does not stop the start: its fix
 //! is a committed change that reaches Silver only through the daemon itself. The start
@@ -14,14 +15,13 @@
 
 use std::collections::BTreeSet;
 use std::process::ExitCode;
-use std::time::Duration;
 
 use tokio::sync::watch;
 use wal2delta_lake::deltalake::arrow::array::{Array, AsArray, RecordBatch};
 use wal2delta_lake::deltalake::arrow::compute::cast;
 use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Int64Type, Schema};
 use wal2delta_lake::reconcile::SilverRead;
-use wal2delta_lake::rules::{Rule, RuleError, RuleSource};
+use wal2delta_lake::rules::{versions, Rule, RuleError, RuleSource, FROM_THE_START};
 use wal2delta_lake::Lake;
 use wal2delta_model::TableName;
 
@@ -110,7 +110,11 @@ pub fn rules_of(schema: &Schema, batches: &[RecordBatch]) -> Rows {
         };
         want.check(column, field.data_type())?;
     }
-    for (column, want) in [("version", Want::Integer), ("active", Want::Boolean)] {
+    for (column, want) in [
+        ("version", Want::Integer),
+        ("active", Want::Boolean),
+        ("lookups", Want::Text),
+    ] {
         if let Ok(field) = schema.field_with_name(column) {
             want.check(column, field.data_type())?;
         }
@@ -137,6 +141,11 @@ pub fn rules_of(schema: &Schema, batches: &[RecordBatch]) -> Rows {
         let actives = batch
             .column_by_name("active")
             .and_then(|a| a.as_boolean_opt());
+        let lookups = match batch.column_by_name("lookups") {
+            Some(_) => Some(text("lookups")?),
+            None => None,
+        };
+        let lookups = lookups.as_ref().map(|a| a.as_string::<i32>());
         for i in 0..batch.num_rows() {
             let id = if ids.is_null(i) { "" } else { ids.value(i) };
             let row = Row {
@@ -145,6 +154,7 @@ pub fn rules_of(schema: &Schema, batches: &[RecordBatch]) -> Rows {
                 when: (!whens.is_null(i)).then(|| whens.value(i)),
                 version: versions.and_then(|v| version_at(v, i)),
                 active: actives.and_then(|a| (!a.is_null(i)).then(|| a.value(i))),
+                lookups: lookups.and_then(|a| (!a.is_null(i)).then(|| a.value(i))),
             };
             match row.rule() {
                 Ok(rule) => rules.push(rule),
@@ -239,6 +249,8 @@ struct Row<'a> {
     when: Option<&'a str>,
     version: Option<Version>,
     active: Option<bool>,
+    /// JSON: `{"NAME": {"table": "schema.table", "on": {"column": "related column"}}}`.
+    lookups: Option<&'a str>,
 }
 
 impl Row<'_> {
@@ -271,13 +283,22 @@ impl Row<'_> {
                 integer(&t).ok_or_else(|| format!("version {t:?} is not an integer"))?
             }
         };
+        let lookups = match self.lookups.map(str::trim).filter(|l| !l.is_empty()) {
+            None => Vec::new(),
+            Some(json) => {
+                let entries = serde_json::from_str(json).map_err(|e| {
+                    format!("its lookups are not a JSON object of {{\"NAME\": {{\"table\": \"schema.table\", \"on\": {{\"column\": \"related column\"}}}}}}: {e}")
+                })?;
+                super::lookups_of(entries)?
+            }
+        };
         Ok(Rule {
             id: self.id.to_owned(),
             table: TableName::new(&parts[0], &parts[1]),
             when: when.to_owned(),
             version,
             active: self.active.unwrap_or(true),
-            lookups: Vec::new(),
+            lookups,
         })
     }
 }
@@ -292,34 +313,42 @@ fn integer(text: &str) -> Option<i64> {
     whole.parse().ok()
 }
 
-/// The rule set at startup from the rules table `table`. Never stops the start for the
+/// The rule set at startup from the rules table `table`: the versions recorded in
+/// `rules/versions` (each in effect after its edit's position, see
+/// `wal2delta_lake::rules::versions`), or, before any was recorded, the rules table's
+/// current rules, recorded as in effect from the start. Never stops the start for the
 /// table's content (see the module comment): without a Silver table yet, no rules; with
 /// bad rules, the valid ones, the others logged (and counted by [`run`], once the metrics
 /// recorder is installed).
 pub async fn at_startup(lake: &Lake, table: &TableName) -> anyhow::Result<(RuleSource, Seen)> {
+    let history = versions::load(lake).await?;
+    if let Some((last, rules)) = history.last() {
+        tracing::info!(table = %table, versions = history.len(), rules = rules.len(), last_effective_after_lsn = *last, "rules loaded from rules/versions (the silver stage records the rules table's later edits)");
+        return Ok((RuleSource::with_history(&history), Seen::default()));
+    }
     let Some(snapshot) = read(lake, table).await? else {
         tracing::info!(table = %table, "the rules table has no Silver table yet: starting without rules; they load when it appears (is the table captured, with a primary key?)");
         return Ok((RuleSource::default(), Seen::default()));
     };
     let (rules, errors) = validated(lake, &snapshot.rows).await?;
     if errors.is_empty() {
-        tracing::info!(rules = rules.len(), table = %table, "rules loaded from the rules table");
+        tracing::info!(rules = rules.len(), table = %table, "rules loaded from the rules table, in effect from the start");
     } else {
         tracing::error!(table = %table, invalid = errors.len(), valid = rules.len(), errors = %list(&errors), "the rules table holds rules that are not valid: starting with the valid ones; fix the others in the rules table (the whole set is installed once every rule is valid)");
     }
+    versions::append(lake, FROM_THE_START, &rules).await?;
     let seen = Seen {
-        version: Some(snapshot.version),
-        rows: Some(snapshot.rows),
         refused: !errors.is_empty(),
     };
-    Ok((RuleSource::new(&rules), seen))
+    Ok((
+        RuleSource::with_history(&[(FROM_THE_START, rules)]),
+        seen,
+    ))
 }
 
-/// What the rules stage last read from the rules table.
+/// What the start read from the rules table.
 #[derive(Debug, Default)]
 pub struct Seen {
-    version: Option<u64>,
-    rows: Option<Rows>,
     /// The set read at startup was not valid as a whole (not yet counted).
     refused: bool,
 }
@@ -327,7 +356,7 @@ pub struct Seen {
 /// The rules of `rows` that are valid, and the errors (the rows that are no rules, a
 /// table that cannot be read as rules, rules that do not compile against their Silver
 /// table). A rule whose table has no Silver table yet is valid until it appears.
-async fn validated(lake: &Lake, rows: &Rows) -> anyhow::Result<(Vec<Rule>, Vec<String>)> {
+pub(crate) async fn validated(lake: &Lake, rows: &Rows) -> anyhow::Result<(Vec<Rule>, Vec<String>)> {
     let (rules, row_errors) = match rows {
         Ok(r) => r,
         Err(e) => return Ok((Vec::new(), vec![e.to_string()])),
@@ -395,78 +424,24 @@ pub async fn listed(lake: &Lake, table: &TableName) -> anyhow::Result<Vec<Rule>>
     Ok(rules)
 }
 
-/// How often the stage looks at the rules table's Silver version.
-const WATCH_EVERY: Duration = Duration::from_secs(1);
-
-/// The rules stage with a rules table: installs every valid new rule set of `table` into
-/// `source`; a set with a bad rule is refused (logged with each reason, counted) and the
-/// running rules go on. `seen`: what [`at_startup`] read.
+/// The rules stage with a rules table. The silver stage follows the rules table itself
+/// (its edits take effect at their own commit positions, `crate::silver`'s rules edits),
+/// so this stage only counts a refused set read at startup and stays up until the stop.
 pub async fn run(
-    config: &Config,
     table: TableName,
-    source: RuleSource,
-    mut seen: Seen,
+    seen: Seen,
     supervisor: Supervisor,
     mut shutdown: watch::Receiver<bool>,
 ) -> anyhow::Result<()> {
-    let Some(lake) = supervisor
-        .writable_lake(&config.lake, &mut shutdown)
-        .await?
-    else {
-        return Ok(());
-    };
     supervisor.started();
-    if std::mem::take(&mut seen.refused) {
+    if seen.refused {
         metrics::counter!(m::RULES_RELOAD_FAILURES).increment(1);
     }
-    tracing::info!(table = %table, "rules stage started: watching the rules table's Silver table");
-    loop {
-        tokio::select! {
-            _ = shutdown.changed() => break,
-            _ = tokio::time::sleep(WATCH_EVERY) => {}
-        }
-        match poll(&lake, &table, &source, &mut seen).await {
-            Ok(()) => supervisor.healthy(),
-            // The lake is unreachable: the running rules go on; read again next time.
-            Err(e) => {
-                tracing::warn!(error = %format!("{e:#}"), table = %table, "cannot read the rules table's Silver table; the running rules go on")
-            }
-        }
-    }
+    tracing::info!(table = %table, "rules stage started: the silver stage follows the rules table, each edit in effect from its own commit position");
+    supervisor.healthy();
+    let _ = shutdown.changed().await;
     supervisor.stopped();
     tracing::info!("rules stage stopped");
-    Ok(())
-}
-
-/// Reads the rules table when its Silver version moved and installs its rules when they
-/// changed and are all valid.
-async fn poll(
-    lake: &Lake,
-    table: &TableName,
-    source: &RuleSource,
-    seen: &mut Seen,
-) -> anyhow::Result<()> {
-    let Some(silver) = open(lake, table).await? else {
-        return Ok(());
-    };
-    if seen.version == Some(silver.version()) {
-        return Ok(());
-    }
-    let snapshot = read_from(&silver).await?;
-    seen.version = Some(snapshot.version);
-    // Silver commits that change no rule (another column, a watermark) install nothing.
-    if seen.rows.as_ref() == Some(&snapshot.rows) {
-        return Ok(());
-    }
-    let (rules, errors) = validated(lake, &snapshot.rows).await?;
-    if errors.is_empty() {
-        source.replace(&rules);
-        tracing::info!(rules = rules.len(), table = %table, version = snapshot.version, "new rules installed from the rules table: each table backfills them at its next Silver round");
-    } else {
-        metrics::counter!(m::RULES_RELOAD_FAILURES).increment(1);
-        tracing::error!(table = %table, version = snapshot.version, invalid = errors.len(), errors = %list(&errors), "the new rules of the rules table are not installed; the running rules go on");
-    }
-    seen.rows = Some(snapshot.rows);
     Ok(())
 }
 
@@ -480,6 +455,7 @@ mod tests {
     use wal2delta_lake::deltalake::arrow::datatypes::Field;
 
     use super::*;
+    use wal2delta_lake::rules::Lookup;
 
     fn batch(columns: Vec<(&str, ArrayRef)>) -> (Schema, RecordBatch) {
         let fields: Vec<Field> = columns
@@ -504,6 +480,45 @@ mod tests {
             .iter()
             .map(|e| (e.id.clone(), e.reason.clone()))
             .collect()
+    }
+
+    #[test]
+    fn lookups_come_from_a_json_column_and_a_bad_one_names_the_rule() {
+        let (schema, b) = batch(vec![
+            ("id", text(&[Some("risky"), Some("plain"), Some("broken"), Some("bad_table")])),
+            (
+                "table",
+                text(&[Some("public.pay"), Some("public.pay"), Some("public.pay"), Some("public.pay")]),
+            ),
+            (
+                "when",
+                text(&[Some("m.risk > 5"), Some("amount > 1"), Some("x"), Some("x")]),
+            ),
+            (
+                "lookups",
+                text(&[
+                    Some(r#"{"m": {"table": "public.merchants", "on": {"merchant_id": "id"}}}"#),
+                    Some(" "),
+                    Some(r#"{"m": {"table": "public.merchants"}}"#),
+                    Some(r#"{"m": {"table": "merchants", "on": {"a": "b"}}}"#),
+                ]),
+            ),
+        ]);
+        let (rules, errors) = rules_of(&schema, &[b]).expect("readable");
+        let risky = rules.iter().find(|r| r.id == "risky").expect("risky");
+        assert_eq!(
+            risky.lookups,
+            vec![Lookup {
+                name: "m".into(),
+                table: TableName::new("public", "merchants"),
+                on: vec![("merchant_id".into(), "id".into())],
+            }]
+        );
+        assert!(rules.iter().any(|r| r.id == "plain" && r.lookups.is_empty()));
+        let reasons = reasons(&errors);
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        assert!(reasons[0].0 == "bad_table" && reasons[0].1.contains("not schema.table"));
+        assert!(reasons[1].0 == "broken" && reasons[1].1.contains("missing field `on`"));
     }
 
     #[test]

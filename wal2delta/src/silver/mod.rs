@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 mod lookups;
 pub mod replay;
+mod rules_edits;
 mod rules_report;
 
 use tokio::sync::watch;
@@ -60,10 +61,16 @@ pub async fn run(
         },
         None => None,
     };
+    // A rules table's edits take effect at their own commit positions (rules_edits).
+    let edits = match (&rules, config.rules.table_name()) {
+        (Some(source), Some(table)) => Some(rules_edits::RulesEdits::new(table, source.clone())),
+        _ => None,
+    };
     let mut stage = Stage {
         config,
         policies: &policies,
         rules,
+        edits,
         output,
         lake: &lake,
         supervisor: &supervisor,
@@ -136,6 +143,8 @@ struct Stage<'a> {
     config: &'a Config,
     policies: &'a Policies,
     rules: Option<RuleSource>,
+    /// The rules table, when the rules come from one.
+    edits: Option<rules_edits::RulesEdits>,
     /// Where the rules publish their rounds (`[rules] transitions_topic`, `filter_topic`).
     output: Option<Arc<dyn RulesOutput>>,
     lake: &'a Lake,
@@ -217,6 +226,14 @@ impl Stage<'_> {
             }
         }
     }
+}
+
+/// What a table's round did, as the rules table's follower needs it.
+pub(super) struct Applied {
+    /// The Silver version it committed.
+    pub version: Option<u64>,
+    /// The Bronze rows it read.
+    pub read: usize,
 }
 
 /// When a failing table is tried again.
@@ -314,7 +331,8 @@ impl Stage<'_> {
             .min()
             .unwrap_or(0);
         let started = Instant::now();
-        let (top, counts) = self.transactions.counts(self.lake, lowest).await?;
+        let (top, counts_all) = self.transactions.counts(self.lake, lowest).await?;
+        let counts = &counts_all;
         tracing::debug!(
             ms = started.elapsed().as_millis() as u64,
             "transaction counts read"
@@ -324,30 +342,92 @@ impl Stage<'_> {
             .as_ref()
             .map(RuleSource::lookup_targets)
             .unwrap_or_default();
-        for name in lookups_first(names, &targets) {
+        let mut order = lookups_first(names, &targets);
+        let rules_table = self.edits.as_ref().map(|e| e.name().to_owned());
+        // The rules table first: the edits it records this round hold the others.
+        if let Some(i) = order.iter().position(|n| Some(n) == rules_table.as_ref()) {
+            let r = order.remove(i);
+            order.insert(0, r);
+        }
+        for name in order {
             let counts = counts.get(&name).cloned().unwrap_or(TransactionCounts {
                 top,
                 ..TransactionCounts::default()
             });
-            let counts = self.hold_for_lookups(&name, counts, targets.get(&name));
+            let asked = counts.top;
+            let watermark = self.watermarks.get(&name).copied().unwrap_or(0);
+            if Some(&name) == rules_table.as_ref() {
+                if !self.sync_rules(watermark).await {
+                    continue;
+                }
+                let counts = self
+                    .edits
+                    .as_ref()
+                    .map_or(counts.clone(), |e| e.cap(counts, watermark));
+                let applied = self.apply(&name, &counts).await;
+                self.go_on_if_stopped(&name, counts.top, asked);
+                if let (Some(e), Some(r)) = (self.edits.as_mut(), applied) {
+                    e.applied(r);
+                }
+                let watermark = self.watermarks.get(&name).copied().unwrap_or(0);
+                self.sync_rules(watermark).await;
+                continue;
+            }
+            let (counts, hold) = match (&self.edits, &rules_table) {
+                (Some(e), Some(r)) => (
+                    e.edit_cap(counts, watermark),
+                    e.hold_at(self.watermarks.get(r).copied(), counts_all.get(r.as_str())),
+                ),
+                _ => (counts, None),
+            };
+            let stop = counts.top;
+            let counts = self.hold_for_lookups(&name, counts, targets.get(&name), hold);
             self.apply(&name, &counts).await;
+            self.go_on_if_stopped(&name, stop, asked);
         }
         Ok(())
     }
 
-    /// `counts` held for the tables `name`'s rules look up ([`lookups::hold`]); a hold past
-    /// `[rules] lookup_timeout_ms` is counted and logged, and the changes go on.
+    /// A table stopped at `stop` below the records' top `asked` (at an edit of the rules,
+    /// or the rules table after one transaction) that reached it goes on in a round at
+    /// once, not after the interval.
+    fn go_on_if_stopped(&mut self, name: &str, stop: i64, asked: i64) {
+        if stop < asked && self.watermarks.get(name) == Some(&stop) {
+            self.more = true;
+        }
+    }
+
+    /// Records the rules table's last change ([`rules_edits::RulesEdits::sync`]) when it
+    /// may have changed; `false` when that failed (the rules table then waits).
+    async fn sync_rules(&mut self, watermark: i64) -> bool {
+        let Some(e) = self.edits.as_mut() else {
+            return true;
+        };
+        match e.sync(self.lake, watermark).await {
+            Ok(()) => true,
+            Err(err) => {
+                tracing::warn!(error = %format!("{err:#}"), "cannot record the rules table's rules; the rules table waits (the tables it holds stop at its watermark), retried next round");
+                false
+            }
+        }
+    }
+
+    /// `counts` held for the tables `name`'s rules look up and at the rules table's
+    /// position `rules_table` ([`lookups::hold`]); a hold past `[rules] lookup_timeout_ms`
+    /// is counted and logged, and the changes go on.
     fn hold_for_lookups(
         &mut self,
         name: &str,
         counts: TransactionCounts,
         targets: Option<&BTreeSet<String>>,
+        rules_table: Option<i64>,
     ) -> TransactionCounts {
         let cap = targets
             .into_iter()
             .flatten()
             .filter_map(|t| self.watermarks.get(t))
             .copied()
+            .chain(rules_table)
             .min();
         let before = self.watermarks.get(name).copied().unwrap_or(0);
         let d = self.held.decide(
@@ -441,9 +521,10 @@ impl Stage<'_> {
     }
 
     /// One round of one table; a failure is the table's own (retried after its backoff).
-    async fn apply(&mut self, name: &str, counts: &TransactionCounts) {
+    /// `Some(report)` when the round went through.
+    async fn apply(&mut self, name: &str, counts: &TransactionCounts) -> Option<Applied> {
         let Some(tracked) = self.tables.get_mut(name) else {
-            return;
+            return None;
         };
         if tracked.pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
             let retention =
@@ -470,12 +551,17 @@ impl Stage<'_> {
                     self.supervisor.table_ok(name);
                     tracing::info!(table = %name, "Silver table merging again");
                 }
+                Some(Applied {
+                    version: r.version,
+                    read: r.read,
+                })
             }
             Err(e) => {
                 let class = format!("{:?}", e.class()).to_lowercase();
                 metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => class)
                     .increment(1);
                 self.table_failed(name, &e);
+                None
             }
         }
     }
