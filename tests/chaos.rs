@@ -1,4 +1,4 @@
-//! The short form of the chaos suite (issue 11, tests/support/chaos.rs): a fixed seed and
+//! The short form of the chaos suite (issue 11, tests/support/chaos/): a fixed seed and
 //! one random seed, 75 s of workload and faults each, with a large
 //! transaction of 20,000 rows. The long form is `ops/chaos --minutes M`.
 

@@ -1,5 +1,5 @@
 //! `wal2delta-chaos [--minutes M] [--seed S] [--large-tx ROWS] [--fault-gap MIN-MAX]`: one
-//! chaos run (tests/support/chaos.rs) against the stack in the environment (`ops/chaos`
+//! chaos run (tests/support/chaos/) against the stack in the environment (`ops/chaos`
 //! starts a private one). Exit 0 when every check passed, 1 when one failed, 2 on bad
 //! arguments. The last line printed is a one-line summary.
 
