@@ -285,8 +285,13 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     })
     .await?;
 
-    // From here `shops` cannot commit: its watermark stays behind every later change.
+    // From here `shops` cannot commit. A change of it comes first: the orders after it
+    // must wait until shops applies it (they go in lock-step, docs/rules.md "Lookups"; a
+    // shops without pending changes would hold nothing, its rows being as of any later
+    // commit already).
     let frozen = ReadOnlyLake::set(shops.join("_delta_log"))?;
+    pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (3, 'toys')"))
+        .await?;
     let started = std::time::Instant::now();
     pg.batch_execute(&format!("INSERT INTO {s}.orders VALUES (11, 1, 600)"))
         .await?;
@@ -361,7 +366,7 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     drop(frozen);
     pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (2, 'books')"))
         .await?;
-    run.wait_for("shops caught up", &2, || rows_of(&shops))
+    run.wait_for("shops caught up", &3, || rows_of(&shops))
         .await?;
     pg.batch_execute(&format!(
         "BEGIN; UPDATE {s}.shops SET category = 'books' WHERE id = 1; UPDATE {s}.orders SET amount = 700 WHERE id = 11; COMMIT"

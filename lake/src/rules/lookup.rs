@@ -6,12 +6,12 @@
 //! avoided.
 //!
 //! **Which state a lookup sees.** The related table's current Silver rows. The silver
-//! stage applies a related table before the tables that look it up, and holds a table's
-//! changes committed at LSN L until the related table's watermark reaches L (bounded by
-//! `[rules] lookup_timeout_ms`), so a lookup sees every change committed up to its row's
-//! commit, a related row changed in the same transaction included. A row evaluated while
-//! the related table is behind (after the timeout, or in a backfill while it lags) is
-//! counted as stale.
+//! stage applies a related table before the tables that look it up and keeps them in
+//! lock-step (`wal2delta/src/silver/lookups.rs`): a change committed at LSN L is looked up
+//! while the related table holds exactly its changes committed up to L, a related row
+//! changed in the same transaction included. Only after `[rules] lookup_timeout_ms` (a
+//! table that cannot keep step) may a row see a related table behind its commit (counted
+//! as stale) or a related row changed after it (counted as newer).
 
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -1,7 +1,11 @@
 //! The silver stage's side of rule lookups (docs/rules.md, "Lookups"): a table whose rules
-//! look up another is applied after it, and holds its changes until the looked-up table
-//! holds every change up to theirs, so a lookup never sees a state older than the change's
-//! commit (a related row changed in the change's own transaction included).
+//! look up another is applied after it, and the two go in lock-step: the table applies its
+//! changes only up to just below the looked-up table's next change ([`lookup_cap`]), and
+//! the looked-up table applies a change only once every table looking it up applied all
+//! below it ([`looked_up_cap`]). So a lookup sees the related rows exactly as of the
+//! change's commit (a related row changed in the change's own transaction included), never
+//! older, never newer, and a replay gives the same lookups. Each change of a looked-up
+//! table costs the tables looking it up one round (taken at once).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -31,6 +35,47 @@ pub(super) fn lookups_first(
     out
 }
 
+/// The first transaction of a table above `after` in its transaction records.
+fn next_change(counts: Option<&TransactionCounts>, after: i64) -> Option<i64> {
+    counts?
+        .events
+        .range(after.saturating_add(1)..)
+        .next()
+        .map(|(l, _)| *l)
+}
+
+/// How far a table whose rules look up the tables `related` ((name, watermark, their
+/// transaction records)) may apply in lock-step with them: up to just below the first
+/// change of a looked-up table above its watermark (`None`: no limit). Until that change
+/// is applied the looked-up table's Silver rows are exactly its state as of every change
+/// below it, so a lookup sees the related rows as of the change's own commit.
+pub(super) fn lookup_cap<'c>(
+    related: impl IntoIterator<Item = (i64, Option<&'c TransactionCounts>)>,
+) -> Option<i64> {
+    related
+        .into_iter()
+        .map(|(watermark, counts)| {
+            next_change(counts, watermark).map_or(i64::MAX, |l| l.saturating_sub(1))
+        })
+        .min()
+        .filter(|c| *c < i64::MAX)
+}
+
+/// How far a looked-up table may apply in lock-step with the tables whose rules look it
+/// up (their watermarks `readers`): a change of it at `e` only once every reader applied
+/// everything below `e` (`None`: no limit). Its later changes wait, so no reader's lookup
+/// sees a related row newer than the reader's change.
+pub(super) fn looked_up_cap(
+    own: Option<&TransactionCounts>,
+    readers: impl IntoIterator<Item = i64>,
+) -> Option<i64> {
+    readers
+        .into_iter()
+        .map(|w| next_change(own, w.saturating_add(1)).map_or(i64::MAX, |l| l.saturating_sub(1)))
+        .min()
+        .filter(|c| *c < i64::MAX)
+}
+
 /// What a table's round may apply.
 #[derive(Debug, PartialEq, Eq)]
 pub(super) enum Hold {
@@ -43,8 +88,8 @@ pub(super) enum Hold {
     TimedOut,
 }
 
-/// The hold of a table at watermark `before` whose looked-up tables' lowest watermark is
-/// `cap` (`None`: it looks nothing up, or they have no Silver table), given the
+/// The hold of a table at watermark `before` that may apply up to `cap` (`None`: no
+/// limit; [`lookup_cap`], [`looked_up_cap`], the rules table's position), given the
 /// transaction records `counts` and how long it has been held with changes waiting.
 pub(super) fn hold(
     cap: Option<i64>,
@@ -263,6 +308,30 @@ mod tests {
         assert_eq!(
             (d.counts.top, d.released_after),
             (400, Some(Duration::from_secs(30)))
+        );
+    }
+
+    #[test]
+    fn lookups_go_in_lock_step_with_the_looked_up_tables_changes() {
+        // merchants change at 100 and 200; payments at 50, 150, 250.
+        let m = counts(300, &[100, 200]);
+        // payments (at 0) may go up to just below merchants' next change above merchants'
+        // watermark; merchants may apply a change only once payments is below it.
+        assert_eq!(lookup_cap([(0, Some(&m))]), Some(99));
+        assert_eq!(looked_up_cap(Some(&m), [0]), Some(99));
+        // payments reached 99: merchants applies 100, not 200.
+        assert_eq!(looked_up_cap(Some(&m), [99]), Some(199));
+        // merchants at 199 (holds 100): payments goes up to 199.
+        assert_eq!(lookup_cap([(199, Some(&m))]), Some(199));
+        assert_eq!(looked_up_cap(Some(&m), [199]), None);
+        assert_eq!(lookup_cap([(300, Some(&m))]), None);
+        // Several: the lowest.
+        assert_eq!(looked_up_cap(Some(&m), [199, 40]), Some(99));
+        assert_eq!(lookup_cap([(300, Some(&m)), (0, Some(&m))]), Some(99));
+        assert_eq!(
+            lookup_cap([(0, None)]),
+            None,
+            "no records: no change to wait for"
         );
     }
 

@@ -342,6 +342,13 @@ impl Stage<'_> {
             .as_ref()
             .map(RuleSource::lookup_targets)
             .unwrap_or_default();
+        // Per looked-up table, the tables whose rules look it up.
+        let mut readers: HashMap<String, BTreeSet<String>> = HashMap::new();
+        for (t, related) in &targets {
+            for r in related.iter().filter(|r| *r != t) {
+                readers.entry(r.clone()).or_default().insert(t.clone());
+            }
+        }
         let mut order = lookups_first(names, &targets);
         let rules_table = self.edits.as_ref().map(|e| e.name().to_owned());
         // The rules table first: the edits it records this round hold the others.
@@ -365,7 +372,7 @@ impl Stage<'_> {
                     .as_ref()
                     .map_or(counts.clone(), |e| e.cap(counts, watermark));
                 let applied = self.apply(&name, &counts).await;
-                self.go_on_if_stopped(&name, counts.top, asked);
+                self.go_on_if_stopped(&name, watermark, counts.top, asked);
                 if let (Some(e), Some(r)) = (self.edits.as_mut(), applied) {
                     e.applied(r);
                 }
@@ -381,18 +388,40 @@ impl Stage<'_> {
                 _ => (counts, None),
             };
             let stop = counts.top;
-            let counts = self.hold_for_lookups(&name, counts, targets.get(&name), hold);
+            // In lock-step with the tables its rules look up, and with those looking it up.
+            let related = targets
+                .get(&name)
+                .into_iter()
+                .flatten()
+                .filter(|t| **t != name)
+                .filter_map(|t| Some((*self.watermarks.get(t)?, counts_all.get(t.as_str()))));
+            let readers = readers
+                .get(&name)
+                .into_iter()
+                .flatten()
+                .filter_map(|t| self.watermarks.get(t).copied());
+            let cap = [
+                hold,
+                lookups::lookup_cap(related),
+                lookups::looked_up_cap(counts_all.get(name.as_str()), readers),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let counts = self.hold_for_lookups(&name, counts, cap);
             self.apply(&name, &counts).await;
-            self.go_on_if_stopped(&name, stop, asked);
+            self.go_on_if_stopped(&name, watermark, stop.min(counts.top), asked);
         }
         Ok(())
     }
 
     /// A table stopped at `stop` below the records' top `asked` (at an edit of the rules,
-    /// or the rules table after one transaction) that reached it goes on in a round at
-    /// once, not after the interval.
-    fn go_on_if_stopped(&mut self, name: &str, stop: i64, asked: i64) {
-        if stop < asked && self.watermarks.get(name) == Some(&stop) {
+    /// in lock-step with a looked-up table, or the rules table after one transaction) that
+    /// moved from `before` and reached it goes on in a round at once, not after the
+    /// interval. (One that did not move waits: what it waits for did not move either.)
+    fn go_on_if_stopped(&mut self, name: &str, before: i64, stop: i64, asked: i64) {
+        let now = self.watermarks.get(name).copied();
+        if stop < asked && now == Some(stop) && stop > before {
             self.more = true;
         }
     }
@@ -412,23 +441,15 @@ impl Stage<'_> {
         }
     }
 
-    /// `counts` held for the tables `name`'s rules look up and at the rules table's
-    /// position `rules_table` ([`lookups::hold`]); a hold past `[rules] lookup_timeout_ms`
-    /// is counted and logged, and the changes go on.
+    /// `counts` held at `cap`: in lock-step with the tables of its lookups and the tables
+    /// looking it up, and at the rules table's position ([`lookups::hold`]); a hold past
+    /// `[rules] lookup_timeout_ms` is counted and logged, and the changes go on.
     fn hold_for_lookups(
         &mut self,
         name: &str,
         counts: TransactionCounts,
-        targets: Option<&BTreeSet<String>>,
-        rules_table: Option<i64>,
+        cap: Option<i64>,
     ) -> TransactionCounts {
-        let cap = targets
-            .into_iter()
-            .flatten()
-            .filter_map(|t| self.watermarks.get(t))
-            .copied()
-            .chain(rules_table)
-            .min();
         let before = self.watermarks.get(name).copied().unwrap_or(0);
         let d = self.held.decide(
             name,
@@ -440,7 +461,7 @@ impl Stage<'_> {
         );
         if let Some(waited) = d.released_after {
             metrics::counter!(m::RULES_LOOKUP_TIMEOUTS, "table" => name.to_owned()).increment(1);
-            tracing::warn!(table = %name, related_watermark = cap.unwrap_or_default(), waited_ms = waited.as_millis() as u64, "a table this table's rules look up is behind past [rules] lookup_timeout_ms: applying the changes until it catches up, their lookups see the related table as it is (counted as stale)");
+            tracing::warn!(table = %name, related_watermark = cap.unwrap_or_default(), waited_ms = waited.as_millis() as u64, "a table this table waits for (a table its rules look up, one whose rules look it up, or the rules table) is behind past [rules] lookup_timeout_ms: applying the changes until it catches up; lookups meanwhile see the related rows as they are (counted as stale or newer)");
         }
         d.counts
     }
@@ -523,9 +544,7 @@ impl Stage<'_> {
     /// One round of one table; a failure is the table's own (retried after its backoff).
     /// `Some(report)` when the round went through.
     async fn apply(&mut self, name: &str, counts: &TransactionCounts) -> Option<Applied> {
-        let Some(tracked) = self.tables.get_mut(name) else {
-            return None;
-        };
+        let tracked = self.tables.get_mut(name)?;
         if tracked.pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
             let retention =
                 Duration::from_secs(self.config.silver.tombstone_retention_hours * 3600);
