@@ -13,9 +13,9 @@
 
 mod batch;
 mod commit;
+pub mod lag;
 mod maintenance;
 mod offsets;
-pub mod status;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -479,7 +479,7 @@ impl Session<'_> {
             return;
         }
         self.idle.checked = Some(std::time::Instant::now());
-        match status::lag(config).await {
+        match lag::lag(config).await {
             Ok(tables) => {
                 let unread: i64 = tables.iter().map(|t| t.lag_events).sum();
                 metrics::gauge!(m::BRONZE_UNOWNED_EVENTS).set(unread as f64);

@@ -9,13 +9,13 @@ use wal2delta_cdc::value::render_text;
 use wal2delta_model::{
     Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
 };
-use wal2delta_stream::ack::{AckToken, DeliveryTag};
 use wal2delta_stream::avro::binary::{frame_change, FramedChange, SchemaIds};
 use wal2delta_stream::avro::envelope::{table_schemas, SourceInfo, OLD_KEY_HEADER};
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::{headers_bytes, EventProducer};
 use wal2delta_stream::registry::Registry;
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
+use wal2delta_stream::transaction_acks::{AckToken, DeliveryTag};
 use wal2delta_stream::transactions::{TransactionEnd, Watermark};
 use wal2delta_stream::StreamError;
 
