@@ -2,9 +2,8 @@
 //! the producer with ordered acknowledgements, the change-topic consumer positioned from
 //! the lake, decoding, and the dead-letter record.
 
-pub mod ack;
-pub mod acked;
 pub mod avro;
+pub mod batch_producer;
 pub mod connection;
 pub mod consumer;
 pub mod decode;
@@ -18,6 +17,7 @@ pub mod registry;
 pub mod registry_connection;
 pub mod snapshots;
 pub mod topic;
+pub mod transaction_acks;
 pub mod transactions;
 
 pub use error::StreamError;

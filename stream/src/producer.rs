@@ -3,7 +3,7 @@
 //! Idempotent (`enable.idempotence=true`, `acks=all`): the broker de-duplicates retries
 //! and keeps per-partition order. Every message carries a [`DeliveryTag`]; librdkafka's
 //! delivery callback reports it, success or failure, on a channel that the capture loop
-//! feeds into its [`crate::ack::AckTracker`]. Nothing is acknowledged to PostgreSQL from here.
+//! feeds into its [`crate::transaction_acks::AckTracker`]. Nothing is acknowledged to PostgreSQL from here.
 //!
 //! **No gaps.** Consumers read the transactions topic as a gapless sequence: an END or
 //! WATERMARK record at LSN `x` tells Silver that every transaction below `x` has its END
@@ -62,7 +62,7 @@ use rdkafka::producer::{BaseRecord, DeliveryResult, Producer, ProducerContext, T
 use rdkafka::ClientContext;
 use tokio::sync::mpsc;
 
-use crate::ack::DeliveryTag;
+use crate::transaction_acks::DeliveryTag;
 use crate::StreamError;
 
 /// The outcome of one message.

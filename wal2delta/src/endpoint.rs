@@ -4,7 +4,7 @@
 //! - `/healthz`: liveness, 200 while the process serves requests;
 //! - `/readyz`: readiness, 200 when every stage runs without repeated failures, else 503;
 //!   the body (JSON) gives each stage's state, its last error and, for a stopped stage,
-//!   the fix ([`crate::supervisor::status`]).
+//!   the fix ([`crate::supervisor::stages`]).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

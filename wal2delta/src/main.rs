@@ -6,6 +6,7 @@ mod capture;
 mod cli;
 mod commands;
 mod endpoint;
+mod events;
 mod gold;
 use wal2delta::config;
 mod health;

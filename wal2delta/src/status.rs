@@ -12,7 +12,7 @@ use wal2delta_cdc::source;
 use wal2delta_model::Lsn;
 use wal2delta_stream::snapshots::SnapshotProgress;
 
-use crate::bronze::status::TableLag;
+use crate::bronze::lag::TableLag;
 use crate::commands::with_hint;
 use crate::config::Config;
 use crate::{health, quarantine};
@@ -102,7 +102,7 @@ async fn gather(config: &Config) -> anyhow::Result<Report> {
         info,
         wal_rate,
         snapshots: snapshot_progress(config).await,
-        bronze: crate::bronze::status::lag(config).await,
+        bronze: crate::bronze::lag::lag(config).await,
         silver: silver_positions(config).await,
         held: held_by_bronze_quarantine(config).await,
         quarantine: quarantine_counts(config).await,

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use wal2delta_lake::bronze::OffsetRange;
 
 use super::*;
+use crate::events::BronzeEventsQuarantined;
 
 /// A table whose events are ready to append.
 struct Ready {
@@ -124,9 +125,12 @@ impl Session<'_> {
             .quarantine
             .append(QuarantineStage::Bronze, records)
             .await?;
-        for (reason, n) in by_reason {
-            tracing::warn!(reason = %reason, events = n, "events quarantined");
-            metrics::counter!(m::QUARANTINED, "stage" => "bronze", "reason" => reason).increment(n);
+        for (reason, events) in by_reason {
+            BronzeEventsQuarantined {
+                reason: &reason,
+                events,
+            }
+            .emit();
         }
         tracing::debug!(stored, "quarantine records appended");
         Ok(())
@@ -169,8 +173,7 @@ impl Session<'_> {
                 ..
             }) => {
                 self.supervisor.healthy();
-                if self.failing.remove(&topic).is_some() {
-                    self.supervisor.table_ok(&name);
+                if self.failing.succeeded(self.supervisor, &topic) {
                     tracing::info!(table = %name, "Bronze table committing again");
                 }
                 metrics::counter!(m::BRONZE_ROWS, "table" => name.clone())

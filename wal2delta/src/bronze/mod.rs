@@ -13,9 +13,9 @@
 
 mod batch;
 mod commit;
+pub mod lag;
 mod maintenance;
 mod offsets;
-pub mod status;
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -34,8 +34,9 @@ use wal2delta_stream::topic::table_topic_pattern;
 use wal2delta_stream::StreamError;
 
 use crate::config::Config;
+use crate::events::{BronzeTableFailed, InternalEvent};
 use crate::metrics as m;
-use crate::supervisor::{Backoff, Next, StageError, Supervisor};
+use crate::supervisor::{Next, OperatorErrors, StageError, Supervisor, TableNext, TableRetries};
 use batch::{BufferedEvent, FramedEvent, MicroBatch, TopicBuffer};
 use offsets::{BronzeTopics, LakeOffsets, TRANSACTIONS_TABLE};
 
@@ -129,14 +130,6 @@ struct Owned {
 /// Waiting for a seek to take effect: no message epoch matches.
 const AWAITING_SEEK: u64 = u64::MAX;
 
-/// A table whose last commit failed: its topic's events are dropped until `until`, then
-/// re-read from what the table holds. Other tables go on meanwhile.
-struct Failing {
-    backoff: Backoff,
-    /// `Some` while paused; `None` once resumed and not yet committed again.
-    until: Option<tokio::time::Instant>,
-}
-
 /// A writer holding no partitions (a group that gave it none): since when, and when the
 /// topics were last checked for events it should be reading.
 #[derive(Default)]
@@ -171,11 +164,24 @@ impl TableFailure {
     }
 }
 
+impl StageError for TableFailure {
+    fn class(&self) -> ErrorClass {
+        match self {
+            TableFailure::Lake(e) => e.class(),
+            // The handle is reloaded and the table re-read, as after a storage error
+            // (docs/bronze.md, "One table's failure").
+            TableFailure::Panicked(_) => ErrorClass::Transient,
+        }
+    }
+}
+
 struct Session<'a> {
     lake: &'a Lake,
     /// Told of every commit (the stage's backoff then starts over) and of failing tables.
     supervisor: &'a Supervisor,
-    failing: HashMap<String, Failing>,
+    /// Tables whose last commit failed, by topic: the topic's events are dropped while it
+    /// is paused, then re-read from what the table holds. Other tables go on meanwhile.
+    failing: TableRetries,
     idle: Idle,
     decoder: EventDecoder,
     consumer: ChangeConsumer,
@@ -251,7 +257,8 @@ async fn session(
     let mut s = Session {
         lake,
         supervisor,
-        failing: HashMap::new(),
+        // An operator error of a commit is about the lake every table writes (its URI).
+        failing: TableRetries::new(OperatorErrors::StopTheStage),
         decoder: EventDecoder::new(&registry)?,
         consumer,
         owned: HashMap::new(),
@@ -348,11 +355,7 @@ impl Session<'_> {
     }
 
     async fn on_message(&mut self, msg: RawMessage) -> Result<(), SessionError> {
-        if self
-            .failing
-            .get(&msg.topic)
-            .is_some_and(|f| f.until.is_some())
-        {
+        if self.failing.paused(&msg.topic) {
             return Ok(()); // its table is paused; re-read from the table when it resumes
         }
         let Some(owned) = self.owned.get_mut(&(msg.topic.clone(), msg.partition)) else {
@@ -430,22 +433,24 @@ impl Session<'_> {
         table: &str,
         failure: TableFailure,
     ) -> Result<(), SessionError> {
-        let failure = match failure {
-            TableFailure::Lake(e) if e.class() == ErrorClass::Operator => {
-                return Err(SessionError::Lake(e))
+        let pause = match self.failing.failed(self.supervisor, topic, table, &failure) {
+            TableNext::RetryIn(pause) => pause,
+            TableNext::StopTheStage => {
+                return Err(match failure {
+                    TableFailure::Lake(e) => SessionError::Lake(e),
+                    TableFailure::Panicked(reason) => {
+                        unreachable!("a panic is retried: {reason}")
+                    }
+                })
             }
-            other => other,
         };
-        metrics::counter!(m::BRONZE_TABLE_FAILURES, "table" => table.to_owned(), "kind" => failure.kind())
-            .increment(1);
-        self.supervisor.table_failed(table, &failure);
-        let f = self.failing.entry(topic.to_owned()).or_insert(Failing {
-            backoff: Backoff::standard(),
-            until: None,
-        });
-        let pause = f.backoff.next_wait();
-        f.until = Some(tokio::time::Instant::now() + pause);
-        tracing::error!(table = %table, error = %failure, retry_in_ms = pause.as_millis() as u64, "Bronze commit of this table failed; the other tables go on, this one is re-read from its stored offsets after the pause");
+        BronzeTableFailed {
+            table,
+            kind: failure.kind(),
+            error: &failure,
+            retry_in: pause,
+        }
+        .emit();
         // Messages already queued are of the old epoch once the table resumes (it re-seeks).
         for ((t, _), o) in self.owned.iter_mut() {
             if t == topic {
@@ -474,7 +479,7 @@ impl Session<'_> {
             return;
         }
         self.idle.checked = Some(std::time::Instant::now());
-        match status::lag(config).await {
+        match lag::lag(config).await {
             Ok(tables) => {
                 let unread: i64 = tables.iter().map(|t| t.lag_events).sum();
                 metrics::gauge!(m::BRONZE_UNOWNED_EVENTS).set(unread as f64);
@@ -498,23 +503,13 @@ impl Session<'_> {
 
     /// When the next paused table resumes.
     fn next_resume(&self) -> Option<tokio::time::Instant> {
-        self.failing.values().filter_map(|f| f.until).min()
+        self.failing.next_resume()
     }
 
     /// Resumes the paused tables whose pause is over: their partitions are re-read from
     /// the offsets the tables hold.
     fn resume_due(&mut self) {
-        let now = tokio::time::Instant::now();
-        let due: Vec<String> = self
-            .failing
-            .iter_mut()
-            .filter(|(_, f)| f.until.is_some_and(|u| u <= now))
-            .map(|(t, f)| {
-                f.until = None;
-                t.clone()
-            })
-            .collect();
-        for topic in due {
+        for topic in self.failing.resume_due() {
             let parts: Vec<(i32, Option<i64>)> = self
                 .owned
                 .iter()

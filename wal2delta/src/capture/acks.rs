@@ -13,9 +13,9 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use wal2delta_model::Lsn;
-use wal2delta_stream::ack::{AckToken, AckTracker, DeliveryTag};
 use wal2delta_stream::producer::Delivery;
 use wal2delta_stream::snapshots::SnapshotProgress;
+use wal2delta_stream::transaction_acks::{AckToken, AckTracker, DeliveryTag};
 
 use super::SessionError;
 use crate::metrics as m;

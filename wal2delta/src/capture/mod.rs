@@ -19,35 +19,15 @@ mod state;
 mod streamed;
 pub(crate) mod tokenize;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use std::collections::HashMap;
-
-use tokio::sync::{mpsc, oneshot, watch};
-use wal2delta_cdc::decoder::{Decoded, Decoder};
-use wal2delta_cdc::replication::{
-    ConnectParams, ReplicationConnection, ReplicationMessage, ReplicationStream,
-};
-use wal2delta_cdc::snapshot::create_slot_exporting_snapshot;
-use wal2delta_cdc::stream_buffer::{CommittedTx, Routed, StreamBuffer};
+use tokio::sync::watch;
 use wal2delta_cdc::{slot, source, CdcError};
-use wal2delta_model::table::quote_ident;
-use wal2delta_model::Lsn;
-use wal2delta_stream::avro::envelope::SourceInfo;
-use wal2delta_stream::producer::{
-    Delivery, EventProducer, ProducerSettings, RECORD_OVERHEAD_BYTES,
-};
-use wal2delta_stream::registry::Registry;
-use wal2delta_stream::snapshots::SnapshotProgress;
+use wal2delta_stream::producer::RECORD_OVERHEAD_BYTES;
 
 use crate::config::Config;
-use crate::metrics as m;
 use crate::supervisor::{Next, Supervisor};
-use acks::{Acks, Delivered};
 use error::SessionError;
-use publisher::Publisher;
-use snapshot::{SnapshotChunk, SnapshotPlan};
-use tokenize::Tokenizer;
 
 /// Runs capture until `shutdown` turns true, under its [`Supervisor`]: transient failures
 /// start a new session from the slot's confirmed position; operator errors stop the stage
@@ -155,10 +135,4 @@ struct Limits {
 /// librdkafka's lowest accepted `message.max.bytes`.
 const MIN_MESSAGE_MAX_BYTES: usize = 1_000;
 
-use wal2delta_model::clock::unix_ms as now_ms;
-
-use startup::{
-    check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
-    recorded_position, report_slot_health, resume_point, SlotSeen,
-};
-use state::State;
+use startup::{report_slot_health, SlotSeen};

@@ -9,17 +9,18 @@ use wal2delta_cdc::value::render_text;
 use wal2delta_model::{
     Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
 };
-use wal2delta_stream::ack::{AckToken, DeliveryTag};
 use wal2delta_stream::avro::binary::{frame_change, FramedChange, SchemaIds};
 use wal2delta_stream::avro::envelope::{table_schemas, SourceInfo, OLD_KEY_HEADER};
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::{headers_bytes, EventProducer};
 use wal2delta_stream::registry::Registry;
 use wal2delta_stream::topic::{key_subject, table_topic, value_subject};
+use wal2delta_stream::transaction_acks::{AckToken, DeliveryTag};
 use wal2delta_stream::transactions::{TransactionEnd, Watermark};
 use wal2delta_stream::StreamError;
 
 use super::tokenize::Tokenized;
+use crate::events::{DeadLetterCause, DeadLettered, InternalEvent};
 use crate::metrics as m;
 
 /// How many messages a publishing call queued under its token: the caller records them
@@ -297,14 +298,17 @@ impl Publisher {
             Ok(r) => r,
             Err(reason) => {
                 let reason = reason.clone();
-                tracing::warn!(table = %change.table, lsn = %change.position.lsn, kind = "schema_refused", reason = %reason, "row sent to the DLQ");
+                let cause = DeadLetterCause::SchemaRefused {
+                    lsn: change.position.lsn,
+                    reason: &reason,
+                };
                 return self
                     .dead_letter(
                         token,
                         &change.table,
                         change.op,
                         &change.position,
-                        "schema_refused",
+                        cause,
                         &reason,
                         String::new(),
                     )
@@ -316,14 +320,16 @@ impl Publisher {
             Ok(f) => f,
             Err(e) => {
                 // The reason stays in the dead letter: an Avro error may quote the value.
-                tracing::warn!(table = %change.table, lsn = %change.position.lsn, kind = "encode_failed", "row sent to the DLQ (the reason is in the dead letter)");
+                let cause = DeadLetterCause::EncodeFailed {
+                    lsn: change.position.lsn,
+                };
                 return self
                     .dead_letter(
                         token,
                         &change.table,
                         change.op,
                         &change.position,
-                        "encode_failed",
+                        cause,
                         &e.to_string(),
                         String::new(),
                     )
@@ -422,7 +428,6 @@ impl Publisher {
         let reason = format!(
             "the encoded event is {bytes} bytes, over the {limit}-byte limit for one Kafka message; raise [kafka] message_max_bytes together with the broker's and topic's max.message.bytes (docs/capture.md)"
         );
-        tracing::warn!(table = %change.table, lsn = %change.position.lsn, bytes, limit, "event over the Kafka message size sent to the DLQ");
         let detail = TooLarge {
             key: key_text(schema, change, limit / 2),
             columns: schema.columns.iter().map(|c| c.name.clone()).collect(),
@@ -434,7 +439,11 @@ impl Publisher {
             &change.table,
             change.op,
             &change.position,
-            "message_too_large",
+            DeadLetterCause::TooLarge {
+                lsn: change.position.lsn,
+                bytes,
+                limit,
+            },
             &reason,
             String::new(),
             Some(detail),
@@ -458,14 +467,18 @@ impl Publisher {
             ..
         } = d
         {
-            tracing::warn!(table = %table, lsn = %position.lsn, kind = %kind, reason = %reason, "row sent to the DLQ");
+            let cause = DeadLetterCause::Undecodable {
+                lsn: position.lsn,
+                kind,
+                reason,
+            };
             return self
                 .dead_letter(
                     token,
                     table,
                     *op,
                     position,
-                    kind,
+                    cause,
                     reason,
                     raw_text.into_inner(),
                 )
@@ -482,7 +495,6 @@ impl Publisher {
         reason: &str,
         raw: Tokenized<'_, String>,
     ) -> Result<Sent, StreamError> {
-        tracing::warn!(table = %table, reason = %reason, "undecodable snapshot row sent to the DLQ");
         let position = TxPosition {
             commit_lsn: wal2delta_model::Lsn::ZERO,
             lsn: wal2delta_model::Lsn::ZERO,
@@ -495,7 +507,7 @@ impl Publisher {
             table,
             ChangeOp::Read,
             &position,
-            "undecodable_value",
+            DeadLetterCause::SnapshotUndecodable { reason },
             reason,
             raw.into_inner(),
         )
@@ -509,11 +521,11 @@ impl Publisher {
         table: &TableName,
         op: ChangeOp,
         position: &TxPosition,
-        kind: &str,
+        cause: DeadLetterCause<'_>,
         reason: &str,
         raw: String,
     ) -> Result<Sent, StreamError> {
-        self.letter(token, table, op, position, kind, reason, raw, None)
+        self.letter(token, table, op, position, cause, reason, raw, None)
             .await
     }
 
@@ -524,13 +536,13 @@ impl Publisher {
         table: &TableName,
         op: ChangeOp,
         position: &TxPosition,
-        kind: &str,
+        cause: DeadLetterCause<'_>,
         reason: &str,
         raw: String,
         too_large: Option<TooLarge>,
     ) -> Result<Sent, StreamError> {
         let mut letter = DeadLetter {
-            reason_kind: kind.to_owned(),
+            reason_kind: cause.kind().to_owned(),
             reason: reason.to_owned(),
             table: table.to_string(),
             op: op.code().to_owned(),
@@ -565,7 +577,7 @@ impl Publisher {
                 DeliveryTag::Event(token),
             )
             .await?;
-        metrics::counter!(m::CAPTURE_DLQ_EVENTS, "table" => table.to_string(), "reason" => kind.to_owned()).increment(1);
+        DeadLettered { table, cause }.emit();
         Ok(Sent(1))
     }
 }

@@ -1,8 +1,37 @@
 //! One capture session: connect, settle the slot, start the snapshot and the stream, then
 //! read, publish and confirm until shutdown or a failure.
 
-use super::*;
+use std::time::{Duration, Instant};
+
+use tokio::sync::{mpsc, oneshot, watch};
+use wal2delta_cdc::decoder::{Decoded, Decoder};
+use wal2delta_cdc::replication::{
+    ConnectParams, ReplicationConnection, ReplicationMessage, ReplicationStream,
+};
+use wal2delta_cdc::snapshot::create_slot_exporting_snapshot;
+use wal2delta_cdc::stream_buffer::{Routed, StreamBuffer};
+use wal2delta_cdc::{slot, source, CdcError};
+use wal2delta_model::table::quote_ident;
+use wal2delta_model::Lsn;
+use wal2delta_stream::avro::envelope::SourceInfo;
+use wal2delta_stream::producer::{Delivery, EventProducer, ProducerSettings};
+use wal2delta_stream::registry::Registry;
+
+use super::acks::{Acks, Delivered};
+use super::error::SessionError;
+use super::publisher::Publisher;
+use super::snapshot::{SnapshotChunk, SnapshotPlan};
+use super::startup::{
+    check_slot_position, load_snapshot_progress, open_sealed_keys, quote_literal, record_new_slot,
+    recorded_position, resume_point,
+};
+use super::state::State;
+use super::tokenize::Tokenizer;
+use super::{exclude, snapshot, Limits};
+use crate::config::Config;
 use crate::config::{OnSlotLost, SnapshotMode};
+use crate::metrics as m;
+use crate::supervisor::Supervisor;
 
 /// A session's connections and topics, before streaming starts.
 struct Setup<'a> {

@@ -1,7 +1,20 @@
 //! What a session checks before streaming: the position log, snapshot progress, slot
 //! health figures.
 
-use super::*;
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use tokio::sync::mpsc;
+use wal2delta_cdc::{slot, CdcError};
+use wal2delta_model::clock::unix_ms as now_ms;
+use wal2delta_model::Lsn;
+use wal2delta_stream::snapshots::SnapshotProgress;
+
+use super::error::SessionError;
+use super::publisher::Publisher;
+use super::tokenize::Tokenizer;
+use crate::config::Config;
+use crate::metrics as m;
 
 /// What the slot watch saw last, so each change is logged once, not every sample.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
@@ -239,7 +252,7 @@ pub(super) async fn record_new_slot(
                     Some(0),
                     Some(key.as_bytes()),
                     &p.to_json(),
-                    wal2delta_stream::ack::DeliveryTag::SnapshotProgress,
+                    wal2delta_stream::transaction_acks::DeliveryTag::SnapshotProgress,
                 )
                 .await?;
             expected += 1;

@@ -1,13 +1,25 @@
 //! The capture session's state, and how each decoded message is published: tokenized,
 //! sent, and counted on the acknowledgement path ([`Acks`]).
 
-use super::*;
-use acks::Acks;
-use exclude::Exclusions;
 use std::sync::Arc;
-use tokenize::{tokenized, tokenized_raw};
+use std::time::{Duration, Instant};
+
+use wal2delta_cdc::decoder::{Decoded, Decoder};
+use wal2delta_cdc::replication::ReplicationStream;
+use wal2delta_model::clock::unix_ms as now_ms;
+use wal2delta_model::Lsn;
 use wal2delta_model::{Change, TableSchema};
-use wal2delta_stream::ack::{AckToken, DeliveryTag};
+use wal2delta_stream::snapshots::SnapshotProgress;
+use wal2delta_stream::transaction_acks::{AckToken, DeliveryTag};
+
+use super::acks::Acks;
+use super::error::SessionError;
+use super::exclude::Exclusions;
+use super::publisher::Publisher;
+use super::snapshot::SnapshotChunk;
+use super::tokenize::Tokenizer;
+use super::tokenize::{tokenized, tokenized_raw};
+use crate::metrics as m;
 
 pub(super) struct State {
     /// The acknowledgement path: what the slot may be confirmed to.

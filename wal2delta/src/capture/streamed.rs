@@ -1,7 +1,11 @@
 //! Publishing streamed (large) transactions at their commit, and the graceful drain.
 
+use std::time::{Duration, Instant};
+
+use wal2delta_cdc::stream_buffer::CommittedTx;
+
+use super::error::SessionError;
 use super::session::Session;
-use super::*;
 
 impl Session<'_> {
     /// Publishes a streamed transaction at its commit, reading it back from the buffer.

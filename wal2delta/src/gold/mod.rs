@@ -6,7 +6,7 @@
 //! on its own in the stage's status and retried after its own backoff; the models that
 //! read it wait for it, the others go on.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::BTreeSet;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -16,9 +16,10 @@ use wal2delta_lake::{Lake, LakeError};
 use wal2delta_model::TableName;
 
 use crate::config::Config;
+use crate::events::{GoldModelFailed, GoldModelLoaded, InternalEvent};
 use crate::maintenance::{maintain_tables, Schedule};
 use crate::metrics as m;
-use crate::supervisor::{Backoff, Supervisor};
+use crate::supervisor::{OperatorErrors, Supervisor, TableNext, TableRetries};
 
 /// The models, checked against the captured tables (every Silver table a model names
 /// must be published). An error names the model and what is wrong with it.
@@ -35,12 +36,6 @@ pub async fn load_models(config: &Config) -> anyhow::Result<Models> {
     Ok(models)
 }
 
-/// A model whose last refresh failed, and when it is tried again.
-struct Failing {
-    backoff: Backoff,
-    at: Instant,
-}
-
 pub async fn run(
     config: &Config,
     models: Models,
@@ -54,10 +49,10 @@ pub async fn run(
         return Ok(());
     };
     let every = Duration::from_millis(config.gold.interval_ms);
-    let mut failing: HashMap<String, Failing> = HashMap::new();
-    // At 0 from the start, so an alert on their increase sees a model's first failure.
+    // An operator error of a model is about its own SQL: the other models go on.
+    let mut failing = TableRetries::new(OperatorErrors::HoldTheTable);
     for model in models.iter() {
-        metrics::counter!(m::GOLD_FAILURES, "model" => model.name.clone()).increment(0);
+        GoldModelLoaded { model: &model.name }.emit();
     }
     supervisor.started();
     tracing::info!("gold stage started");
@@ -66,10 +61,7 @@ pub async fn run(
         let started = Instant::now();
         let mut failed_now: BTreeSet<String> = BTreeSet::new();
         for model in models.iter() {
-            if failing
-                .get(&model.name)
-                .is_some_and(|f| f.at > Instant::now())
-            {
+            if failing.waiting(&model.name) {
                 failed_now.insert(model.name.clone());
                 continue;
             }
@@ -80,22 +72,24 @@ pub async fn run(
             }
             match refresh(&lake, model, false).await {
                 Ok(_) => {
-                    if failing.remove(&model.name).is_some() {
-                        supervisor.table_ok(&model.name);
+                    if failing.succeeded(&supervisor, &model.name) {
                         tracing::info!(model = %model.name, "gold model refreshing again");
                     }
                 }
                 Err(e) => {
                     failed_now.insert(model.name.clone());
-                    supervisor.table_failed(&model.name, &e);
-                    let f = failing.entry(model.name.clone()).or_insert(Failing {
-                        backoff: Backoff::standard(),
-                        at: Instant::now(),
-                    });
-                    let wait = f.backoff.next_wait();
-                    f.at = Instant::now() + wait;
-                    metrics::counter!(m::GOLD_FAILURES, "model" => model.name.clone()).increment(1);
-                    tracing::warn!(model = %model.name, error = %e, retry_in_ms = wait.as_millis() as u64, "gold model refresh failed; the models that read it wait, the others go on");
+                    let name = &model.name;
+                    // Gold holds its models (`OperatorErrors::HoldTheTable`).
+                    if let TableNext::RetryIn(retry_in) =
+                        failing.failed(&supervisor, name, name, &e)
+                    {
+                        GoldModelFailed {
+                            model: name,
+                            error: &e,
+                            retry_in,
+                        }
+                        .emit();
+                    }
                 }
             }
         }

@@ -20,7 +20,7 @@ use serde_json::{json, Map, Value};
 use wal2delta_lake::rules::{FilterEvent, RulesOutput, RulesRound};
 use wal2delta_lake::LakeError;
 use wal2delta_model::ErrorClass;
-use wal2delta_stream::acked::{AckedProducer, AckedSettings, Outgoing};
+use wal2delta_stream::batch_producer::{AckedProducer, AckedSettings, Outgoing};
 use wal2delta_stream::StreamError;
 
 use crate::config::Config;

@@ -22,12 +22,15 @@ use wal2delta_lake::silver::{SilverTable, TransactionCounts, TransactionLog};
 use wal2delta_lake::{Lake, LakeError};
 
 use crate::config::{Config, Policies};
+use crate::events::{
+    class_label, InternalEvent, QuarantineOpenCounted, SilverRowsQuarantined, SilverTableFailed,
+    SilverTableHeld,
+};
 use crate::maintenance::{maintain_tables, Schedule};
 use crate::metrics as m;
-use crate::supervisor::{Backoff, Next, StageError, Supervisor};
+use crate::supervisor::{Next, OperatorErrors, Supervisor, TableNext, TableRetries};
 use lookups::lookups_first;
 use wal2delta_lake::Url;
-use wal2delta_model::ErrorClass;
 
 /// `policies`: the masking and checks resolved against the source at startup
 /// ([`crate::policies`]).
@@ -77,7 +80,9 @@ pub async fn run(
         tables: HashMap::new(),
         watermarks: HashMap::new(),
         keyless: HashMap::new(),
-        failing: HashMap::new(),
+        // An operator error of a table is about its own checks and policies: the other
+        // tables go on.
+        failing: TableRetries::new(OperatorErrors::HoldTheTable),
         held: lookups::Holds::default(),
         listed: None,
         transactions: TransactionLog::default(),
@@ -130,8 +135,8 @@ async fn report_open_quarantine(lake: &Lake) {
     match crate::quarantine::open_counts(lake).await {
         Ok(counts) => {
             for stage in ["bronze", "silver"] {
-                metrics::gauge!(m::QUARANTINE_OPEN, "stage" => stage)
-                    .set(counts.get(stage).copied().unwrap_or(0) as f64);
+                let open = counts.get(stage).copied().unwrap_or(0);
+                QuarantineOpenCounted { stage, open }.emit();
             }
         }
         Err(e) => tracing::warn!(error = %e, "cannot count open quarantine records"),
@@ -154,7 +159,7 @@ struct Stage<'a> {
     /// Bronze tables without a `key` column, and when they were last looked at.
     keyless: HashMap<String, Instant>,
     /// Tables whose last open or round failed: retried after their own backoff.
-    failing: HashMap<String, Retry>,
+    failing: TableRetries,
     /// Tables held for the tables their rules look up ([`lookups::Holds`]).
     held: lookups::Holds,
     /// The Bronze tables as last listed, and when ([`LIST_EVERY`]).
@@ -236,12 +241,6 @@ pub(super) struct Applied {
     pub read: usize,
 }
 
-/// When a failing table is tried again.
-struct Retry {
-    backoff: Backoff,
-    at: Instant,
-}
-
 /// A Silver table the stage works on, and when its tombstones were last pruned.
 struct Tracked {
     table: SilverTable,
@@ -309,11 +308,7 @@ impl Stage<'_> {
         let mut names = Vec::new();
         for (schema, table, url) in self.bronze_tables().await? {
             let name = format!("{schema}.{table}");
-            if self
-                .failing
-                .get(&name)
-                .is_some_and(|r| r.at > Instant::now())
-            {
+            if self.failing.waiting(&name) {
                 continue;
             }
             if !self.tables.contains_key(&name) && !self.open(&name, &schema, &table, &url).await? {
@@ -518,17 +513,13 @@ impl Stage<'_> {
                 None => t,
             },
             Err(e) => {
-                metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => "operator")
-                    .increment(1);
-                self.table_failed(name, &e);
+                // Counted as `operator` whatever its class: the table cannot be held under
+                // its policy.
+                self.table_failed(name, "operator", &e);
                 return Ok(false);
             }
         };
-        // At 0 once the table is held, so an alert on their increase sees the first.
-        for class in ["transient", "record", "operator"] {
-            metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => class)
-                .increment(0);
-        }
+        SilverTableHeld { table: name }.emit();
         self.watermarks
             .insert(name.to_owned(), t.progress().await?.watermark);
         self.tables.insert(
@@ -566,8 +557,7 @@ impl Stage<'_> {
                 self.watermarks.insert(name.to_owned(), r.watermark);
                 self.more |= r.again || (r.partial.is_some() && r.version.is_some());
                 report_applied(name, &r, started);
-                if self.failing.remove(name).is_some() {
-                    self.supervisor.table_ok(name);
+                if self.failing.succeeded(self.supervisor, name) {
                     tracing::info!(table = %name, "Silver table merging again");
                 }
                 Some(Applied {
@@ -576,33 +566,27 @@ impl Stage<'_> {
                 })
             }
             Err(e) => {
-                let class = format!("{:?}", e.class()).to_lowercase();
-                metrics::counter!(m::SILVER_ERRORS, "table" => name.to_owned(), "class" => class)
-                    .increment(1);
-                self.table_failed(name, &e);
+                self.table_failed(name, class_label(e.class()), &e);
                 None
             }
         }
     }
 
-    /// A table failed: it waits for its own backoff; the other tables go on.
-    fn table_failed(&mut self, name: &str, error: &LakeError) {
-        self.supervisor.table_failed(name, error);
-        let retry = self.failing.entry(name.to_owned()).or_insert(Retry {
-            backoff: Backoff::standard(),
-            at: Instant::now(),
-        });
-        let wait = retry.backoff.next_wait();
-        retry.at = Instant::now() + wait;
-        let hint = error
-            .hint()
-            .map(|h| format!(" (hint: {h})"))
-            .unwrap_or_default();
-        if error.class() == ErrorClass::Operator {
-            tracing::error!(table = %name, error = %format!("{error}{hint}"), retry_in_ms = wait.as_millis() as u64, "the Silver table cannot be worked on until an operator fixes this; the other tables go on");
-        } else {
-            tracing::warn!(table = %name, error = %error, retry_in_ms = wait.as_millis() as u64, "silver round of the table failed; the other tables go on, this one is retried after a pause");
+    /// A table failed (`class` is its metric label): it waits for its own backoff; the
+    /// other tables go on.
+    fn table_failed(&mut self, name: &str, class: &'static str, error: &LakeError) {
+        let retry_in = match self.failing.failed(self.supervisor, name, name, error) {
+            TableNext::RetryIn(wait) => wait,
+            // Silver holds its tables (`OperatorErrors::HoldTheTable`).
+            TableNext::StopTheStage => return,
+        };
+        SilverTableFailed {
+            table: name,
+            class,
+            error,
+            retry_in,
         }
+        .emit();
     }
 }
 
@@ -619,9 +603,11 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
             .increment(1);
     }
     if r.quarantined > 0 {
-        metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::silver::CHECK_FAILED)
-            .increment(r.quarantined as u64);
-        tracing::warn!(table = %name, rows = r.quarantined, "rows failed quality checks and went to quarantine");
+        SilverRowsQuarantined {
+            table: &name,
+            rows: r.quarantined as u64,
+        }
+        .emit();
     }
     metrics::histogram!(m::SILVER_ROUND_SECONDS, "table" => name.clone())
         .record(started.elapsed().as_secs_f64());

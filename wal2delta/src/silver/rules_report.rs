@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use wal2delta_lake::rules::{RulesObserver, RulesReport};
 
+use crate::events::{InternalEvent, RuleRowsQuarantined};
 use crate::metrics as m;
 
 /// The observer of one table's rules: every round's metrics, the early filter's reduction
@@ -74,9 +75,11 @@ fn report_rules(table: &str, r: &RulesReport) {
             .increment(*n as u64);
     }
     for (rule, n) in &r.errors {
-        metrics::counter!(m::RULES_ERRORS, "rule" => rule.clone()).increment(*n as u64);
-        metrics::counter!(m::QUARANTINED, "stage" => "silver", "reason" => wal2delta_lake::rules::RULE_FAILED)
-            .increment(*n as u64);
+        RuleRowsQuarantined {
+            rule,
+            rows: *n as u64,
+        }
+        .emit();
     }
     if r.rows > 0 && r.rules > 0 {
         // Every evaluated rule saw every row of the round.

@@ -17,7 +17,8 @@
 //!   again, so it stops the stage like an operator error.
 
 mod backoff;
-pub mod status;
+pub mod stages;
+mod tables;
 
 use std::fmt::Display;
 
@@ -25,10 +26,13 @@ use tokio::sync::watch;
 use wal2delta_model::ErrorClass;
 
 pub use backoff::Backoff;
-pub use status::{Stages, State};
+pub use stages::{Stages, State};
+pub use tables::{OperatorErrors, TableNext, TableRetries};
 
 use crate::cli::Stage;
-use crate::metrics as m;
+use crate::events::{
+    class_label, InternalEvent, StageRetrying, StageSessionFailed, StageStopped, StageSupervised,
+};
 
 /// An error that can end a stage's session.
 pub trait StageError: Display {
@@ -101,14 +105,10 @@ pub struct Supervisor {
 
 impl Supervisor {
     pub fn new(stage: Stage, stages: &Stages) -> Self {
-        // The failure counters exist from the start, at 0: Prometheus's `increase()` sees
-        // no rise in a series whose first sample is already 1, so an alert on the first
-        // failure needs the 0 before it.
-        let name = status::stage_name(stage);
-        metrics::counter!(m::STAGE_RESTARTS, "stage" => name).increment(0);
-        for class in ["transient", "record", "operator"] {
-            metrics::counter!(m::STAGE_FAILURES, "stage" => name, "class" => class).increment(0);
+        StageSupervised {
+            stage: stages::stage_name(stage),
         }
+        .emit();
         Supervisor {
             stage,
             stages: stages.clone(),
@@ -130,7 +130,7 @@ impl Supervisor {
     }
 
     /// A session started. It counts as healthy once it made progress ([`Self::healthy`])
-    /// or ran for [`status::HEALTHY_AFTER`] without failing.
+    /// or ran for [`stages::HEALTHY_AFTER`] without failing.
     pub fn started(&self) {
         self.stages
             .update(self.stage, |st| st.state = State::Running);
@@ -149,14 +149,9 @@ impl Supervisor {
         error: &dyn StageError,
         shutdown: &mut watch::Receiver<bool>,
     ) -> Next {
-        let stage = status::stage_name(self.stage);
+        let stage = stages::stage_name(self.stage);
         let class = error.class();
-        let class_label = match class {
-            ErrorClass::Transient => "transient",
-            ErrorClass::Record => "record",
-            ErrorClass::Operator => "operator",
-        };
-        metrics::counter!(m::STAGE_FAILURES, "stage" => stage, "class" => class_label).increment(1);
+        StageSessionFailed { stage, class }.emit();
         let message = error.to_string();
         if self
             .stages
@@ -177,8 +172,13 @@ impl Supervisor {
                     st.failures += 1;
                     st.last_error = Some(message.clone());
                 });
-                metrics::counter!(m::STAGE_RESTARTS, "stage" => stage).increment(1);
-                tracing::warn!(stage, error = %message, retry_in_ms = wait.as_millis() as u64, "{stage} session ended; {}", resumes(self.stage));
+                StageRetrying {
+                    stage,
+                    error: &message,
+                    wait,
+                    resumes: resumes(self.stage),
+                }
+                .emit();
                 tokio::select! {
                     _ = tokio::time::sleep(wait) => Next::Retry,
                     _ = shutdown.changed() => {
@@ -187,7 +187,7 @@ impl Supervisor {
                     }
                 }
             }
-            Action::Stop => Next::Stop(self.stop(error, class_label)),
+            Action::Stop => Next::Stop(self.stop(error, class_label(class))),
         }
     }
 
@@ -224,8 +224,8 @@ impl Supervisor {
     }
 
     /// Marks the stage failed and says why, with the fix when known.
-    fn stop(&self, error: &dyn StageError, class_label: &str) -> anyhow::Error {
-        let stage = status::stage_name(self.stage);
+    fn stop(&self, error: &dyn StageError, class: &'static str) -> anyhow::Error {
+        let stage = stages::stage_name(self.stage);
         let (message, hint) = (error.to_string(), error.hint());
         self.stages.update(self.stage, |st| {
             st.state = State::Failed;
@@ -237,7 +237,12 @@ impl Supervisor {
             Some(h) => format!("{message} (hint: {h})"),
             None => message,
         };
-        tracing::debug!(stage, class = class_label, error = %shown, "{stage} stage stopped");
+        StageStopped {
+            stage,
+            class,
+            error: &shown,
+        }
+        .emit();
         anyhow::anyhow!("{stage} stage stopped, it needs an operator: {shown}")
     }
 

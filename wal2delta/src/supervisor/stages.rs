@@ -7,7 +7,7 @@ use std::time::SystemTime;
 use serde_json::{json, Value};
 
 use crate::cli::Stage;
-use crate::metrics as m;
+use crate::events::{InternalEvent, StageStatusChanged};
 
 /// A stage failing this many times in a row (or a table failing this many rounds in a
 /// row) makes the daemon not ready: one broker blip does not flap readiness.
@@ -146,15 +146,13 @@ impl Stages {
         if st.state != before {
             st.since = SystemTime::now();
         }
-        let up = st.state == State::Running;
-        metrics::gauge!(m::STAGE_UP, "stage" => name).set(if up { 1.0 } else { 0.0 });
-        metrics::gauge!(m::STAGE_FAILED, "stage" => name).set(if st.state == State::Failed {
-            1.0
-        } else {
-            0.0
-        });
-        metrics::gauge!(m::STAGE_FAILING_TABLES, "stage" => name)
-            .set(st.failing_tables.len() as f64);
+        StageStatusChanged {
+            stage: name,
+            up: st.state == State::Running,
+            failed: st.state == State::Failed,
+            failing_tables: st.failing_tables.len(),
+        }
+        .emit();
     }
 
     pub fn get(&self, stage: Stage) -> Option<StageStatus> {
