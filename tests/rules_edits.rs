@@ -15,45 +15,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use tokio_postgres::Client;
-use wal2delta_tests::lake::{duckdb, rule_hits};
+use wal2delta_tests::lake::{exact_transitions, rule_hits, rule_versions};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.payments (id bigint PRIMARY KEY, amount bigint NOT NULL);";
-
-/// (rule_id, rule_version, key, transition, lsn, origin), sorted.
-type Exact = Vec<(String, i64, String, String, i64, String)>;
-
-fn exact(lake: &std::path::Path) -> Result<Exact> {
-    let path = lake.join("rules/transitions");
-    if !path.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let rows = duckdb(&format!(
-        "SELECT rule_id, rule_version, key, transition, lsn, origin FROM delta_scan('{}') ORDER BY ALL",
-        path.display()
-    ))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let s = |i: usize| r[i].as_str().unwrap_or_default().to_owned();
-            let n = |i: usize| r[i].as_i64().unwrap_or(i64::MIN);
-            (s(0), n(1), s(2), s(3), n(4), s(5))
-        })
-        .collect())
-}
-
-/// The positions `rules/versions` records, in order.
-fn versions(lake: &std::path::Path) -> Result<Vec<i64>> {
-    let path = lake.join("rules/versions");
-    if !path.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let rows = duckdb(&format!(
-        "SELECT position FROM delta_scan('{}') ORDER BY seq",
-        path.display()
-    ))?;
-    Ok(rows.iter().filter_map(|r| r[0].as_i64()).collect())
-}
 
 /// The (key, rule) hits PostgreSQL computes for `rules` (id, condition).
 async fn pg_hits(pg: &Client, s: &str, rules: &[(&str, &str)]) -> Result<Vec<(String, String)>> {
@@ -155,8 +120,8 @@ async fn a_rule_edit_takes_effect_at_its_commit_position_whatever_the_rounds() -
         || rule_hits(&lake),
     )
     .await?;
-    let first = exact(&lake)?;
-    let recorded = versions(&lake)?;
+    let first = exact_transitions(&lake)?;
+    let recorded = rule_versions(&lake)?;
     ensure!(recorded.len() == 3, "three versions recorded: {recorded:?}");
     // Each edit's backfill carries the edit's position.
     for (i, at) in recorded.iter().enumerate().skip(1) {
@@ -201,10 +166,13 @@ async fn a_rule_edit_takes_effect_at_its_commit_position_whatever_the_rounds() -
             "the clean run's transitions",
             &first,
             Duration::from_secs(60),
-            || exact(&lake2),
+            || exact_transitions(&lake2),
         )
         .await?;
-    ensure!(versions(&lake2)? == recorded, "the same edit positions");
+    ensure!(
+        rule_versions(&lake2)? == recorded,
+        "the same edit positions"
+    );
     clean.stop()?;
     Ok(())
 }

@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
 use wal2delta_tests::chaos::{FilesAway, ReadOnlyLake};
 use wal2delta_tests::daemon::StageProcess;
-use wal2delta_tests::lake::{duckdb, rule_hits};
+use wal2delta_tests::lake::{duckdb, exact_transitions, rule_hits, rule_versions};
 use wal2delta_tests::{Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.merchants (id bigint PRIMARY KEY, risk int NOT NULL); \
@@ -35,40 +35,6 @@ const TABLES: &str = "CREATE TABLE {s}.merchants (id bigint PRIMARY KEY, risk in
 
 const MERCHANTS: i64 = 8;
 const PAYMENTS: i64 = 240;
-
-/// (rule_id, rule_version, key, transition, lsn, origin), sorted.
-type Exact = Vec<(String, i64, String, String, i64, String)>;
-
-fn exact(lake: &Path) -> Result<Exact> {
-    let path = lake.join("rules/transitions");
-    if !path.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let rows = duckdb(&format!(
-        "SELECT rule_id, rule_version, key, transition, lsn, origin FROM delta_scan('{}') ORDER BY ALL",
-        path.display()
-    ))?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            let s = |i: usize| r[i].as_str().unwrap_or_default().to_owned();
-            let n = |i: usize| r[i].as_i64().unwrap_or(i64::MIN);
-            (s(0), n(1), s(2), s(3), n(4), s(5))
-        })
-        .collect())
-}
-
-fn versions(lake: &Path) -> Result<Vec<i64>> {
-    let path = lake.join("rules/versions");
-    if !path.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    let rows = duckdb(&format!(
-        "SELECT position FROM delta_scan('{}') ORDER BY seq",
-        path.display()
-    ))?;
-    Ok(rows.iter().filter_map(|r| r[0].as_i64()).collect())
-}
 
 /// Rows as DuckDB gives them.
 type Rows = Vec<Vec<serde_json::Value>>;
@@ -371,8 +337,8 @@ async fn transitions_and_gold_equal_a_clean_run_under_random_edits_and_faults() 
     .await?;
     // The round that wrote the last hits commits Silver too.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let first = exact(&lake)?;
-    let recorded = versions(&lake)?;
+    let first = exact_transitions(&lake)?;
+    let recorded = rule_versions(&lake)?;
     ensure!(
         recorded.len() >= 2,
         "rule edits were recorded: {recorded:?}"
@@ -411,10 +377,13 @@ async fn transitions_and_gold_equal_a_clean_run_under_random_edits_and_faults() 
     })
     .await?;
     until(&mut clean, "the clean run's transitions", &first, || {
-        exact(&lake2)
+        exact_transitions(&lake2)
     })
     .await?;
-    ensure!(versions(&lake2)? == recorded, "the same edit positions");
+    ensure!(
+        rule_versions(&lake2)? == recorded,
+        "the same edit positions"
+    );
     until(&mut clean, "the clean run's Gold", &model, || {
         Ok(gold(&lake2, &s)?.0)
     })

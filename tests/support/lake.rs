@@ -225,3 +225,40 @@ pub fn transitions(lake: &Path, origin: &str) -> Result<Vec<(String, String, Str
         })
         .collect())
 }
+
+/// One row of `rules/transitions`: (rule_id, rule_version, key, transition, lsn, origin).
+pub type ExactTransition = (String, i64, String, String, i64, String);
+
+/// Every row of the lake's `rules/transitions`, sorted: what two runs of one history must
+/// hold one for one (LSNs included).
+pub fn exact_transitions(lake: &Path) -> Result<Vec<ExactTransition>> {
+    let path = lake.join("rules/transitions");
+    if !path.join("_delta_log").is_dir() {
+        return Ok(Vec::new());
+    }
+    let rows = duckdb(&format!(
+        "SELECT rule_id, rule_version, key, transition, lsn, origin FROM delta_scan('{}') ORDER BY ALL",
+        path.display()
+    ))?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            let s = |i: usize| r[i].as_str().unwrap_or_default().to_owned();
+            let n = |i: usize| r[i].as_i64().unwrap_or(i64::MIN);
+            (s(0), n(1), s(2), s(3), n(4), s(5))
+        })
+        .collect())
+}
+
+/// The positions `rules/versions` records, in the order recorded.
+pub fn rule_versions(lake: &Path) -> Result<Vec<i64>> {
+    let path = lake.join("rules/versions");
+    if !path.join("_delta_log").is_dir() {
+        return Ok(Vec::new());
+    }
+    let rows = duckdb(&format!(
+        "SELECT position FROM delta_scan('{}') ORDER BY seq",
+        path.display()
+    ))?;
+    Ok(rows.iter().filter_map(|r| r[0].as_i64()).collect())
+}
