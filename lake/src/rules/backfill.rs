@@ -48,27 +48,9 @@ impl TableRules {
             invalid: invalid.clone(),
             ..RulesReport::default()
         };
-        let mut fresh: HashMap<String, (KeyHits, Option<i64>)> = HashMap::new();
-        if !to_eval.is_empty() {
-            let ev = Evaluator::new(to_eval, &schema);
-            for b in delta::query(&self.name, silver, "SELECT * FROM t").await? {
-                report.rows += b.num_rows();
-                let row_hits = self.evaluate_rows(&ev, &b, &schema, &mut report).await?;
-                let keys_json = key_json(&b, keys).map_err(|e| self.error(e))?;
-                let ts = b
-                    .column_by_name(COMMIT_TS)
-                    .and_then(|a| cast(a, &DataType::Int64).ok());
-                for ((i, key), hits) in keys_json.into_iter().enumerate().zip(row_hits) {
-                    if !hits.is_empty() {
-                        let t = ts.as_ref().and_then(|a| {
-                            let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
-                            a.is_valid(i).then(|| a.value(i))
-                        });
-                        fresh.insert(key, (hits, t));
-                    }
-                }
-            }
-        }
+        let mut fresh = self
+            .evaluate_all(silver, to_eval, &schema, keys, &mut report)
+            .await?;
         let state = self.state.as_mut().expect("loaded in start");
         // Per key: the hits of the rules re-evaluated or removed are replaced.
         let replaced = |id: &str| {
@@ -174,6 +156,40 @@ impl TableRules {
         tracing::info!(table = %self.name, rules = report.rules, rows = report.rows, transitions = transitions.len(), elapsed_ms = started.elapsed().as_millis() as u64, "rules installed: backfilled over the current Silver rows");
         self.installed = Some(desired);
         Ok(report)
+    }
+
+    /// The hits of `to_eval` on every Silver row, per key, with the row's commit time.
+    async fn evaluate_all(
+        &mut self,
+        silver: &DeltaTable,
+        to_eval: Vec<CompiledRule>,
+        schema: &deltalake::arrow::datatypes::SchemaRef,
+        keys: &[String],
+        report: &mut RulesReport,
+    ) -> Result<HashMap<String, (KeyHits, Option<i64>)>, LakeError> {
+        let mut fresh: HashMap<String, (KeyHits, Option<i64>)> = HashMap::new();
+        if to_eval.is_empty() {
+            return Ok(fresh);
+        }
+        let ev = Evaluator::new(to_eval, schema);
+        for b in delta::query(&self.name, silver, "SELECT * FROM t").await? {
+            report.rows += b.num_rows();
+            let row_hits = self.evaluate_rows(&ev, &b, schema, report).await?;
+            let keys_json = key_json(&b, keys).map_err(|e| self.error(e))?;
+            let ts = b
+                .column_by_name(COMMIT_TS)
+                .and_then(|a| cast(a, &DataType::Int64).ok());
+            for ((i, key), hits) in keys_json.into_iter().enumerate().zip(row_hits) {
+                if !hits.is_empty() {
+                    let t = ts.as_ref().and_then(|a| {
+                        let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+                        a.is_valid(i).then(|| a.value(i))
+                    });
+                    fresh.insert(key, (hits, t));
+                }
+            }
+        }
+        Ok(fresh)
     }
 }
 

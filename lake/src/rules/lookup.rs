@@ -47,6 +47,13 @@ fn target(l: &Lookup) -> Target {
     (lake_name(&l.table), l.on.clone())
 }
 
+/// The related tables a round read: the rows fetched per related table, and the reason
+/// per related table that could not be read.
+struct Related {
+    fetched: HashMap<Target, Fetched>,
+    unreadable: HashMap<Target, String>,
+}
+
 impl TableRules {
     /// Phase two over `input` (rows with the rules' schema; `hits` holds phase one's
     /// result): for each rule with lookups, the rows it passed are joined with their
@@ -68,9 +75,32 @@ impl TableRules {
         if rules.is_empty() || input.num_rows() == 0 {
             return Ok(());
         }
+        let lsn = input
+            .column_by_name(COMMIT_LSN)
+            .and_then(|a| cast(a, &deltalake::arrow::datatypes::DataType::Int64).ok());
+        let related = self
+            .fetch_needed(&rules, input, hits, lsn.as_ref(), report)
+            .await?;
+        for (rule, plan) in rules {
+            self.judge(rule, plan, input, hits, &related, lsn.as_ref(), report)?;
+        }
+        Ok(())
+    }
+
+    /// Reads, once per related table, the related rows of the rows that some rule using
+    /// it passed in phase one; a related table that cannot be read for good is named with
+    /// the reason (a transient failure fails the round).
+    async fn fetch_needed(
+        &self,
+        rules: &[(&CompiledRule, &Arc<LookupPlan>)],
+        input: &RecordBatch,
+        hits: &[KeyHits],
+        lsn: Option<&ArrayRef>,
+        report: &mut RulesReport,
+    ) -> Result<Related, LakeError> {
         // Which rows need each related table: those some rule using it passed.
         let mut needed: HashMap<Target, (Lookup, SchemaRef, Vec<bool>)> = HashMap::new();
-        for (rule, plan) in &rules {
+        for (rule, plan) in rules {
             for (l, schema) in &plan.lookups {
                 let e = needed
                     .entry(target(l))
@@ -80,9 +110,6 @@ impl TableRules {
                 }
             }
         }
-        let lsn = input
-            .column_by_name(COMMIT_LSN)
-            .and_then(|a| cast(a, &deltalake::arrow::datatypes::DataType::Int64).ok());
         let mut fetched: HashMap<Target, Fetched> = HashMap::new();
         let mut unreadable: HashMap<Target, String> = HashMap::new();
         for (t, (l, schema, rows)) in needed {
@@ -111,7 +138,7 @@ impl TableRules {
                     continue;
                 }
             };
-            if let Some(lsn) = &lsn {
+            if let Some(lsn) = lsn {
                 let lsn = lsn.as_primitive::<Int64Type>();
                 report.lookups_stale += rows
                     .iter()
@@ -120,123 +147,161 @@ impl TableRules {
             }
             fetched.insert(t, f);
         }
-        for (rule, plan) in rules {
-            let id = &rule.rule.id;
-            let rows: Vec<u32> = (0..hits.len() as u32)
-                .filter(|&i| hits[i as usize].contains_key(id))
-                .collect();
-            if rows.is_empty() {
-                continue;
-            }
-            // Per lookup, each row's related row (None: no related row).
-            let mut columns: Vec<ArrayRef> =
-                take_record_batch(input, &UInt32Array::from(rows.clone()))
-                    .map_err(|e| self.error(e))?
-                    .columns()
-                    .to_vec();
-            let mut failed: HashMap<u32, String> = HashMap::new();
-            for (l, schema) in &plan.lookups {
-                let Some(f) = fetched.get(&target(l)) else {
-                    let reason = unreadable
-                        .get(&target(l))
-                        .cloned()
-                        .unwrap_or_else(|| format!("lookup `{}`: not fetched", l.name));
-                    for &i in &rows {
-                        failed.entry(i).or_insert_with(|| reason.clone());
-                    }
-                    for f in schema.fields() {
-                        columns.push(deltalake::arrow::array::new_null_array(
-                            f.data_type(),
-                            rows.len(),
-                        ));
-                    }
-                    continue;
-                };
-                let keys = f
-                    .converter
-                    .convert_columns(&own_keys(input, l, &f.rows).map_err(|e| self.error(e))?)
-                    .map_err(|e| self.error(e))?;
-                let idx: UInt32Array = rows
-                    .iter()
-                    .map(|&i| match f.by_key.get(keys.row(i as usize).as_ref()) {
-                        Some(m) if m.len() == 1 => Some(m[0]),
-                        Some(m) => {
-                            failed.entry(i).or_insert_with(|| format!(
-                                "lookup `{}` matched {} rows of {}: `on` must name the related table's key",
-                                l.name, m.len(), l.table
-                            ));
-                            None
+        Ok(Related {
+            fetched,
+            unreadable,
+        })
+    }
+
+    /// Phase two of `rule` over the rows that passed its own conditions: each row joined
+    /// with its related rows, the whole condition decides; a row whose lookup failed is
+    /// quarantined for the rule and is no hit.
+    #[allow(clippy::too_many_arguments)]
+    fn judge(
+        &self,
+        rule: &CompiledRule,
+        plan: &Arc<LookupPlan>,
+        input: &RecordBatch,
+        hits: &mut [KeyHits],
+        related: &Related,
+        lsn: Option<&ArrayRef>,
+        report: &mut RulesReport,
+    ) -> Result<(), LakeError> {
+        let id = &rule.rule.id;
+        let rows: Vec<u32> = (0..hits.len() as u32)
+            .filter(|&i| hits[i as usize].contains_key(id))
+            .collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let mut failed: HashMap<u32, String> = HashMap::new();
+        let columns = self.joined_columns(plan, input, &rows, related, lsn, report, &mut failed)?;
+        let joined = RecordBatch::try_new_with_options(
+            plan.combined.clone(),
+            columns,
+            &deltalake::arrow::array::RecordBatchOptions::new().with_row_count(Some(rows.len())),
+        )
+        .map_err(|e| self.error(e))?;
+        let started = std::time::Instant::now();
+        let bits: Vec<bool> = match evaluate_expr(&rule.rule, &plan.full, &joined) {
+            Ok(b) => (0..b.len()).map(|j| b.value(j)).collect(),
+            Err(_) => (0..rows.len())
+                .map(
+                    |j| match evaluate_expr(&rule.rule, &plan.full, &joined.slice(j, 1)) {
+                        Ok(b) => b.value(0),
+                        Err(e) => {
+                            failed
+                                .entry(rows[j])
+                                .or_insert(crate::conditions::without_values(&e.reason));
+                            false
                         }
-                        None => None,
-                    })
-                    .collect();
-                // A related row changed after the row's own commit: the lookup sees a later
-                // state than the commit's (docs/rules.md, "Lookups", limits), counted.
-                if let (Some(own), Some(theirs)) = (
-                    lsn.as_ref().map(|a| a.as_primitive::<Int64Type>()),
-                    f.rows
-                        .column_by_name(COMMIT_LSN)
-                        .and_then(|a| a.as_primitive_opt::<Int64Type>()),
-                ) {
-                    report.lookups_newer += rows
-                        .iter()
-                        .zip(idx.iter())
-                        .filter(|(&i, j)| {
-                            j.is_some_and(|j| {
-                                own.is_valid(i as usize)
-                                    && theirs.is_valid(j as usize)
-                                    && theirs.value(j as usize) > own.value(i as usize)
-                            })
-                        })
-                        .count();
-                }
-                let related =
-                    super::evaluate::conform(&f.rows, schema).map_err(|e| self.error(e))?;
-                for c in related.columns() {
-                    columns.push(take(c, &idx, None).map_err(|e| self.error(e))?);
-                }
-            }
-            let joined = RecordBatch::try_new_with_options(
-                plan.combined.clone(),
-                columns,
-                &deltalake::arrow::array::RecordBatchOptions::new()
-                    .with_row_count(Some(rows.len())),
-            )
-            .map_err(|e| self.error(e))?;
-            let started = std::time::Instant::now();
-            let bits: Vec<bool> = match evaluate_expr(&rule.rule, &plan.full, &joined) {
-                Ok(b) => (0..b.len()).map(|j| b.value(j)).collect(),
-                Err(_) => (0..rows.len())
-                    .map(
-                        |j| match evaluate_expr(&rule.rule, &plan.full, &joined.slice(j, 1)) {
-                            Ok(b) => b.value(0),
-                            Err(e) => {
-                                failed
-                                    .entry(rows[j])
-                                    .or_insert(crate::conditions::without_values(&e.reason));
-                                false
-                            }
-                        },
-                    )
-                    .collect(),
-            };
-            *report.rule_time.entry(id.clone()).or_default() += started.elapsed();
-            for (j, &i) in rows.iter().enumerate() {
-                if let Some(reason) = failed.get(&i) {
-                    *report.errors.entry(id.clone()).or_default() += 1;
-                    report
-                        .quarantined
-                        .push(self.failed(rule, &input.slice(i as usize, 1), reason));
-                    hits[i as usize].remove(id);
-                } else if !bits[j] {
-                    hits[i as usize].remove(id);
-                }
-            }
-            if !failed.is_empty() {
-                tracing::warn!(table = %self.name, rule = %id, rows = failed.len(), "a rule with a lookup failed on some rows: they are quarantined for that rule and count as no hit");
+                    },
+                )
+                .collect(),
+        };
+        *report.rule_time.entry(id.clone()).or_default() += started.elapsed();
+        for (j, &i) in rows.iter().enumerate() {
+            if let Some(reason) = failed.get(&i) {
+                *report.errors.entry(id.clone()).or_default() += 1;
+                report
+                    .quarantined
+                    .push(self.failed(rule, &input.slice(i as usize, 1), reason));
+                hits[i as usize].remove(id);
+            } else if !bits[j] {
+                hits[i as usize].remove(id);
             }
         }
+        if !failed.is_empty() {
+            tracing::warn!(table = %self.name, rule = %id, rows = failed.len(), "a rule with a lookup failed on some rows: they are quarantined for that rule and count as no hit");
+        }
         Ok(())
+    }
+
+    /// The columns of `input`'s rows `rows` followed by each lookup's related row's
+    /// columns (NULL: no related row); a row whose lookup failed gets its reason in
+    /// `failed`.
+    #[allow(clippy::too_many_arguments)]
+    fn joined_columns(
+        &self,
+        plan: &LookupPlan,
+        input: &RecordBatch,
+        rows: &[u32],
+        related: &Related,
+        lsn: Option<&ArrayRef>,
+        report: &mut RulesReport,
+        failed: &mut HashMap<u32, String>,
+    ) -> Result<Vec<ArrayRef>, LakeError> {
+        let Related {
+            fetched,
+            unreadable,
+        } = related;
+        // Per lookup, each row's related row (None: no related row).
+        let mut columns: Vec<ArrayRef> =
+            take_record_batch(input, &UInt32Array::from(rows.to_vec()))
+                .map_err(|e| self.error(e))?
+                .columns()
+                .to_vec();
+        for (l, schema) in &plan.lookups {
+            let Some(f) = fetched.get(&target(l)) else {
+                let reason = unreadable
+                    .get(&target(l))
+                    .cloned()
+                    .unwrap_or_else(|| format!("lookup `{}`: not fetched", l.name));
+                for &i in rows {
+                    failed.entry(i).or_insert_with(|| reason.clone());
+                }
+                for f in schema.fields() {
+                    columns.push(deltalake::arrow::array::new_null_array(
+                        f.data_type(),
+                        rows.len(),
+                    ));
+                }
+                continue;
+            };
+            let keys = f
+                .converter
+                .convert_columns(&own_keys(input, l, &f.rows).map_err(|e| self.error(e))?)
+                .map_err(|e| self.error(e))?;
+            let idx: UInt32Array = rows
+                .iter()
+                .map(|&i| match f.by_key.get(keys.row(i as usize).as_ref()) {
+                    Some(m) if m.len() == 1 => Some(m[0]),
+                    Some(m) => {
+                        failed.entry(i).or_insert_with(|| format!(
+                            "lookup `{}` matched {} rows of {}: `on` must name the related table's key",
+                            l.name, m.len(), l.table
+                        ));
+                        None
+                    }
+                    None => None,
+                })
+                .collect();
+            // A related row changed after the row's own commit: the lookup sees a later
+            // state than the commit's (docs/rules.md, "Lookups", limits), counted.
+            if let (Some(own), Some(theirs)) = (
+                lsn.map(|a| a.as_primitive::<Int64Type>()),
+                f.rows
+                    .column_by_name(COMMIT_LSN)
+                    .and_then(|a| a.as_primitive_opt::<Int64Type>()),
+            ) {
+                report.lookups_newer += rows
+                    .iter()
+                    .zip(idx.iter())
+                    .filter(|(&i, j)| {
+                        j.is_some_and(|j| {
+                            own.is_valid(i as usize)
+                                && theirs.is_valid(j as usize)
+                                && theirs.value(j as usize) > own.value(i as usize)
+                        })
+                    })
+                    .count();
+            }
+            let related = super::evaluate::conform(&f.rows, schema).map_err(|e| self.error(e))?;
+            for c in related.columns() {
+                columns.push(take(c, &idx, None).map_err(|e| self.error(e))?);
+            }
+        }
+        Ok(columns)
     }
 
     /// The rows of `l`'s table whose `on` columns equal those of `input`'s rows `rows`,

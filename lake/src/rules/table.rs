@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use deltalake::arrow::array::{Array, AsArray, UInt32Array};
+use deltalake::arrow::array::{Array, AsArray, RecordBatch, UInt32Array};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, SchemaRef};
 use deltalake::kernel::Transaction;
@@ -28,7 +28,7 @@ use wal2delta_quarantine::QuarantineRecord;
 use super::evaluate::{key_json, rows_json, value_schema, with_column};
 use super::output::{FilterEvent, RulesOutput, RulesRound};
 use super::store::{changes_of, Loaded, Origin, RulesStore};
-use super::walk::{walk_pieces, Event, OpenTx, Transition, What};
+use super::walk::{walk_pieces, Event, KeyHits, OpenTx, Transition, What};
 use super::{compile_with, Evaluator, Related, Rule, RuleError, RuleSource};
 use crate::delta;
 use crate::silver::{versions, BronzeRows, Position, Progress, COMMIT_LSN, COMMIT_TS, OP, ORDINAL};
@@ -559,158 +559,194 @@ impl TableRules {
         let started = Instant::now();
         let mut clock = Stopwatch::start();
         let mut report = RulesReport::default();
-        let uncovered = |i: usize| match covered {
-            None => true,
-            Some(p) if rows.op(i) == Some(ChangeOp::Read) => {
-                match (rows.partition(i), rows.offset(i)) {
-                    (Some(part), Some(o)) => p.cursors.get(&part).is_none_or(|c| o > *c),
-                    _ => true,
-                }
-            }
-            Some(p) => match (rows.partition(i), rows.offset(i)) {
-                (Some(part), Some(o)) => !p.applied(rows.commit_lsn(i), part, o),
-                _ => rows.commit_lsn(i) > p.watermark,
-            },
-        };
         let keys = rows.key_names();
         let v = versions(rows, truncated).map_err(|e| self.error(e.0))?;
-        let mut events = Vec::new();
-        let mut filter_events: Vec<FilterEvent> = Vec::new();
-        if let Some(batch) = v.rows {
-            let sources = UInt32Array::from_iter_values(v.sources.iter().map(|&s| s as u32));
-            let batch =
-                with_column(&batch, SOURCE, Arc::new(sources)).map_err(|e| self.error(e))?;
-            let reads = (0..rows.num_rows()).any(|i| rows.op(i) == Some(ChangeOp::Read));
-            let batch = self.settle(batch, silver, tombstones, &keys, reads).await?;
-            report.steps.settle = clock.lap();
-            let schema = match silver {
-                // Silver as it will be after this round: a column that widens this round
-                // (`int` → `bigint`, crate::widen) is evaluated in the wider type.
-                Some(s) => {
-                    let have = delta::arrow_schema(&self.name, s)?;
-                    match crate::widen::widened(&have, batch.schema().fields()) {
-                        Some((wide, _)) => Arc::new(wide),
-                        None => have,
-                    }
-                }
-                None => value_schema(&batch),
-            };
-            let (compiled, invalid) = self.compiled(&schema).await?;
-            report.invalid = invalid;
-            report.rules = compiled.rules().len();
-            report.rows = batch.num_rows();
-            report.steps.compile = clock.lap();
-            let mut row_hits = self
-                .evaluate_rows(&compiled, &batch, &schema, &mut report)
-                .await?;
-            report.disabled = self.judge_budget(&report);
-            report.steps.evaluate = clock.lap();
-            let keys_json = key_json(&batch, &keys).map_err(|e| self.error(e))?;
-            let col = |n: &str| batch.column_by_name(n).cloned();
-            let (Some(src), Some(lsn), Some(ord), Some(op)) =
-                (col(SOURCE), col(COMMIT_LSN), col(ORDINAL), col(OP))
-            else {
-                return Err(self.error("versions lack their position columns"));
-            };
-            let ts = col(COMMIT_TS).and_then(|a| cast(&a, &DataType::Int64).ok());
-            let (src, lsn, ord, op) = (
-                src.as_primitive::<deltalake::arrow::datatypes::UInt32Type>(),
-                lsn.as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
-                ord.as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
-                op.as_string::<i32>(),
-            );
-            let filtering = self.output.as_ref().is_some_and(|o| o.wants_events());
-            let skipped: std::collections::BTreeSet<String> =
-                report.invalid.iter().map(|e| e.id.clone()).collect();
-            let mut passed: Vec<u32> = Vec::new();
-            for (i, key) in keys_json.into_iter().enumerate() {
-                if !uncovered(src.value(i) as usize) {
-                    continue;
-                }
-                let commit_ts = ts.as_ref().and_then(|a| {
-                    let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
-                    a.is_valid(i).then(|| a.value(i))
-                });
-                if filtering {
-                    report.filter_in += 1;
-                    // A delete matches no rule (it makes the row leave its rules, which
-                    // the transitions carry).
-                    if op.value(i) != "d" && !row_hits[i].is_empty() {
-                        passed.push(i as u32);
-                        filter_events.push(FilterEvent {
-                            key: key.clone(),
-                            op: rows.op(src.value(i) as usize).map_or("u", ChangeOp::code),
-                            lsn: lsn.value(i),
-                            ordinal: ord.value(i),
-                            commit_ts,
-                            rules: row_hits[i].keys().map(|r| r.to_string()).collect(),
-                            after: None,
-                        });
-                    }
-                }
-                let what = if op.value(i) == "d" {
-                    What::Delete { key }
-                } else {
-                    let mut hits = std::mem::take(&mut row_hits[i]);
-                    // A rule skipped this round (disabled, or not compilable) keeps the
-                    // key's hit as it was: no `left` for a rule that was not evaluated.
-                    if !skipped.is_empty() {
-                        let old = self.state.as_ref().and_then(|s| s.hits.get(&key));
-                        for (id, v) in old.into_iter().flat_map(|h| h.iter()) {
-                            if skipped.contains(id.as_ref()) {
-                                hits.insert(id.clone(), v);
-                            }
-                        }
-                    }
-                    What::Row { key, hits }
+        let (mut events, filter_events) = match v.rows {
+            Some(batch) => {
+                let round = Versions {
+                    rows,
+                    covered,
+                    silver,
+                    tombstones,
+                    keys: &keys,
                 };
-                events.push(Event {
-                    pos: Position(lsn.value(i), ord.value(i)),
-                    commit_ts,
-                    what,
-                });
+                self.tag_versions(round, batch, &v.sources, &mut report, &mut clock)
+                    .await?
             }
-            if !passed.is_empty() {
-                let json = rows_json(&batch, &schema, &passed).map_err(|e| self.error(e))?;
-                for (e, after) in filter_events.iter_mut().zip(json) {
-                    e.after = after;
-                }
-                // In commit order (versions come grouped by key).
-                filter_events.sort_by_key(|e| (e.lsn, e.ordinal));
-            }
-            report.filter_out = filter_events.len();
-        }
-        let ts = rows
-            .commit_ts()
-            .and_then(|a| cast(a, &DataType::Int64).ok());
-        for i in 0..rows.num_rows() {
-            let pos = rows.position(i);
-            if rows.op(i) == Some(ChangeOp::Truncate)
-                && truncated.is_none_or(|t| pos > t)
-                && uncovered(i)
-            {
-                let commit_ts = ts.as_ref().and_then(|a| {
-                    let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
-                    a.is_valid(i).then(|| a.value(i))
-                });
-                events.push(Event {
-                    pos,
-                    commit_ts,
-                    what: What::Truncate,
-                });
-            }
-        }
+            None => (Vec::new(), Vec::new()),
+        };
+        events.extend(truncations(rows, truncated, covered));
         let state = self.state.as_mut().ok_or_else(|| LakeError::Rows {
             table: self.name.clone(),
             reason: "rules state not loaded".into(),
         })?;
         let walked = walk_pieces(&mut state.hits, events, &mut self.open, after.partial);
-        let seq = state.seq + 1;
         report.eval_time = started.elapsed();
         count(&mut report, &walked.transitions);
         report.steps.walk = clock.lap();
+        self.commit_stream(
+            &walked.transitions,
+            &filter_events,
+            after,
+            &mut report,
+            &mut clock,
+        )
+        .await?;
+        Ok(report)
+    }
+
+    /// Evaluates the rules over the round's row versions (settled against Silver), and
+    /// gives the walk's events and the filter topic's events of the versions not
+    /// `covered` yet.
+    async fn tag_versions(
+        &mut self,
+        round: Versions<'_, '_>,
+        batch: RecordBatch,
+        sources: &[usize],
+        report: &mut RulesReport,
+        clock: &mut Stopwatch,
+    ) -> Result<(Vec<Event>, Vec<FilterEvent>), LakeError> {
+        let Versions {
+            rows,
+            covered,
+            silver,
+            tombstones,
+            keys,
+        } = round;
+        let sources = UInt32Array::from_iter_values(sources.iter().map(|&s| s as u32));
+        let batch = with_column(&batch, SOURCE, Arc::new(sources)).map_err(|e| self.error(e))?;
+        let reads = (0..rows.num_rows()).any(|i| rows.op(i) == Some(ChangeOp::Read));
+        let batch = self.settle(batch, silver, tombstones, keys, reads).await?;
+        report.steps.settle = clock.lap();
+        let (schema, mut row_hits) = self
+            .evaluate_versions(&batch, silver, report, clock)
+            .await?;
+        let keys_json = key_json(&batch, keys).map_err(|e| self.error(e))?;
+        let col = |n: &str| batch.column_by_name(n).cloned();
+        let (Some(src), Some(lsn), Some(ord), Some(op)) =
+            (col(SOURCE), col(COMMIT_LSN), col(ORDINAL), col(OP))
+        else {
+            return Err(self.error("versions lack their position columns"));
+        };
+        let ts = col(COMMIT_TS).and_then(|a| cast(&a, &DataType::Int64).ok());
+        let (src, lsn, ord, op) = (
+            src.as_primitive::<deltalake::arrow::datatypes::UInt32Type>(),
+            lsn.as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
+            ord.as_primitive::<deltalake::arrow::datatypes::Int64Type>(),
+            op.as_string::<i32>(),
+        );
+        let filtering = self.output.as_ref().is_some_and(|o| o.wants_events());
+        let skipped: std::collections::BTreeSet<String> =
+            report.invalid.iter().map(|e| e.id.clone()).collect();
+        let mut events = Vec::new();
+        let mut filter_events: Vec<FilterEvent> = Vec::new();
+        let mut passed: Vec<u32> = Vec::new();
+        for (i, key) in keys_json.into_iter().enumerate() {
+            if !uncovered(rows, covered, src.value(i) as usize) {
+                continue;
+            }
+            let commit_ts = ts.as_ref().and_then(|a| {
+                let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+                a.is_valid(i).then(|| a.value(i))
+            });
+            if filtering {
+                report.filter_in += 1;
+                // A delete matches no rule (it makes the row leave its rules, which the
+                // transitions carry).
+                if op.value(i) != "d" && !row_hits[i].is_empty() {
+                    passed.push(i as u32);
+                    filter_events.push(FilterEvent {
+                        key: key.clone(),
+                        op: rows.op(src.value(i) as usize).map_or("u", ChangeOp::code),
+                        lsn: lsn.value(i),
+                        ordinal: ord.value(i),
+                        commit_ts,
+                        rules: row_hits[i].keys().map(|r| r.to_string()).collect(),
+                        after: None,
+                    });
+                }
+            }
+            let what = if op.value(i) == "d" {
+                What::Delete { key }
+            } else {
+                let mut hits = std::mem::take(&mut row_hits[i]);
+                // A rule skipped this round (disabled, or not compilable) keeps the key's
+                // hit as it was: no `left` for a rule that was not evaluated.
+                if !skipped.is_empty() {
+                    let old = self.state.as_ref().and_then(|s| s.hits.get(&key));
+                    for (id, v) in old.into_iter().flat_map(|h| h.iter()) {
+                        if skipped.contains(id.as_ref()) {
+                            hits.insert(id.clone(), v);
+                        }
+                    }
+                }
+                What::Row { key, hits }
+            };
+            events.push(Event {
+                pos: Position(lsn.value(i), ord.value(i)),
+                commit_ts,
+                what,
+            });
+        }
+        if !passed.is_empty() {
+            let json = rows_json(&batch, &schema, &passed).map_err(|e| self.error(e))?;
+            for (e, after) in filter_events.iter_mut().zip(json) {
+                e.after = after;
+            }
+            // In commit order (versions come grouped by key).
+            filter_events.sort_by_key(|e| (e.lsn, e.ordinal));
+        }
+        report.filter_out = filter_events.len();
+        Ok((events, filter_events))
+    }
+
+    /// The rules' hits of each version (with Silver's schema as it will be after the
+    /// round), and that schema; rules past their budget are disabled from the next round.
+    async fn evaluate_versions(
+        &mut self,
+        batch: &RecordBatch,
+        silver: Option<&DeltaTable>,
+        report: &mut RulesReport,
+        clock: &mut Stopwatch,
+    ) -> Result<(SchemaRef, Vec<KeyHits>), LakeError> {
+        let schema = match silver {
+            // Silver as it will be after this round: a column that widens this round
+            // (`int` → `bigint`, crate::widen) is evaluated in the wider type.
+            Some(s) => {
+                let have = delta::arrow_schema(&self.name, s)?;
+                match crate::widen::widened(&have, batch.schema().fields()) {
+                    Some((wide, _)) => Arc::new(wide),
+                    None => have,
+                }
+            }
+            None => value_schema(batch),
+        };
+        let (compiled, invalid) = self.compiled(&schema).await?;
+        report.invalid = invalid;
+        report.rules = compiled.rules().len();
+        report.rows = batch.num_rows();
+        report.steps.compile = clock.lap();
+        let row_hits = self
+            .evaluate_rows(&compiled, batch, &schema, report)
+            .await?;
+        report.disabled = self.judge_budget(report);
+        report.steps.evaluate = clock.lap();
+        Ok((schema, row_hits))
+    }
+
+    /// Publishes a streamed round's transitions and filter events, then appends the
+    /// transitions (before the Silver commit records their seq) and queues their hits.
+    async fn commit_stream(
+        &mut self,
+        transitions: &[Transition],
+        filter_events: &[FilterEvent],
+        after: &Progress,
+        report: &mut RulesReport,
+        clock: &mut Stopwatch,
+    ) -> Result<(), LakeError> {
+        let seq = self.state.as_ref().map_or(0, |s| s.seq) + 1;
         // Published before the commits, acknowledged, or the round fails (super::output).
-        self.publish(Origin::Stream, seq, &walked.transitions, &filter_events)
+        self.publish(Origin::Stream, seq, transitions, filter_events)
             .await?;
         report.steps.publish = clock.lap();
         // The rule set the hits reflect: the recorded one, unless the state records none
@@ -720,33 +756,34 @@ impl TableRules {
             Some(r) if !disabled => r,
             _ => self.budget.fingerprint(&self.rules_of_round()),
         };
+        // A round that disabled a rule commits even without transitions: the rule set it
+        // records leaves the rule out, so a start with it enabled again backfills.
+        if transitions.is_empty() && !disabled {
+            return Ok(());
+        }
+        self.store
+            .append(
+                &self.name,
+                seq,
+                ruleset,
+                after,
+                transitions,
+                Origin::Stream,
+                false,
+            )
+            .await?;
         let state = self.state.as_mut().ok_or_else(|| LakeError::Rows {
             table: self.name.clone(),
             reason: "rules state not loaded".into(),
         })?;
-        // A round that disabled a rule commits even without transitions: the rule set it
-        // records leaves the rule out, so a start with it enabled again backfills.
-        if !walked.transitions.is_empty() || disabled {
-            self.store
-                .append(
-                    &self.name,
-                    seq,
-                    ruleset,
-                    after,
-                    &walked.transitions,
-                    Origin::Stream,
-                    false,
-                )
-                .await?;
-            state.seq = seq;
-            state.progress = after.clone();
-            state.ruleset = Some(ruleset);
-            report.steps.append = clock.lap();
-            self.add_pending(changes_of(&walked.transitions));
-            self.flush_hits(false).await?;
-            report.steps.hits = clock.lap();
-        }
-        Ok(report)
+        state.seq = seq;
+        state.progress = after.clone();
+        state.ruleset = Some(ruleset);
+        report.steps.append = clock.lap();
+        self.add_pending(changes_of(transitions));
+        self.flush_hits(false).await?;
+        report.steps.hits = clock.lap();
+        Ok(())
     }
 
     /// The rules of the round past their budget, disabled from the next round on
@@ -775,6 +812,59 @@ impl TableRules {
             reason: format!("rules: {e}"),
         }
     }
+}
+
+/// What [`TableRules::tag_versions`] needs of the round besides the versions.
+struct Versions<'a, 'r> {
+    rows: &'a BronzeRows<'r>,
+    covered: Option<&'a Progress>,
+    silver: Option<&'a DeltaTable>,
+    tombstones: &'a crate::silver::Tombstones,
+    keys: &'a [String],
+}
+
+/// Whether row `i` of the round is past what the rules `covered` already (a round
+/// repeated after its Silver commit failed must not tag it again).
+fn uncovered(rows: &BronzeRows<'_>, covered: Option<&Progress>, i: usize) -> bool {
+    match covered {
+        None => true,
+        Some(p) if rows.op(i) == Some(ChangeOp::Read) => {
+            match (rows.partition(i), rows.offset(i)) {
+                (Some(part), Some(o)) => p.cursors.get(&part).is_none_or(|c| o > *c),
+                _ => true,
+            }
+        }
+        Some(p) => match (rows.partition(i), rows.offset(i)) {
+            (Some(part), Some(o)) => !p.applied(rows.commit_lsn(i), part, o),
+            _ => rows.commit_lsn(i) > p.watermark,
+        },
+    }
+}
+
+/// The walk's events of the round's TRUNCATEs after `truncated` not `covered` yet.
+fn truncations(
+    rows: &BronzeRows<'_>,
+    truncated: Option<Position>,
+    covered: Option<&Progress>,
+) -> Vec<Event> {
+    let ts = rows
+        .commit_ts()
+        .and_then(|a| cast(a, &DataType::Int64).ok());
+    (0..rows.num_rows())
+        .filter(|&i| {
+            rows.op(i) == Some(ChangeOp::Truncate)
+                && truncated.is_none_or(|t| rows.position(i) > t)
+                && uncovered(rows, covered, i)
+        })
+        .map(|i| Event {
+            pos: rows.position(i),
+            commit_ts: ts.as_ref().and_then(|a| {
+                let a = a.as_primitive::<deltalake::arrow::datatypes::Int64Type>();
+                a.is_valid(i).then(|| a.value(i))
+            }),
+            what: What::Truncate,
+        })
+        .collect()
 }
 
 /// The quarantine `reason_code` of a row a rule could not be evaluated on.
