@@ -287,8 +287,8 @@ async fn rules_come_from_a_captured_table_and_change_by_committed_changes() -> R
     // backfilled), and the refused set is logged and counted again.
     ensure!(run.stop()?.success());
     ensure!(
-        versions_recorded(&lake)? == 2,
-        "the first set and the edit are recorded, the refused set is not"
+        versions_recorded(&lake)? == 3,
+        "none at the first start, the first set and the edit are recorded, the refused set is not"
     );
     run = d.spawn_stage("capture,bronze,silver,rules", "run2")?;
     wait_log(

@@ -326,10 +326,20 @@ pub async fn at_startup(lake: &Lake, table: &TableName) -> anyhow::Result<(RuleS
         tracing::info!(table = %table, versions = history.len(), rules = rules.len(), last_effective_after_lsn = *last, "rules loaded from rules/versions (the silver stage records the rules table's later edits)");
         return Ok((RuleSource::with_history(&history), Seen::default()));
     }
+    // Nothing recorded yet: the first start of this lake with a rules table. Recorded now
+    // even when empty, so that a later start (a crash right after the rules table's
+    // first Silver commit included) finds a history and leaves the rules table's content
+    // to the silver stage, which records it at its own position.
     let Some(snapshot) = read(lake, table).await? else {
         tracing::info!(table = %table, "the rules table has no Silver table yet: starting without rules; they load when it appears (is the table captured, with a primary key?)");
-        return Ok((RuleSource::default(), Seen::default()));
+        versions::append(lake, FROM_THE_START, &[]).await?;
+        return Ok((
+            RuleSource::with_history(&[(FROM_THE_START, Vec::new())]),
+            Seen::default(),
+        ));
     };
+    // A lake from before rules/versions (or a rules table whose Silver exists already):
+    // its current rules are in effect from the start.
     let (rules, errors) = validated(lake, &snapshot.rows).await?;
     if errors.is_empty() {
         tracing::info!(rules = rules.len(), table = %table, "rules loaded from the rules table, in effect from the start");
