@@ -147,15 +147,7 @@ async fn a_rule_edit_takes_effect_at_its_commit_position_whatever_the_rounds() -
     run.stop()?;
 
     // The same history from the topics, in a fresh lake, with the default rounds.
-    let lake2 = d.dir.join("lake2");
-    d.env.retain(|(k, _)| !k.starts_with("WAL2DELTA__SILVER__"));
-    d.env.push((
-        "WAL2DELTA__LAKE__URI".into(),
-        format!("file://{}", lake2.display()),
-    ));
-    d.env
-        .push(("WAL2DELTA__BRONZE__GROUP_ID".into(), format!("{s}-clean")));
-    let mut clean = d.spawn_stage("bronze,silver,rules", "clean")?;
+    let (mut clean, lake2) = d.spawn_clean_run("bronze,silver,rules")?;
     clean
         .wait_for_within(
             "the clean run's hits",

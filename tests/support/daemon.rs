@@ -155,6 +155,24 @@ listen = "127.0.0.1:0"
         })
     }
 
+    /// Starts `stages` (e.g. `bronze,silver,rules`) as a clean run of the same topics into a
+    /// fresh lake `{dir}/lake2`, with the default Silver settings and a consumer group of
+    /// its own: the same history computed from scratch. Returns the process and the lake.
+    pub fn spawn_clean_run(&mut self, stages: &str) -> Result<(StageProcess, PathBuf)> {
+        let lake = self.dir.join("lake2");
+        self.env
+            .retain(|(k, _)| !k.starts_with("WAL2DELTA__SILVER__"));
+        self.env.push((
+            "WAL2DELTA__LAKE__URI".into(),
+            format!("file://{}", lake.display()),
+        ));
+        self.env.push((
+            "WAL2DELTA__BRONZE__GROUP_ID".into(),
+            format!("{}-clean", self.prefix),
+        ));
+        Ok((self.spawn_stage(stages, "clean")?, lake))
+    }
+
     /// The lake directory of this test's config.
     pub fn lake(&self) -> PathBuf {
         self.dir.join("lake")
