@@ -71,8 +71,9 @@ pub(crate) fn lookups_of(entries: BTreeMap<String, LookupEntry>) -> Result<Vec<L
     entries
         .into_iter()
         .map(|(name, l)| {
-            let parts = path::parse(&l.table, 2)
-                .ok_or_else(|| format!("lookup `{name}`: table {:?} is not schema.table", l.table))?;
+            let parts = path::parse(&l.table, 2).ok_or_else(|| {
+                format!("lookup `{name}`: table {:?} is not schema.table", l.table)
+            })?;
             Ok(Lookup {
                 name,
                 table: TableName::new(parts[0].clone(), parts[1].clone()),

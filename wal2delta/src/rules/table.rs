@@ -340,10 +340,7 @@ pub async fn at_startup(lake: &Lake, table: &TableName) -> anyhow::Result<(RuleS
     let seen = Seen {
         refused: !errors.is_empty(),
     };
-    Ok((
-        RuleSource::with_history(&[(FROM_THE_START, rules)]),
-        seen,
-    ))
+    Ok((RuleSource::with_history(&[(FROM_THE_START, rules)]), seen))
 }
 
 /// What the start read from the rules table.
@@ -356,7 +353,10 @@ pub struct Seen {
 /// The rules of `rows` that are valid, and the errors (the rows that are no rules, a
 /// table that cannot be read as rules, rules that do not compile against their Silver
 /// table). A rule whose table has no Silver table yet is valid until it appears.
-pub(crate) async fn validated(lake: &Lake, rows: &Rows) -> anyhow::Result<(Vec<Rule>, Vec<String>)> {
+pub(crate) async fn validated(
+    lake: &Lake,
+    rows: &Rows,
+) -> anyhow::Result<(Vec<Rule>, Vec<String>)> {
     let (rules, row_errors) = match rows {
         Ok(r) => r,
         Err(e) => return Ok((Vec::new(), vec![e.to_string()])),
@@ -485,10 +485,23 @@ mod tests {
     #[test]
     fn lookups_come_from_a_json_column_and_a_bad_one_names_the_rule() {
         let (schema, b) = batch(vec![
-            ("id", text(&[Some("risky"), Some("plain"), Some("broken"), Some("bad_table")])),
+            (
+                "id",
+                text(&[
+                    Some("risky"),
+                    Some("plain"),
+                    Some("broken"),
+                    Some("bad_table"),
+                ]),
+            ),
             (
                 "table",
-                text(&[Some("public.pay"), Some("public.pay"), Some("public.pay"), Some("public.pay")]),
+                text(&[
+                    Some("public.pay"),
+                    Some("public.pay"),
+                    Some("public.pay"),
+                    Some("public.pay"),
+                ]),
             ),
             (
                 "when",
@@ -514,7 +527,9 @@ mod tests {
                 on: vec![("merchant_id".into(), "id".into())],
             }]
         );
-        assert!(rules.iter().any(|r| r.id == "plain" && r.lookups.is_empty()));
+        assert!(rules
+            .iter()
+            .any(|r| r.id == "plain" && r.lookups.is_empty()));
         let reasons = reasons(&errors);
         assert_eq!(reasons.len(), 2, "{reasons:?}");
         assert!(reasons[0].0 == "bad_table" && reasons[0].1.contains("not schema.table"));
