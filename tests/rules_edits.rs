@@ -148,9 +148,12 @@ async fn a_rule_edit_takes_effect_at_its_commit_position_whatever_the_rounds() -
     ];
     let want = pg_hits(&pg, &s, &rules).await?;
     let lake = d.lake();
-    run.wait_for_within("the hits of the final rules", &want, Duration::from_secs(240), || {
-        rule_hits(&lake)
-    })
+    run.wait_for_within(
+        "the hits of the final rules",
+        &want,
+        Duration::from_secs(240),
+        || rule_hits(&lake),
+    )
     .await?;
     let first = exact(&lake)?;
     let recorded = versions(&lake)?;
@@ -161,7 +164,10 @@ async fn a_rule_edit_takes_effect_at_its_commit_position_whatever_the_rounds() -
             .iter()
             .filter(|t| t.5 == "backfill" && t.4 == *at)
             .count();
-        ensure!(n > 0, "edit {i} at {at} makes backfill transitions: {first:?}");
+        ensure!(
+            n > 0,
+            "edit {i} at {at} makes backfill transitions: {first:?}"
+        );
     }
     ensure!(
         first
@@ -179,17 +185,24 @@ async fn a_rule_edit_takes_effect_at_its_commit_position_whatever_the_rounds() -
         "WAL2DELTA__LAKE__URI".into(),
         format!("file://{}", lake2.display()),
     ));
-    d.env.push(("WAL2DELTA__BRONZE__GROUP_ID".into(), format!("{s}-clean")));
+    d.env
+        .push(("WAL2DELTA__BRONZE__GROUP_ID".into(), format!("{s}-clean")));
     let mut clean = d.spawn_stage("bronze,silver,rules", "clean")?;
     clean
-        .wait_for_within("the clean run's hits", &want, Duration::from_secs(240), || {
-            rule_hits(&lake2)
-        })
+        .wait_for_within(
+            "the clean run's hits",
+            &want,
+            Duration::from_secs(240),
+            || rule_hits(&lake2),
+        )
         .await?;
     clean
-        .wait_for_within("the clean run's transitions", &first, Duration::from_secs(60), || {
-            exact(&lake2)
-        })
+        .wait_for_within(
+            "the clean run's transitions",
+            &first,
+            Duration::from_secs(60),
+            || exact(&lake2),
+        )
         .await?;
     ensure!(versions(&lake2)? == recorded, "the same edit positions");
     clean.stop()?;
