@@ -115,7 +115,8 @@ def main():
                 with decimal.localcontext() as ctx:
                     ctx.prec = 100
                     total = sum((v for v in table.column(field.name).to_pylist() if v is not None), decimal.Decimal(0))
-                out["sums"][field.name] = format(total.quantize(decimal.Decimal(1).scaleb(-field.type.scale)), "f")
+                    total = total.quantize(decimal.Decimal(1).scaleb(-field.type.scale))
+                out["sums"][field.name] = format(total, "f")
     elif mode == "versions":
         import deltalake
 
