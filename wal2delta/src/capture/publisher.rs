@@ -13,7 +13,7 @@ use wal2delta_stream::ack::{AckToken, DeliveryTag};
 use wal2delta_stream::avro::binary::{frame_change, FramedChange, SchemaIds};
 use wal2delta_stream::avro::decimal::Decimals;
 use wal2delta_stream::avro::envelope::{
-    has_decimals, table_schemas_with, SourceInfo, TableSchemas, OLD_KEY_HEADER,
+    table_schemas_with, SourceInfo, TableSchemas, OLD_KEY_HEADER,
 };
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::{headers_bytes, EventProducer};
