@@ -1,12 +1,11 @@
 -- Settled payments per merchant, currency and day (UTC): what each merchant is paid.
--- numeric columns are exact text in Silver (docs/types.md): cast them to compute.
 -- Keyed: a change recomputes only its merchant, currency and day (docs/gold.md).
 -- key: merchant_id, currency, day
 -- key of public.transactions: merchant_id, currency, CAST(created_at AS DATE)
 SELECT merchant_id,
        currency,
        CAST(created_at AS DATE) AS day,
-       sum(CAST(amount AS DECIMAL(18, 2))) AS settled_amount,
+       sum(amount) AS settled_amount,
        count(*) AS payments
 FROM public.transactions
 WHERE status = 'settled'

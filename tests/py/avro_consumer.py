@@ -6,10 +6,13 @@ AvroDeserializer (fastavro underneath) for keys and values, default settings.
 
 Reads the topic's partitions from the beginning (assigned, no consumer-group commits)
 until COUNT records arrived or the timeout passed, then prints them as a JSON list of
-{"partition", "offset", "key", "value"} (a tombstone's value is null). A record the
+{"partition", "offset", "key", "value"} (a tombstone's value is null); a value the
+deserializer gave as a decimal.Decimal is printed as {"decimal": "12.50"}, so a reader
+of the output can tell a Decimal from a string. A record the
 deserializer refuses ends the script with exit status 1 and the deserializer's error on
 stderr: that is the failure a Python consumer would see.
 """
+import decimal
 import json
 import sys
 import time
@@ -58,7 +61,7 @@ def main():
             )
     finally:
         consumer.close()
-    json.dump(records, sys.stdout, default=str)
+    json.dump(records, sys.stdout, default=lambda v: {"decimal": format(v, "f")} if isinstance(v, decimal.Decimal) else str(v))
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@
                              the duckdb-ext-delta package; print the rows as JSON
     lake.py deltalake PATH   open PATH with the deltalake package; print version, rows,
                              partition columns and protocol as JSON
+    lake.py sums PATH        open PATH with the deltalake package; print each top-level
+                             column's Arrow type and, for decimal columns, the exact sum
+                             of its non-null values (Python Decimal arithmetic) as text
     lake.py versions PATH    read every version of the table at PATH with the deltalake
                              package and with DuckDB (ATTACH ... VERSION); print
                              [version, deltalake rows, duckdb rows] per version
@@ -98,6 +101,22 @@ def main():
             "partition_columns": dt.metadata().partition_columns,
             "min_reader_version": p.min_reader_version,
         }
+    elif mode == "sums":
+        import decimal
+
+        import pyarrow as pa
+
+        table = open_table(arg).to_pyarrow_table()
+        out = {"types": {}, "sums": {}}
+        for field in table.schema:
+            out["types"][field.name] = str(field.type)
+            if pa.types.is_decimal(field.type):
+                # Exact: Decimal addition with enough digits for 38-digit values.
+                with decimal.localcontext() as ctx:
+                    ctx.prec = 100
+                    total = sum((v for v in table.column(field.name).to_pylist() if v is not None), decimal.Decimal(0))
+                    total = total.quantize(decimal.Decimal(1).scaleb(-field.type.scale))
+                out["sums"][field.name] = format(total, "f")
     elif mode == "versions":
         import deltalake
 

@@ -58,6 +58,12 @@ pub fn deltalake_info(path: &Path) -> Result<Value> {
     run("deltalake", &path.display().to_string())
 }
 
+/// The table's top-level columns as the `deltalake` package reads them: `{"types":
+/// {column: Arrow type}, "sums": {decimal column: exact sum of its non-null values}}`.
+pub fn deltalake_sums(path: &Path) -> Result<Value> {
+    run("sums", &path.display().to_string())
+}
+
 /// `[version, deltalake rows, duckdb rows]` for every version of the table at `path`, each
 /// read by both readers at that version.
 pub fn every_version(path: &Path) -> Result<Vec<[i64; 3]>> {

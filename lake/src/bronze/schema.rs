@@ -53,6 +53,11 @@ fn merge_type(table: &DataType, batch: &DataType, path: &str) -> Result<DataType
             })
         }
         (t, b) if string(t) && string(b) => Ok(t.clone()),
+        // A bounded numeric that an earlier release wrote as exact text: the table keeps the
+        // text and the decimals cast into it, exactly (a decimal prints its scale's digits,
+        // as PostgreSQL does). `replay` or a rebuilt table gives the decimal column
+        // (docs/upgrading.md).
+        (t, Decimal128(..)) if string(t) => Ok(t.clone()),
         (t, b) if binary(t) && binary(b) => Ok(t.clone()),
         (Timestamp(_, tz_t), Timestamp(_, tz_b)) if tz_t.is_some() == tz_b.is_some() => {
             Ok(table.clone())
@@ -139,6 +144,12 @@ mod tests {
         assert_eq!(wide, after(DataType::Int64));
         // Events of the narrower type (written before the ALTER) cast into the wider.
         assert_eq!(merge_schemas(&wide, &after(DataType::Int32)).unwrap(), wide);
+        // A text column of an earlier release keeps taking the decimals of bounded numerics.
+        let text = after(DataType::Utf8);
+        assert_eq!(
+            merge_schemas(&text, &after(DataType::Decimal128(18, 2))).unwrap(),
+            text
+        );
         let err = merge_schemas(&after(DataType::Int32), &after(DataType::Utf8)).unwrap_err();
         assert!(err.contains("after.n") && err.contains("rebuild"), "{err}");
     }

@@ -397,7 +397,7 @@ fn check_text_number_comparisons(
             _ => false,
         };
         if bad {
-            found = Some(format!("`{e}` compares text with a number, which would compare them as strings; Silver keeps numeric columns as exact text: cast it, e.g. CAST(amount AS DECIMAL(18, 2)) > 10000"));
+            found = Some(format!("`{e}` compares text with a number, which would compare them as strings; a bounded numeric(p,s) is a DECIMAL in Silver, but an unbounded numeric, one of more than 38 digits, or a column an earlier release wrote as text (docs/upgrading.md) is exact text: cast it, e.g. CAST(amount AS DECIMAL(38, 10)) > 10000"));
             return Ok(TreeNodeRecursion::Stop);
         }
         Ok(TreeNodeRecursion::Continue)
@@ -467,6 +467,34 @@ mod tests {
             active: true,
             lookups: Vec::new(),
         }
+    }
+
+    /// A bounded numeric is a DECIMAL in Silver: a rule compares it with a number as
+    /// written, exactly (no float in between).
+    #[test]
+    fn decimal_columns_compare_with_numbers_as_written() {
+        use deltalake::arrow::array::{Array, Decimal128Array};
+        let schema: SchemaRef = Arc::new(Schema::new(vec![Field::new(
+            "amount",
+            DataType::Decimal128(18, 2),
+            true,
+        )]));
+        let batch = RecordBatch::try_new(
+            schema.clone(),
+            vec![Arc::new(
+                Decimal128Array::from(vec![Some(1_000_000), Some(1_000_001), None, Some(-5)])
+                    .with_precision_and_scale(18, 2)
+                    .unwrap(),
+            )],
+        )
+        .unwrap();
+        let c = compile(&rule("big", "amount > 10000"), &schema).unwrap();
+        let out = evaluate(&[c], &batch).remove(0).unwrap();
+        let got: Vec<bool> = (0..out.len())
+            .map(|i| out.is_valid(i) && out.value(i))
+            .collect();
+        // 10000.00 is not above 10000; 10000.01 is.
+        assert_eq!(got, [false, true, false, false]);
     }
 
     #[test]

@@ -26,8 +26,8 @@ use std::sync::Arc;
 use apache_avro::schema::{Name, ResolvedSchema, Schema, SchemaKind};
 use apache_avro::types::Value;
 use arrow::array::{
-    ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array, Int32Array,
-    Int64Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+    Int32Array, Int64Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
 };
 use arrow::buffer::{NullBuffer, OffsetBuffer};
 use arrow::datatypes::{DataType, Field, Fields, TimeUnit};
@@ -100,6 +100,10 @@ impl<'s> ArrowTypes<'s> {
             Schema::String | Schema::Uuid(_) | Schema::Enum(_) => DataType::Utf8,
             Schema::Bytes | Schema::Fixed(_) => DataType::Binary,
             Schema::Date => DataType::Date32,
+            Schema::Decimal(d) => decimal128(d).ok_or_else(|| ArrowMappingError::Unsupported {
+                path: path.to_owned(),
+                kind: format!("decimal({}, {})", d.precision, d.scale),
+            })?,
             Schema::TimestampMillis | Schema::TimestampMicros => {
                 DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()))
             }
@@ -143,6 +147,17 @@ pub fn present(v: &Value) -> Option<&Value> {
     }
 }
 
+/// The Arrow type of an Avro `decimal` written as `bytes` (a bounded numeric,
+/// `super::decimal`): `Decimal128(p, s)` when `1 <= p <= 38` and `s <= p`, else none (a
+/// fixed-size decimal or one wider than 38 digits has no lake column).
+pub fn decimal128(d: &apache_avro::schema::DecimalSchema) -> Option<DataType> {
+    let bytes = matches!(d.inner, apache_avro::schema::InnerDecimalSchema::Bytes);
+    let p = u8::try_from(d.precision).ok()?;
+    let s = i8::try_from(d.scale).ok()?;
+    (bytes && (1..=38).contains(&p) && (0..=p as i8).contains(&s))
+        .then_some(DataType::Decimal128(p, s))
+}
+
 /// Builds the Arrow array of type `ty` holding `values` (`None` is null).
 pub fn build_array(
     ty: &DataType,
@@ -174,6 +189,33 @@ pub fn build_array(
         DataType::Int64 => scalars!(Int64Array, Value::Long(i) | Value::TimeMicros(i) => *i),
         DataType::Float32 => scalars!(Float32Array, Value::Float(f) => *f),
         DataType::Float64 => scalars!(Float64Array, Value::Double(f) => *f),
+        DataType::Decimal128(p, s) => {
+            let mut out = Vec::with_capacity(values.len());
+            for v in values {
+                out.push(match v {
+                    None => None,
+                    Some(Value::Decimal(d)) => Some(
+                        Vec::<u8>::try_from(d)
+                            .ok()
+                            .and_then(|b| super::decimal::from_be_bytes(&b))
+                            .filter(|v| v.unsigned_abs() < 10u128.pow(u32::from(*p)))
+                            .ok_or_else(|| ArrowMappingError::Build {
+                                path: path.to_owned(),
+                                reason: "a decimal with more digits than its precision".into(),
+                            })?,
+                    ),
+                    Some(other) => return Err(mismatch(other)),
+                });
+            }
+            Arc::new(
+                Decimal128Array::from(out)
+                    .with_precision_and_scale(*p, *s)
+                    .map_err(|e| ArrowMappingError::Build {
+                        path: path.to_owned(),
+                        reason: e.to_string(),
+                    })?,
+            )
+        }
         // Kept inside the calendar Delta writers can describe (`super::dates`).
         DataType::Date32 => {
             scalars!(Date32Array, Value::Date(d) | Value::Int(d) => super::dates::lake_date(*d).0)

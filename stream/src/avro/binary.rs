@@ -14,8 +14,9 @@
 
 use wal2delta_model::{Change, ChangeOp, ColumnValue, TableSchema};
 
-use super::envelope::{has_primary_key, SourceInfo, CONNECTOR_VERSION};
-use super::types::write_avro;
+use super::decimal::{decimal_type, Decimals};
+use super::envelope::{field_names, has_decimals, has_primary_key, SourceInfo, CONNECTOR_VERSION};
+use super::types::{decimal_of, write_avro};
 use crate::StreamError;
 
 /// Appends a `long` (zig-zag, then variable length).
@@ -81,12 +82,15 @@ fn encode_err(table: &TableSchema, reason: String) -> StreamError {
 }
 
 /// A row image as the envelope's `["null", Value]` fields, one per column; the names of
-/// columns whose unchanged TOAST value the image lacks go to `toast`.
+/// columns whose unchanged TOAST value the image lacks go to `toast`, the indexes of
+/// decimal columns whose value has no decimal (`NaN`, written as null) to `special`.
 fn row(
     out: &mut Vec<u8>,
     table: &TableSchema,
     values: &[ColumnValue],
     toast: &mut Vec<usize>,
+    decimals: Decimals,
+    special: &mut Vec<usize>,
 ) -> Result<(), StreamError> {
     if values.len() != table.columns.len() {
         return Err(encode_err(
@@ -106,9 +110,24 @@ fn row(
                 branch(out, 0);
             }
             ColumnValue::Value(d) => {
-                branch(out, 1);
-                write_avro(&col.ty, d, out)
-                    .map_err(|e| encode_err(table, format!("column {}: {e}", col.name)))?;
+                let column_err = |e| encode_err(table, format!("column {}: {e}", col.name));
+                match decimal_type(&col.ty, decimals) {
+                    // Parsed once: the unscaled value is written, or the field is null.
+                    Some(ps) => match decimal_of(&col.ty, ps, d).map_err(column_err)? {
+                        Some(v) => {
+                            branch(out, 1);
+                            bytes(out, &super::decimal::be_bytes(v));
+                        }
+                        None => {
+                            special.push(i);
+                            branch(out, 0);
+                        }
+                    },
+                    None => {
+                        branch(out, 1);
+                        write_avro(&col.ty, d, out, decimals).map_err(column_err)?;
+                    }
+                }
             }
         }
     }
@@ -121,17 +140,28 @@ fn key(
     schema_id: u32,
     table: &TableSchema,
     values: &[ColumnValue],
+    decimals: Decimals,
 ) -> Result<Vec<u8>, StreamError> {
     let keyless = !has_primary_key(table);
     let mut out = Vec::with_capacity(16);
     header(&mut out, schema_id);
     for (i, col) in table.columns.iter().enumerate().filter(|(_, c)| c.is_key) {
         match values.get(i) {
+            // A keyless table's whole-row key holds a NaN as null, as the row image does.
+            Some(ColumnValue::Value(d))
+                if keyless
+                    && matches!(
+                        super::types::special_numeric(&col.ty, d, decimals),
+                        Ok(Some(_))
+                    ) =>
+            {
+                branch(&mut out, 0)
+            }
             Some(ColumnValue::Value(d)) => {
                 if keyless {
                     branch(&mut out, 1);
                 }
-                write_avro(&col.ty, d, &mut out)
+                write_avro(&col.ty, d, &mut out, decimals)
                     .map_err(|e| encode_err(table, format!("key column {}: {e}", col.name)))?;
             }
             _ if keyless => branch(&mut out, 0),
@@ -147,7 +177,8 @@ fn key(
 }
 
 /// Encodes and frames one change: the same bytes as framing `encode_change`'s key, value
-/// and old key with the table's schemas, in one pass and without building Avro values.
+/// and old key with the table's schemas (built with `decimals`), in one pass and without
+/// building Avro values.
 pub fn frame_change(
     table: &TableSchema,
     ids: SchemaIds,
@@ -155,20 +186,22 @@ pub fn frame_change(
     change: &Change,
     now_ms: i64,
     token_key_id: Option<&str>,
+    decimals: Decimals,
 ) -> Result<FramedChange, StreamError> {
     let mut value = Vec::with_capacity(256);
     header(&mut value, ids.value);
     // `before` and `after`: ["null", Value].
     let mut toast_before = Vec::new();
     let mut toast = Vec::new();
-    for (image, toast) in [
-        (&change.before, &mut toast_before),
-        (&change.after, &mut toast),
+    let (mut special_before, mut special_after) = (Vec::new(), Vec::new());
+    for (image, toast, special) in [
+        (&change.before, &mut toast_before, &mut special_before),
+        (&change.after, &mut toast, &mut special_after),
     ] {
         match image {
             Some(r) => {
                 branch(&mut value, 1);
-                row(&mut value, table, &r.values, toast)?;
+                row(&mut value, table, &r.values, toast, decimals, special)?;
             }
             None => branch(&mut value, 0),
         }
@@ -220,16 +253,20 @@ pub fn frame_change(
         }
         None => branch(&mut value, 0),
     }
+    // `out_of_range_values`, when the table has a decimal column: ["null", array].
+    if has_decimals(table, decimals) {
+        out_of_range_values(&mut value, table, change, &[special_before, special_after]);
+    }
     // The key comes from the new row, or from the old key for deletes; a create that
     // names an old row carries that row's key as its old key.
     let keyed = !matches!(change.op, ChangeOp::Truncate | ChangeOp::SnapshotEnd);
     let key_row = change.after.as_ref().or(change.before.as_ref());
     let framed_key = match key_row {
-        Some(r) if keyed => Some(key(ids.key, table, &r.values)?),
+        Some(r) if keyed => Some(key(ids.key, table, &r.values, decimals)?),
         _ => None,
     };
     let old_key = match (&change.op, &change.before, &change.after) {
-        (ChangeOp::Insert, Some(b), Some(_)) => Some(key(ids.key, table, &b.values)?),
+        (ChangeOp::Insert, Some(b), Some(_)) => Some(key(ids.key, table, &b.values, decimals)?),
         _ => None,
     };
     Ok(FramedChange {
@@ -237,6 +274,45 @@ pub fn frame_change(
         value,
         old_key,
     })
+}
+
+/// The envelope's `out_of_range_values`: each special decimal value of `before`, then of
+/// `after`, as `{column: "after.amount", value: "NaN"}`; null when there is none.
+fn out_of_range_values(
+    out: &mut Vec<u8>,
+    table: &TableSchema,
+    change: &Change,
+    special: &[Vec<usize>; 2],
+) {
+    let count = special[0].len() + special[1].len();
+    if count == 0 {
+        branch(out, 0);
+        return;
+    }
+    branch(out, 1);
+    long(out, count as i64);
+    // Rare (a NaN): the field names are computed only here.
+    let names = field_names(
+        &table
+            .columns
+            .iter()
+            .map(|c| c.name.clone())
+            .collect::<Vec<_>>(),
+    );
+    for (image, row, indexes) in [
+        ("before", &change.before, &special[0]),
+        ("after", &change.after, &special[1]),
+    ] {
+        for &i in indexes {
+            string(out, &format!("{image}.{}", names[i]));
+            let text = match row.as_ref().and_then(|r| r.values.get(i)) {
+                Some(ColumnValue::Value(wal2delta_model::Datum::Numeric(t))) => t.as_str(),
+                _ => "",
+            };
+            string(out, text);
+        }
+    }
+    long(out, 0);
 }
 
 #[cfg(test)]

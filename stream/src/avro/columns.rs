@@ -285,6 +285,21 @@ pub fn out_of_range_column(
                     super::dates::out_of_range(image, img, &mut found);
                 }
             }
+            // What capture could not carry in the images' own types (a NaN of a decimal).
+            if let Some(Value::Array(entries)) = field(fs, super::envelope::OUT_OF_RANGE_VALUES) {
+                for e in entries {
+                    if let Value::Record(f) = e {
+                        if let (Some(Value::String(c)), Some(Value::String(v))) =
+                            (field(f, "column"), field(f, "value"))
+                        {
+                            found.push(super::dates::OutOfRange {
+                                column: c.clone(),
+                                value: v.clone(),
+                            });
+                        }
+                    }
+                }
+            }
         }
         if let Some(Some(k)) = keys.get(i) {
             super::dates::out_of_range(KEY, k, &mut found);

@@ -5,7 +5,10 @@
 //! `ordinal` (position in the transaction; Silver orders by `(source.lsn, ordinal)`) and
 //! `token_key_id` (the key that tokenized this table's sensitive columns, so keys can
 //! rotate) and `unchanged_toast_columns` (columns whose TOASTed value the update did not change: their
-//! `after` field is null and consumers must keep the previous value).
+//! `after` field is null and consumers must keep the previous value), and, when the table
+//! has a column carried as an Avro `decimal` ([`super::decimal`]), `out_of_range_values`:
+//! the fields that are null because their value (`NaN`) has no decimal, each with its path
+//! (`after.amount`) and PostgreSQL's text of the value; null when there is none.
 
 use apache_avro::types::Value;
 use apache_avro::Schema;
@@ -13,8 +16,12 @@ use serde_json::{json, Value as Json};
 use wal2delta_model::names::avro_part;
 use wal2delta_model::{Change, ColumnValue, TableSchema};
 
-use super::types::{column_schema, to_avro};
+use super::decimal::{decimal_type, Decimals};
+use super::types::{column_schema, special_numeric, to_avro};
 use crate::StreamError;
+
+/// The envelope field naming the values a row image's types cannot hold.
+pub const OUT_OF_RANGE_VALUES: &str = "out_of_range_values";
 
 /// Version string written in `source.version`.
 pub const CONNECTOR_VERSION: &str = env!("CARGO_PKG_VERSION");
@@ -34,6 +41,19 @@ pub struct TableSchemas {
     pub value_json: String,
     /// Avro field name of each column (sanitized, unique).
     pub field_names: Vec<String>,
+    /// How bounded numerics are carried.
+    pub decimals: Decimals,
+    /// Whether the envelope has the `out_of_range_values` field (a column is a decimal).
+    pub out_of_range: bool,
+}
+
+/// Whether a column of `table` is carried as an Avro `decimal`: then the envelope has an
+/// `out_of_range_values` field.
+pub fn has_decimals(table: &TableSchema, decimals: Decimals) -> bool {
+    table
+        .columns
+        .iter()
+        .any(|c| decimal_type(&c.ty, decimals).is_some())
 }
 
 /// Turns a PostgreSQL identifier into a valid, unique Avro name.
@@ -87,6 +107,15 @@ pub fn has_primary_key(table: &TableSchema) -> bool {
 /// `{prefix}.{schema}.{table}` with the parts escaped one-to-one for Avro
 /// ([`avro_part`]), so two tables never share a schema name.
 pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSchemas, StreamError> {
+    table_schemas_with(topic_prefix, table, Decimals::default())
+}
+
+/// [`table_schemas`] with bounded numerics carried as `decimals` says.
+pub fn table_schemas_with(
+    topic_prefix: &str,
+    table: &TableSchema,
+    decimals: Decimals,
+) -> Result<TableSchemas, StreamError> {
     let ns = format!(
         "{}.{}.{}",
         namespace_part(topic_prefix),
@@ -98,12 +127,12 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
     let mut key_fields = Vec::new();
     let keyless = !has_primary_key(table);
     for (col, field) in table.columns.iter().zip(&field_names) {
-        let ty = column_schema(&col.ty, &ns, field);
+        let ty = column_schema(&col.ty, &ns, field, decimals);
         value_fields.push(json!({"name": field, "type": ["null", ty.clone()], "default": null, "pg.column": col.name}));
         if col.is_key {
             // Key column types live in their own namespace so record names cannot clash
             // with those of the value schema.
-            let kty = column_schema(&col.ty, &format!("{ns}.key"), field);
+            let kty = column_schema(&col.ty, &format!("{ns}.key"), field, decimals);
             if keyless {
                 // The whole row under REPLICA IDENTITY FULL: any column may be NULL (or an
                 // unchanged TOAST value the new image does not carry).
@@ -121,7 +150,7 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
         // a primary key keep their registered key schema.
         key_json["pg.primary_key"] = json!(false);
     }
-    let value_json = json!({
+    let mut value_json = json!({
         "type": "record", "name": "Envelope", "namespace": ns,
         "connect.name": format!("{ns}.Envelope"),
         "fields": [
@@ -135,6 +164,15 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
             {"name": "token_key_id", "type": ["null", "string"], "default": null}
         ]
     });
+    let out_of_range = has_decimals(table, decimals);
+    if let (true, Some(fields)) = (out_of_range, value_json["fields"].as_array_mut()) {
+        fields.push(
+            json!({"name": OUT_OF_RANGE_VALUES, "type": ["null", {"type": "array", "items": {
+            "type": "record", "name": "OutOfRangeValue", "namespace": ns,
+            "fields": [{"name": "column", "type": "string"}, {"name": "value", "type": "string"}]
+        }}], "default": null}),
+        );
+    }
     let parse = |j: &Json| {
         Schema::parse(j).map_err(|e| StreamError::Schema {
             table: table.table.to_string(),
@@ -149,6 +187,8 @@ pub fn table_schemas(topic_prefix: &str, table: &TableSchema) -> Result<TableSch
         key_json: key_json.to_string(),
         value_json: value_json.to_string(),
         field_names,
+        decimals,
+        out_of_range,
     })
 }
 
@@ -194,12 +234,21 @@ pub struct EncodedChange {
 /// the old key's events is written (Confluent-framed Avro).
 pub const OLD_KEY_HEADER: &str = "__debezium.oldkey";
 
+/// A row image's record; a decimal column's value that has no decimal (`NaN`) is a null
+/// field, and `(image.field, text)` goes to `special`.
 fn row_record(
     table: &TableSchema,
     names: &[String],
     row: &[ColumnValue],
     toast: &mut Vec<String>,
+    (image, decimals): (&str, Decimals),
+    special: &mut Vec<(String, String)>,
 ) -> Result<Value, StreamError> {
+    let encode =
+        |col: &wal2delta_model::Column, e: super::types::MappingError| StreamError::Encode {
+            table: table.table.to_string(),
+            reason: format!("column {}: {e}", col.name),
+        };
     let mut fields = Vec::with_capacity(row.len());
     for ((col, name), v) in table.columns.iter().zip(names).zip(row) {
         let value = match v {
@@ -208,13 +257,18 @@ fn row_record(
                 toast.push(col.name.clone());
                 Value::Union(0, Box::new(Value::Null))
             }
-            ColumnValue::Value(d) => Value::Union(
-                1,
-                Box::new(to_avro(&col.ty, d).map_err(|e| StreamError::Encode {
-                    table: table.table.to_string(),
-                    reason: format!("column {}: {e}", col.name),
-                })?),
-            ),
+            ColumnValue::Value(d) => {
+                match special_numeric(&col.ty, d, decimals).map_err(|e| encode(col, e))? {
+                    Some(text) => {
+                        special.push((format!("{image}.{name}"), text.to_owned()));
+                        Value::Union(0, Box::new(Value::Null))
+                    }
+                    None => Value::Union(
+                        1,
+                        Box::new(to_avro(&col.ty, d, decimals).map_err(|e| encode(col, e))?),
+                    ),
+                }
+            }
         };
         fields.push((name.clone(), value));
     }
@@ -233,32 +287,48 @@ pub fn encode_change(
     token_key_id: Option<&str>,
 ) -> Result<EncodedChange, StreamError> {
     let names = &schemas.field_names;
+    let decimals = schemas.decimals;
     let mut toast = Vec::new();
     let mut toast_before = Vec::new();
+    let mut special = Vec::new();
     let before = match &change.before {
         Some(r) => Value::Union(
             1,
-            Box::new(row_record(table, names, &r.values, &mut toast_before)?),
+            Box::new(row_record(
+                table,
+                names,
+                &r.values,
+                &mut toast_before,
+                ("before", decimals),
+                &mut special,
+            )?),
         ),
         None => Value::Union(0, Box::new(Value::Null)),
     };
     let after = match &change.after {
         Some(r) => Value::Union(
             1,
-            Box::new(row_record(table, names, &r.values, &mut toast)?),
+            Box::new(row_record(
+                table,
+                names,
+                &r.values,
+                &mut toast,
+                ("after", decimals),
+                &mut special,
+            )?),
         ),
         None => Value::Union(0, Box::new(Value::Null)),
     };
     // The key comes from the new row, or from the old key for deletes.
     let key_row = change.after.as_ref().or(change.before.as_ref());
     let key = key_row
-        .map(|row| key_record(table, names, &row.values))
+        .map(|row| key_record(table, names, &row.values, decimals))
         .transpose()?;
     // A create that names an old row is the new half of a primary-key change: its old key
     // goes in the `__debezium.oldkey` header.
     let old_key = match (&change.op, &change.before, &change.after) {
         (wal2delta_model::ChangeOp::Insert, Some(b), Some(_)) => {
-            Some(key_record(table, names, &b.values)?)
+            Some(key_record(table, names, &b.values, decimals)?)
         }
         _ => None,
     };
@@ -301,7 +371,7 @@ pub fn encode_change(
             Value::Union(1, Box::new(Value::Long(pos.commit_lsn.0 as i64))),
         ),
     ]);
-    let value = Value::Record(vec![
+    let mut value = vec![
         ("before".into(), before),
         ("after".into(), after),
         ("source".into(), source_rec),
@@ -322,7 +392,27 @@ pub fn encode_change(
                 None => Value::Union(0, Box::new(Value::Null)),
             },
         ),
-    ]);
+    ];
+    if schemas.out_of_range {
+        let entry = |(column, value): (String, String)| {
+            Value::Record(vec![
+                ("column".into(), Value::String(column)),
+                ("value".into(), Value::String(value)),
+            ])
+        };
+        value.push((
+            OUT_OF_RANGE_VALUES.into(),
+            if special.is_empty() {
+                Value::Union(0, Box::new(Value::Null))
+            } else {
+                Value::Union(
+                    1,
+                    Box::new(Value::Array(special.into_iter().map(entry).collect())),
+                )
+            },
+        ));
+    }
+    let value = Value::Record(value);
     Ok(EncodedChange {
         key: if matches!(
             change.op,
@@ -344,13 +434,21 @@ fn key_record(
     table: &TableSchema,
     names: &[String],
     row: &[ColumnValue],
+    decimals: Decimals,
 ) -> Result<Value, StreamError> {
     let keyless = !has_primary_key(table);
     let mut fields = Vec::new();
     for (i, col) in table.columns.iter().enumerate().filter(|(_, c)| c.is_key) {
         let v = match row.get(i) {
+            // The whole-row key of a keyless table is never merged by: a NaN is null there,
+            // as in the row image.
+            Some(ColumnValue::Value(d))
+                if keyless && matches!(special_numeric(&col.ty, d, decimals), Ok(Some(_))) =>
+            {
+                Value::Union(0, Box::new(Value::Null))
+            }
             Some(ColumnValue::Value(d)) => {
-                let v = to_avro(&col.ty, d).map_err(|e| StreamError::Encode {
+                let v = to_avro(&col.ty, d, decimals).map_err(|e| StreamError::Encode {
                     table: table.table.to_string(),
                     reason: format!("key column {}: {e}", col.name),
                 })?;
@@ -420,7 +518,7 @@ mod tests {
                 ColumnValue::Value(Datum::Text("x".into())),
             ],
         ] {
-            let key = key_record(&table, &names, &row).unwrap();
+            let key = key_record(&table, &names, &row, Decimals::default()).unwrap();
             assert!(key.validate(&schemas.key), "{row:?}");
         }
         // Keys registered before (every field required) stay readable: the change is a

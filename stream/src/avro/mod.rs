@@ -6,6 +6,7 @@ pub mod columnar;
 pub mod columns;
 pub mod cursor;
 pub mod dates;
+pub mod decimal;
 pub mod envelope;
 #[cfg(test)]
 mod proptests;

@@ -6,11 +6,13 @@
 //!
 //! * every schema carries `"pg.type"` (the PostgreSQL type name) and, when the column has a
 //!   type modifier, `"pg.typmod"`, so the source type is always known;
-//! * `numeric` travels as a plain Avro `string` holding PostgreSQL's exact decimal text
+//! * a bounded `numeric(p,s)` (`p <= 38`, `0 <= s <= p`) is an Avro `decimal` (bytes) in
+//!   the `precise` encoding ([`super::decimal`]; `NaN` is a null field named in the
+//!   envelope's `out_of_range_values`); every other `numeric`, and every numeric in the
+//!   `string` encoding, is a plain Avro `string` holding PostgreSQL's exact decimal text
 //!   (`-12.3400`, `NaN`, `Infinity`, `-Infinity`), with `"pg.precision"` / `"pg.scale"`
-//!   when the column is bounded. Avro's `decimal` logical type can hold neither NaN nor the
-//!   infinities, nor an unbounded numeric (up to 131 072 digits before the point), so a
-//!   string is the only exact choice;
+//!   when the column is bounded. Avro's `decimal` cannot hold NaN, the infinities, nor an
+//!   unbounded numeric (up to 131 072 digits before the point);
 //! * `date`, `time`, `timestamp` and `timestamptz` are a plain `int` (days since
 //!   1970-01-01) or `long` (µs since midnight, since 1970-01-01, since 1970-01-01 UTC)
 //!   named by `"connect.name"`, without an Avro logical type, so that every Avro client can
@@ -40,6 +42,7 @@ use apache_avro::types::Value;
 use serde_json::{json, Map, Value as Json};
 use wal2delta_model::{BaseType, ColumnType, Datum, ErrorClass, Special, TypeKind};
 
+use super::decimal::{self, Decimals};
 use super::temporal;
 
 /// Why a value could not be mapped. Messages name the type, never the value.
@@ -151,11 +154,13 @@ fn repr(ty: &ColumnType) -> Repr {
 ///
 /// `namespace` is the namespace record types are created in and `column` the column's name;
 /// together they make record names (`timetz`, `interval`) unique within one schema.
-pub fn column_schema(ty: &ColumnType, namespace: &str, column: &str) -> Json {
+///
+/// `decimals` says how a bounded numeric travels ([`decimal::decimal_type`]).
+pub fn column_schema(ty: &ColumnType, namespace: &str, column: &str, decimals: Decimals) -> Json {
     let mut schema = match &ty.kind {
-        TypeKind::Base(base) => base_schema(*base, ty, namespace, column),
+        TypeKind::Base(base) => base_schema(*base, ty, namespace, column, decimals),
         TypeKind::Domain { base } => {
-            let mut schema = column_schema(base, namespace, column);
+            let mut schema = column_schema(base, namespace, column, decimals);
             if let Some(obj) = schema.as_object_mut() {
                 obj.insert("pg.domain.base".into(), json!(base.name));
             }
@@ -163,7 +168,8 @@ pub fn column_schema(ty: &ColumnType, namespace: &str, column: &str) -> Json {
         }
         TypeKind::Array { element } => json!({
             "type": "array",
-            "items": ["null", column_schema(element, namespace, column)],
+            // Elements keep the text: a NaN element has no field of its own to be null in.
+            "items": ["null", column_schema(element, namespace, column, Decimals::String)],
         }),
         TypeKind::Enum { labels } => json!({"type": "string", "pg.enum.labels": labels}),
         TypeKind::Range { subtype } => json!({"type": "string", "pg.range.subtype": subtype.name}),
@@ -178,7 +184,13 @@ pub fn column_schema(ty: &ColumnType, namespace: &str, column: &str) -> Json {
     schema
 }
 
-fn base_schema(base: BaseType, ty: &ColumnType, namespace: &str, column: &str) -> Json {
+fn base_schema(
+    base: BaseType,
+    ty: &ColumnType,
+    namespace: &str,
+    column: &str,
+    decimals: Decimals,
+) -> Json {
     match base {
         BaseType::Bool => json!({"type": "boolean"}),
         BaseType::Int2 | BaseType::Int4 => json!({"type": "int"}),
@@ -186,6 +198,17 @@ fn base_schema(base: BaseType, ty: &ColumnType, namespace: &str, column: &str) -
         BaseType::Float4 => json!({"type": "float"}),
         BaseType::Float8 => json!({"type": "double"}),
         BaseType::Numeric => {
+            if let Some((p, s)) = decimal::decimal_type(ty, decimals) {
+                // Debezium's `precise` shape, which Kafka Connect, Flink and ksqlDB read as a
+                // decimal, and Avro's own logical type, which every Avro client reads.
+                return json!({
+                    "type": "bytes", "logicalType": "decimal", "precision": p, "scale": s,
+                    "connect.name": "org.apache.kafka.connect.data.Decimal",
+                    "connect.version": 1,
+                    "connect.parameters": {"scale": s.to_string(), "connect.decimal.precision": p.to_string()},
+                    "pg.precision": p, "pg.scale": s,
+                });
+            }
             let mut schema = json!({"type": "string"});
             if let (Some((precision, scale)), Some(obj)) =
                 (ty.numeric_precision_scale(), schema.as_object_mut())
@@ -375,9 +398,60 @@ fn out_of_range(ty: &ColumnType, reason: &'static str) -> MappingError {
     }
 }
 
+/// The unscaled value of a datum of a column carried as a decimal of `(precision, scale)`;
+/// `None` for a value the decimal cannot hold (`NaN`, the infinities), which the caller
+/// writes as a null field and names in the envelope's `out_of_range_values`.
+pub fn decimal_of(
+    ty: &ColumnType,
+    (precision, scale): (u8, u8),
+    datum: &Datum,
+) -> Result<Option<i128>, MappingError> {
+    match datum {
+        Datum::Numeric(s) => decimal::unscaled(s, precision, scale)
+            .map_err(|decimal::NotDecimal(reason)| out_of_range(ty, reason)),
+        other => Err(MappingError::DatumMismatch {
+            pg_type: ty.name.clone(),
+            found: datum_kind(other),
+        }),
+    }
+}
+
+/// The text of `datum` when its column is carried as a decimal (`decimals`) and the
+/// decimal cannot hold it (`NaN`): the field is then null and the text goes to the
+/// envelope's `out_of_range_values`. `None` for every other value.
+pub fn special_numeric<'d>(
+    ty: &ColumnType,
+    datum: &'d Datum,
+    decimals: Decimals,
+) -> Result<Option<&'d str>, MappingError> {
+    match (decimal::decimal_type(ty, decimals), datum) {
+        (Some(ps), Datum::Numeric(text)) => Ok(decimal_of(ty, ps, datum)?
+            .is_none()
+            .then_some(text.as_str())),
+        _ => Ok(None),
+    }
+}
+
+/// The unscaled value of a decimal column's datum that must have one (a key column).
+fn required_decimal(ty: &ColumnType, ps: (u8, u8), datum: &Datum) -> Result<i128, MappingError> {
+    decimal_of(ty, ps, datum)?.ok_or_else(|| {
+        out_of_range(
+            ty,
+            "NaN or infinity in a column carried as an Avro decimal where it cannot be null (a key)",
+        )
+    })
+}
+
 /// The Avro value of a non-NULL datum of a column of type `ty`; it validates against
-/// [`column_schema`] (not wrapped in the nullable union).
-pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
+/// [`column_schema`] (not wrapped in the nullable union). A column carried as a decimal
+/// must hold a finite value here ([`decimal_of`] says which do not).
+pub fn to_avro(ty: &ColumnType, datum: &Datum, decimals: Decimals) -> Result<Value, MappingError> {
+    if let Some(ps) = decimal::decimal_type(ty, decimals) {
+        let v = required_decimal(ty, ps, datum)?;
+        return Ok(Value::Decimal(apache_avro::Decimal::from(
+            decimal::be_bytes(v),
+        )));
+    }
     let mismatch = || MappingError::DatumMismatch {
         pg_type: ty.name.clone(),
         found: datum_kind(datum),
@@ -427,7 +501,7 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
             for item in items {
                 out.push(match item {
                     None => Value::Union(0, Box::new(Value::Null)),
-                    Some(d) => Value::Union(1, Box::new(to_avro(element, d)?)),
+                    Some(d) => Value::Union(1, Box::new(to_avro(element, d, Decimals::String)?)),
                 });
             }
             Value::Array(out)
@@ -440,8 +514,17 @@ pub fn to_avro(ty: &ColumnType, datum: &Datum) -> Result<Value, MappingError> {
 /// bytes apache-avro writes for [`to_avro`]'s value with [`column_schema`], with the same
 /// errors, without building the value ([`super::binary`]; `proptests.rs` checks both
 /// agree). On an error `out` holds a partial value and must be discarded.
-pub fn write_avro(ty: &ColumnType, datum: &Datum, out: &mut Vec<u8>) -> Result<(), MappingError> {
+pub fn write_avro(
+    ty: &ColumnType,
+    datum: &Datum,
+    out: &mut Vec<u8>,
+    decimals: Decimals,
+) -> Result<(), MappingError> {
     use super::binary::{bytes, int, long, string};
+    if let Some(ps) = decimal::decimal_type(ty, decimals) {
+        bytes(out, &decimal::be_bytes(required_decimal(ty, ps, datum)?));
+        return Ok(());
+    }
     let mismatch = || MappingError::DatumMismatch {
         pg_type: ty.name.clone(),
         found: datum_kind(datum),
@@ -495,7 +578,7 @@ pub fn write_avro(ty: &ColumnType, datum: &Datum, out: &mut Vec<u8>) -> Result<(
                         None => long(out, 0),
                         Some(d) => {
                             long(out, 1);
-                            write_avro(element, d, out)?;
+                            write_avro(element, d, out, Decimals::String)?;
                         }
                     }
                 }
@@ -541,6 +624,12 @@ fn timestamp_micros(ty: &ColumnType, t: Special<i64>) -> Result<i64, MappingErro
     }
 }
 
+/// The scale of a bounded numeric column (what an Avro decimal of it is read with).
+fn decimal_scale(ty: &ColumnType) -> Option<u8> {
+    let (_, s) = ty.resolved().numeric_precision_scale()?;
+    u8::try_from(s).ok()
+}
+
 fn array_element(ty: &ColumnType) -> Option<&ColumnType> {
     match &ty.resolved().kind {
         TypeKind::Array { element } => Some(element),
@@ -581,6 +670,13 @@ pub fn from_avro(ty: &ColumnType, value: &Value) -> Result<Datum, MappingError> 
         (Repr::Double, Value::Double(v)) => Datum::Float64(*v),
         (Repr::Double, Value::Float(v)) => Datum::Float64(f64::from(*v)),
         (Repr::Numeric, Value::String(s)) => Datum::Numeric(s.clone()),
+        (Repr::Numeric, Value::Decimal(d)) => {
+            let scale = decimal_scale(ty).ok_or_else(mismatch)?;
+            let bytes = Vec::<u8>::try_from(d).map_err(|_| mismatch())?;
+            let v = decimal::from_be_bytes(&bytes)
+                .ok_or_else(|| out_of_range(ty, "decimal wider than 38 digits"))?;
+            Datum::Numeric(decimal::text(v, scale))
+        }
         (Repr::Text, Value::String(s)) => Datum::Text(s.clone()),
         (Repr::PgText, Value::String(s)) => Datum::PgText(s.clone()),
         (Repr::Json, Value::String(s)) => Datum::Json(s.clone()),
@@ -998,19 +1094,32 @@ mod tests {
 
     #[test]
     fn every_type_round_trips_through_avro_binary() {
-        for (ty, datums) in cases() {
-            let json = column_schema(&ty, "cdc.public.t", "col");
+        for ((ty, datums), decimals) in cases()
+            .into_iter()
+            .flat_map(|c| [(c.clone(), Decimals::String), (c, Decimals::Precise)])
+        {
+            let json = column_schema(&ty, "cdc.public.t", "col", decimals);
             assert_eq!(json["pg.type"], json!(ty.name), "{json}");
             let schema =
                 Schema::parse(&json).unwrap_or_else(|e| panic!("{}: {e}: {json}", ty.name));
             for datum in datums {
-                let value = to_avro(&ty, &datum).unwrap();
+                if let Some(ps) = decimal::decimal_type(&ty, decimals) {
+                    // NaN travels as a null field: nothing to round-trip here.
+                    if decimal_of(&ty, ps, &datum).unwrap().is_none() {
+                        assert!(to_avro(&ty, &datum, decimals).is_err());
+                        continue;
+                    }
+                }
+                let value = to_avro(&ty, &datum, decimals).unwrap();
+                let mut direct = Vec::new();
+                write_avro(&ty, &datum, &mut direct, decimals).unwrap();
                 assert!(
                     value.validate(&schema),
                     "{}: {value:?} against {json}",
                     ty.name
                 );
                 let bytes = encode(&schema, value);
+                assert_eq!(bytes, direct, "{}: write_avro differs", ty.name);
                 let read = decode(&schema, &bytes);
                 let back =
                     from_avro(&ty, &read).unwrap_or_else(|e| panic!("{}: {e}: {read:?}", ty.name));
@@ -1030,27 +1139,43 @@ mod tests {
             typmod: ((12 << 16) | 2) + 4,
             ..ColumnType::base(Numeric, "numeric")
         };
-        let s = column_schema(&numeric, "ns", "amount");
+        let s = column_schema(&numeric, "ns", "amount", Decimals::String);
         assert_eq!(
             s,
             json!({"type": "string", "pg.type": "numeric", "pg.typmod": 786_438, "pg.precision": 12, "pg.scale": 2})
         );
         assert_eq!(
-            column_schema(&ColumnType::base(Numeric, "numeric"), "ns", "n"),
+            column_schema(
+                &ColumnType::base(Numeric, "numeric"),
+                "ns",
+                "n",
+                Decimals::String
+            ),
             json!({"type": "string", "pg.type": "numeric"})
         );
         assert_eq!(
-            column_schema(&ColumnType::base(Uuid, "uuid"), "ns", "id"),
+            column_schema(
+                &ColumnType::base(Uuid, "uuid"),
+                "ns",
+                "id",
+                Decimals::String
+            ),
             json!({"type": "string", "logicalType": "uuid", "pg.type": "uuid"})
         );
         assert_eq!(
-            column_schema(&ColumnType::base(Jsonb, "jsonb"), "ns", "doc"),
+            column_schema(
+                &ColumnType::base(Jsonb, "jsonb"),
+                "ns",
+                "doc",
+                Decimals::String
+            ),
             json!({"type": "string", "connect.name": "io.debezium.data.Json", "pg.type": "jsonb"})
         );
         let s = column_schema(
             &ColumnType::base(Interval, "interval"),
             "cdc.public.t",
             "took",
+            Decimals::String,
         );
         assert_eq!(s["type"], "record");
         assert_eq!(s["name"], "took_interval");
@@ -1064,7 +1189,7 @@ mod tests {
             },
         };
         assert_eq!(
-            column_schema(&mood, "ns", "m"),
+            column_schema(&mood, "ns", "m", Decimals::String),
             json!({"type": "string", "pg.type": "public.mood", "pg.enum.labels": ["a", "b"]})
         );
         let domain = ColumnType {
@@ -1075,7 +1200,7 @@ mod tests {
                 base: Box::new(numeric),
             },
         };
-        let s = column_schema(&domain, "ns", "p");
+        let s = column_schema(&domain, "ns", "p", Decimals::String);
         assert_eq!(s["pg.type"], "public.price");
         assert_eq!(s["pg.domain.base"], "numeric");
         assert_eq!(s["pg.precision"], 12);
@@ -1083,6 +1208,7 @@ mod tests {
             &ColumnType::array_of(ColumnType::base(Int4, "integer")),
             "ns",
             "xs",
+            Decimals::String,
         );
         assert_eq!(
             s,
@@ -1127,7 +1253,7 @@ mod tests {
         let fields: Vec<Json> = columns
             .iter()
             .enumerate()
-            .map(|(i, (name, ty))| json!({"name": format!("f{i}"), "type": ["null", column_schema(ty, ns, name)], "default": null}))
+            .map(|(i, (name, ty))| json!({"name": format!("f{i}"), "type": ["null", column_schema(ty, ns, name, Decimals::String)], "default": null}))
             .collect();
         let record = json!({"type": "record", "name": "Value", "namespace": ns, "fields": fields});
         let schema = Schema::parse(&record).unwrap();
@@ -1149,7 +1275,7 @@ mod tests {
                 };
                 (
                     format!("f{i}"),
-                    Value::Union(1, Box::new(to_avro(ty, &datum).unwrap())),
+                    Value::Union(1, Box::new(to_avro(ty, &datum, Decimals::String).unwrap())),
                 )
             })
             .collect();
@@ -1160,30 +1286,89 @@ mod tests {
     }
 
     #[test]
+    fn bounded_numerics_are_debezium_decimals_and_the_rest_stay_text() {
+        let n = |p: i32, s: i32| ColumnType {
+            typmod: ((p << 16) | s) + 4,
+            ..ColumnType::base(BaseType::Numeric, "numeric")
+        };
+        let s = column_schema(&n(18, 2), "ns", "amount", Decimals::Precise);
+        assert_eq!(
+            s,
+            json!({"type": "bytes", "logicalType": "decimal", "precision": 18, "scale": 2,
+                "connect.name": "org.apache.kafka.connect.data.Decimal", "connect.version": 1,
+                "connect.parameters": {"scale": "2", "connect.decimal.precision": "18"},
+                "pg.precision": 18, "pg.scale": 2, "pg.type": "numeric", "pg.typmod": 1_179_654})
+        );
+        let schema = Schema::parse(&s).unwrap();
+        assert!(matches!(schema, Schema::Decimal(_)), "{schema:?}");
+        for (text, bytes) in [
+            ("-0.01", vec![0xFF]),
+            ("1.28", vec![0x00, 0x80]),
+            ("0.00", vec![0]),
+        ] {
+            let v = to_avro(&n(18, 2), &Datum::Numeric(text.into()), Decimals::Precise).unwrap();
+            assert_eq!(v, Value::Decimal(apache_avro::Decimal::from(bytes)));
+            let back = from_avro(&n(18, 2), &decode(&schema, &encode(&schema, v))).unwrap();
+            assert!(matches!(back, Datum::Numeric(t) if t == text));
+        }
+        // NaN has no decimal; rounding is refused, never done.
+        assert_eq!(
+            decimal_of(&n(5, 0), (5, 0), &Datum::Numeric("NaN".into())),
+            Ok(None)
+        );
+        let err =
+            to_avro(&n(5, 2), &Datum::Numeric("1.234".into()), Decimals::Precise).unwrap_err();
+        assert_eq!(err.class(), ErrorClass::Record);
+        // Unbounded, p > 38 and numeric arrays keep the text.
+        for ty in [
+            ColumnType::base(BaseType::Numeric, "numeric"),
+            n(39, 2),
+            ColumnType::array_of(n(18, 2)),
+        ] {
+            let s = column_schema(&ty, "ns", "x", Decimals::Precise);
+            assert!(!s.to_string().contains("decimal"), "{s}");
+        }
+    }
+
+    #[test]
     fn mismatches_and_sentinel_collisions_are_errors() {
         use BaseType::*;
         let date = ColumnType::base(Date, "date");
         assert!(matches!(
-            to_avro(&date, &Datum::Date(Special::Value(i32::MAX))),
+            to_avro(
+                &date,
+                &Datum::Date(Special::Value(i32::MAX)),
+                Decimals::String
+            ),
             Err(MappingError::OutOfRange { .. })
         ));
         let ts = ColumnType::base(TimestampTz, "timestamp with time zone");
         assert!(matches!(
-            to_avro(&ts, &Datum::TimestampTz(Special::Value(i64::MIN))),
+            to_avro(
+                &ts,
+                &Datum::TimestampTz(Special::Value(i64::MIN)),
+                Decimals::String
+            ),
             Err(MappingError::OutOfRange { .. })
         ));
         assert!(matches!(
-            to_avro(&ts, &Datum::Timestamp(Special::Infinity)),
+            to_avro(&ts, &Datum::Timestamp(Special::Infinity), Decimals::String),
             Err(MappingError::DatumMismatch { .. })
         ));
         let uuid = ColumnType::base(Uuid, "uuid");
         assert!(to_avro(
             &uuid,
-            &Datum::Uuid("A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11".into())
+            &Datum::Uuid("A0EEBC99-9C0B-4EF8-BB6D-6BB9BD380A11".into()),
+            Decimals::String
         )
         .is_err());
         let secret = Datum::Text("4111111111111111".into());
-        let err = to_avro(&ColumnType::base(Int4, "integer"), &secret).unwrap_err();
+        let err = to_avro(
+            &ColumnType::base(Int4, "integer"),
+            &secret,
+            Decimals::String,
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("integer") && !err.to_string().contains("4111"));
         assert_eq!(err.class(), ErrorClass::Record);
         let int2 = ColumnType::base(Int2, "smallint");
@@ -1226,7 +1411,7 @@ mod tests {
             ),
         ];
         for (ty, primitive, name) in &cases {
-            let s = column_schema(ty, "ns", "c");
+            let s = column_schema(ty, "ns", "c", Decimals::String);
             assert_eq!(
                 s,
                 json!({"type": primitive, "connect.name": name, "connect.version": 1, "pg.type": &ty.name}),
@@ -1234,21 +1419,29 @@ mod tests {
             );
         }
         assert_eq!(
-            to_avro(&cases[0].0, &Datum::Date(Special::Infinity)),
+            to_avro(
+                &cases[0].0,
+                &Datum::Date(Special::Infinity),
+                Decimals::String
+            ),
             Ok(Value::Int(i32::MAX))
         );
         assert_eq!(
-            to_avro(&cases[1].0, &Datum::Time(86_400_000_000)),
+            to_avro(&cases[1].0, &Datum::Time(86_400_000_000), Decimals::String),
             Ok(Value::Long(86_400_000_000))
         );
         assert_eq!(
-            to_avro(&cases[3].0, &Datum::TimestampTz(Special::NegInfinity)),
+            to_avro(
+                &cases[3].0,
+                &Datum::TimestampTz(Special::NegInfinity),
+                Decimals::String
+            ),
             Ok(Value::Long(i64::MIN))
         );
         // What was written with the plain schema reads back through the lake's view (logical
         // types added) as the logical variants, and from_avro gives the same datum.
         for (ty, _, _) in &cases {
-            let plain = column_schema(ty, "ns", "c");
+            let plain = column_schema(ty, "ns", "c", Decimals::String);
             let lake = Schema::parse(&temporal::with_logical_types(&plain)).unwrap();
             let datum = match ty.kind {
                 TypeKind::Base(Date) => Datum::Date(Special::Value(2_145_042_905)),
@@ -1258,7 +1451,7 @@ mod tests {
             };
             let bytes = encode(
                 &Schema::parse(&plain).unwrap(),
-                to_avro(ty, &datum).unwrap(),
+                to_avro(ty, &datum, Decimals::String).unwrap(),
             );
             let read = decode(&lake, &bytes);
             assert!(
@@ -1274,7 +1467,7 @@ mod tests {
     fn from_avro_accepts_plain_and_logical_variants() {
         use BaseType::*;
         let uuid = ColumnType::base(Uuid, "uuid");
-        let schema = Schema::parse(&column_schema(&uuid, "ns", "id")).unwrap();
+        let schema = Schema::parse(&column_schema(&uuid, "ns", "id", Decimals::String)).unwrap();
         let bytes = encode(
             &schema,
             Value::String("a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11".into()),

@@ -10,7 +10,10 @@ use wal2delta_model::{
     Change, ChangeOp, ColumnValue, ErrorClass, TableName, TableSchema, TxPosition,
 };
 use wal2delta_stream::avro::binary::{frame_change, FramedChange, SchemaIds};
-use wal2delta_stream::avro::envelope::{table_schemas, SourceInfo, OLD_KEY_HEADER};
+use wal2delta_stream::avro::decimal::Decimals;
+use wal2delta_stream::avro::envelope::{
+    table_schemas_with, SourceInfo, TableSchemas, OLD_KEY_HEADER,
+};
 use wal2delta_stream::dlq::{DeadLetter, TooLarge};
 use wal2delta_stream::producer::{headers_bytes, EventProducer};
 use wal2delta_stream::registry::Registry;
@@ -37,6 +40,9 @@ struct Published {
     /// [`frame_change`] frames its events with (writing the Avro bytes in the field order
     /// of those schemas), or why the version cannot be published.
     state: Result<SchemaIds, String>,
+    /// How the version's bounded numerics travel: `[kafka] decimal_handling`, or text when
+    /// the registry refused the decimal schema of a subject written with text.
+    decimals: Decimals,
     /// `wal2delta_capture_events_total` handles per op code, so the hot path does not
     /// build label sets for every event.
     counters: HashMap<&'static str, metrics::Counter>,
@@ -52,6 +58,8 @@ pub struct Publisher {
     tables: HashMap<u32, Published>,
     /// Table-topic messages of the source transaction being published.
     open_tx: Option<OpenTransaction>,
+    /// `[kafka] decimal_handling`.
+    decimals: Decimals,
 }
 
 /// What the END record of the transaction being published will say.
@@ -80,7 +88,14 @@ impl Publisher {
             source,
             tables: HashMap::new(),
             open_tx: None,
+            decimals: Decimals::default(),
         }
+    }
+
+    /// Bounded numerics travel as `decimals` says (`[kafka] decimal_handling`).
+    pub fn with_decimals(mut self, decimals: Decimals) -> Self {
+        self.decimals = decimals;
+        self
     }
 
     /// Counts `n` messages of `change` on its table topic for the transaction's END record.
@@ -182,29 +197,28 @@ impl Publisher {
         }
         let topic = table_topic(&self.prefix, &schema.table);
         self.producer.ensure_topic(&topic).await?;
-        let state = match table_schemas(&self.prefix, schema) {
+        let mut decimals = self.decimals;
+        let state = match table_schemas_with(&self.prefix, schema, decimals) {
             Err(e) => Err(e.to_string()),
             Ok(avro) => {
-                let key = self
-                    .registry
-                    .key_id_for(&key_subject(&topic), &avro.key_json)
-                    .await;
-                if let Ok((_, true)) = key {
-                    tracing::warn!(table = %schema.table, subject = %key_subject(&topic), "the table's key changed shape (a primary key added, removed or changed) and the registry refused the new key schema as incompatible: the key subject's compatibility is now NONE (docs/capture.md, \"Schema changes\")");
+                let mut ids = self.register(&topic, schema, &avro).await;
+                if matches!(&ids, Err(e) if e.class() != ErrorClass::Transient) && avro.out_of_range
+                {
+                    // A subject whose compatibility refuses the decimal schema (one written
+                    // with text under a registry that does not read text as bytes, or a
+                    // decimal whose precision changed): the table version keeps the text
+                    // rather than filling the DLQ (docs/upgrading.md).
+                    if let Ok(text) = table_schemas_with(&self.prefix, schema, Decimals::String) {
+                        if let Ok(text_ids) = self.register(&topic, schema, &text).await {
+                            tracing::warn!(table = %schema.table, subject = %value_subject(&topic), "the registry refused the table's schema with its bounded numerics as Avro decimals; they travel as exact text for this table version (docs/upgrading.md)");
+                            metrics::counter!(m::CAPTURE_SCHEMA_REFUSED, "table" => schema.table.to_string()).increment(1);
+                            decimals = Decimals::String;
+                            ids = Ok(text_ids);
+                        }
+                    }
                 }
-                let ids = match key {
-                    Ok((key_id, _)) => self
-                        .registry
-                        .id_for(&value_subject(&topic), &avro.value_json)
-                        .await
-                        .map(|v| (key_id, v)),
-                    Err(e) => Err(e),
-                };
                 match ids {
-                    Ok((key_id, value_id)) => Ok(SchemaIds {
-                        key: key_id,
-                        value: value_id,
-                    }),
+                    Ok(ids) => Ok(ids),
                     Err(e) if e.class() == ErrorClass::Transient => return Err(e),
                     Err(e) => {
                         metrics::counter!(m::CAPTURE_SCHEMA_REFUSED, "table" => schema.table.to_string()).increment(1);
@@ -220,6 +234,7 @@ impl Publisher {
         self.tables.insert(
             schema.relation_oid,
             Published {
+                decimals,
                 counters: ["c", "u", "d", "t", "r"]
                     .into_iter()
                     .map(|op| (op, metrics::counter!(m::CAPTURE_EVENTS, "table" => schema.table.to_string(), "op" => op)))
@@ -230,6 +245,28 @@ impl Publisher {
             },
         );
         Ok(())
+    }
+
+    /// Registers a table version's key and value schemas under the topic's subjects.
+    async fn register(
+        &mut self,
+        topic: &str,
+        schema: &TableSchema,
+        avro: &TableSchemas,
+    ) -> Result<SchemaIds, StreamError> {
+        let key = self
+            .registry
+            .key_id_for(&key_subject(topic), &avro.key_json)
+            .await;
+        if let Ok((_, true)) = key {
+            tracing::warn!(table = %schema.table, subject = %key_subject(topic), "the table's key changed shape (a primary key added, removed or changed) and the registry refused the new key schema as incompatible: the key subject's compatibility is now NONE (docs/capture.md, \"Schema changes\")");
+        }
+        let (key, _) = key?;
+        let value = self
+            .registry
+            .id_for(&value_subject(topic), &avro.value_json)
+            .await?;
+        Ok(SchemaIds { key, value })
     }
 
     /// Handles a Relation message (new table or DDL).
@@ -315,7 +352,15 @@ impl Publisher {
                     .await;
             }
         };
-        let encoded = frame_change(schema, *reg, &self.source, change, now_ms, token_key_id);
+        let encoded = frame_change(
+            schema,
+            *reg,
+            &self.source,
+            change,
+            now_ms,
+            token_key_id,
+            p.decimals,
+        );
         let framed = match encoded {
             Ok(f) => f,
             Err(e) => {

@@ -160,7 +160,8 @@ impl<'a> Setup<'a> {
                 name: config.kafka.topic_prefix.clone(),
                 db: params.dbname.clone(),
             },
-        );
+        )
+        .with_decimals(config.kafka.decimal_handling.into());
         publisher.ensure_dlq_topic().await?;
         publisher.ensure_transactions_topic().await?;
         let positions_topic = config.kafka.positions_topic();

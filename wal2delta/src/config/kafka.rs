@@ -58,6 +58,31 @@ pub struct KafkaConfig {
     /// TLS and SASL to the brokers (`[kafka.security]`), for every client.
     #[serde(default)]
     pub security: KafkaSecurityConfig,
+    /// How a bounded `numeric(p,s)` (p <= 38) travels: `precise` (an Avro `decimal`, as
+    /// Debezium's default) or `string` (PostgreSQL's exact text, as releases before it
+    /// wrote every numeric). docs/types.md, "numeric".
+    #[serde(default)]
+    pub decimal_handling: DecimalHandling,
+}
+
+/// `[kafka] decimal_handling`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DecimalHandling {
+    /// An Avro `decimal` (bytes, precision and scale in the schema).
+    #[default]
+    Precise,
+    /// PostgreSQL's exact text in a `string`.
+    String,
+}
+
+impl From<DecimalHandling> for wal2delta_stream::avro::decimal::Decimals {
+    fn from(d: DecimalHandling) -> Self {
+        match d {
+            DecimalHandling::Precise => Self::Precise,
+            DecimalHandling::String => Self::String,
+        }
+    }
 }
 
 impl KafkaConfig {

@@ -240,6 +240,9 @@ impl SourceTable {
                 &change,
                 0,
                 self.key_id.as_deref(),
+                // Silver's text columns of a lake written with text cast to the decimal
+                // for the comparison (`compare.rs`), so one encoding serves both.
+                self.avro.decimals,
             )?;
             let (_, datum) =
                 unframe(&framed.value).ok_or_else(|| anyhow!("{} is not framed", what()))?;

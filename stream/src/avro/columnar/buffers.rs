@@ -8,8 +8,8 @@
 use std::sync::Arc;
 
 use arrow::array::{
-    ArrayRef, BinaryArray, BooleanArray, Date32Array, Float32Array, Float64Array, Int32Array,
-    Int64Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
+    ArrayRef, BinaryArray, BooleanArray, Date32Array, Decimal128Array, Float32Array, Float64Array,
+    Int32Array, Int64Array, ListArray, StringArray, StructArray, TimestampMicrosecondArray,
 };
 use arrow::buffer::{Buffer as ArrowBuffer, NullBuffer, OffsetBuffer, ScalarBuffer};
 use arrow::datatypes::DataType;
@@ -131,6 +131,8 @@ pub enum Buffer {
     I64(Scalars<i64>),
     F32(Scalars<f32>),
     F64(Scalars<f64>),
+    /// Decimals' unscaled values.
+    I128(Scalars<i128>),
     /// Text and bytes.
     Varlen(Varlen),
     List {
@@ -152,6 +154,7 @@ impl Buffer {
             Node::Long | Node::Timestamp { .. } => Buffer::I64(Scalars::default()),
             Node::Float => Buffer::F32(Scalars::default()),
             Node::Double => Buffer::F64(Scalars::default()),
+            Node::Decimal { .. } => Buffer::I128(Scalars::default()),
             Node::String | Node::Uuid(_) | Node::Enum(_) | Node::Bytes | Node::Fixed(_) => {
                 Buffer::Varlen(Varlen::default())
             }
@@ -176,6 +179,7 @@ impl Buffer {
             Buffer::I64(s) => s.valid.len(),
             Buffer::F32(s) => s.valid.len(),
             Buffer::F64(s) => s.valid.len(),
+            Buffer::I128(s) => s.valid.len(),
             Buffer::Varlen(v) => v.len(),
             Buffer::List { valid, .. } | Buffer::Struct { valid, .. } => valid.len(),
         }
@@ -189,6 +193,7 @@ impl Buffer {
             Buffer::I64(s) => s.push_null(),
             Buffer::F32(s) => s.push_null(),
             Buffer::F64(s) => s.push_null(),
+            Buffer::I128(s) => s.push_null(),
             Buffer::Varlen(v) => v.push_null(),
             Buffer::List { offsets, valid, .. } => {
                 let end = *offsets.last().unwrap_or(&0);
@@ -212,6 +217,7 @@ impl Buffer {
             Buffer::I64(s) => s.truncate(rows),
             Buffer::F32(s) => s.truncate(rows),
             Buffer::F64(s) => s.truncate(rows),
+            Buffer::I128(s) => s.truncate(rows),
             Buffer::Varlen(v) => v.truncate(rows),
             Buffer::List {
                 offsets,
@@ -261,6 +267,14 @@ impl Buffer {
             }
             (Buffer::F32(s), DataType::Float32) => scalars!(s, Float32Array),
             (Buffer::F64(s), DataType::Float64) => scalars!(s, Float64Array),
+            (Buffer::I128(s), DataType::Decimal128(p, sc)) => {
+                let values = ScalarBuffer::from(std::mem::take(&mut s.values));
+                Arc::new(
+                    Decimal128Array::new(values, s.nulls())
+                        .with_precision_and_scale(*p, *sc)
+                        .map_err(|e| build(e.to_string()))?,
+                )
+            }
             (Buffer::Varlen(v), DataType::Utf8) => Arc::new(v.finish_text().map_err(build)?),
             (Buffer::Varlen(v), DataType::Binary) => {
                 let (offsets, data, nulls) = v.parts();

@@ -14,10 +14,11 @@ use wal2delta_model::bronze::{
 
 use super::buffers::{Buffer, Scalars, Varlen};
 use super::plan::{Compiler, Node, Shape};
-use super::read::{read, scalar, skip, texts, Context, ReadError, Scalar};
+use super::read::{out_of_range_entries, read, scalar, skip, texts, Context, ReadError, Scalar};
 use crate::avro::arrow::{ArrowMappingError, LIST_ITEM};
 use crate::avro::columns::{out_of_range_list, EnvelopeColumns};
 use crate::avro::cursor::Cursor;
+use crate::avro::envelope::OUT_OF_RANGE_VALUES as ENVELOPE_OUT_OF_RANGE;
 
 fn not_envelope(reason: &str) -> ArrowMappingError {
     ArrowMappingError::Unsupported {
@@ -36,6 +37,7 @@ enum Slot {
     Ordinal(Shape),
     Toast(Shape),
     TokenKeyId(Shape),
+    OutOfRange(Shape),
     Skip(Shape),
 }
 
@@ -99,6 +101,7 @@ impl EnvelopePlan {
                 ORDINAL => Slot::Ordinal(shape()?),
                 UNCHANGED_TOAST_COLUMNS => Slot::Toast(shape()?),
                 TOKEN_KEY_ID => Slot::TokenKeyId(shape()?),
+                ENVELOPE_OUT_OF_RANGE => Slot::OutOfRange(shape()?),
                 _ => Slot::Skip(shape()?),
             });
         }
@@ -329,6 +332,9 @@ impl EnvelopeReader {
                 Slot::Ordinal(shape) => meta.ordinal = long_of(scalar(shape, &mut cur)?),
                 Slot::Toast(shape) => texts(shape, &mut cur, &mut meta.toast)?,
                 Slot::TokenKeyId(shape) => meta.token_key_id = text_of(scalar(shape, &mut cur)?),
+                Slot::OutOfRange(shape) => {
+                    out_of_range_entries(shape, &mut cur, &mut self.ctx.out_of_range)?
+                }
                 Slot::Skip(shape) => skip(shape, &mut cur)?,
             }
         }

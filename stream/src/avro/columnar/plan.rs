@@ -41,6 +41,11 @@ pub enum Node {
     Enum(Arc<[String]>),
     Bytes,
     Fixed(usize),
+    /// An Avro `decimal` (bytes) of at most 38 digits: `Decimal128(precision, scale)`.
+    Decimal {
+        precision: u8,
+        scale: i8,
+    },
     /// A union of `null` and one other type: `null_branch` is the index of `null` (none
     /// for a union of the other type alone).
     Nullable {
@@ -88,6 +93,7 @@ impl Node {
             }
             Node::String | Node::Uuid(_) | Node::Enum(_) => DataType::Utf8,
             Node::Bytes | Node::Fixed(_) => DataType::Binary,
+            Node::Decimal { precision, scale } => DataType::Decimal128(*precision, *scale),
             Node::Nullable { inner, .. } => inner.data_type(),
             Node::Array { item, .. } => {
                 DataType::List(Arc::new(Field::new(LIST_ITEM, item.data_type(), true)))
@@ -190,6 +196,10 @@ impl<'s> Compiler<'s> {
             Schema::Bytes => Node::Bytes,
             Schema::Fixed(f) => Node::Fixed(f.size),
             Schema::Date => Node::Date,
+            Schema::Decimal(d) => match crate::avro::arrow::decimal128(d) {
+                Some(DataType::Decimal128(precision, scale)) => Node::Decimal { precision, scale },
+                _ => return Err(unsupported(format!("{:?}", SchemaKind::from(schema)))),
+            },
             Schema::TimestampMillis => Node::Timestamp {
                 millis: true,
                 utc: true,

@@ -94,6 +94,14 @@ pub fn read(
         (Node::Long, Buffer::I64(s)) => s.push(cur.long()?),
         (Node::Float, Buffer::F32(s)) => s.push(cur.float()?),
         (Node::Double, Buffer::F64(s)) => s.push(cur.double()?),
+        (Node::Decimal { precision, .. }, Buffer::I128(s)) => {
+            let v = crate::avro::decimal::from_be_bytes(cur.bytes()?)
+                .filter(|v| v.unsigned_abs() < 10u128.pow(u32::from(*precision)))
+                .ok_or(ReadError::Unrepresentable(
+                    "a decimal with more digits than its precision",
+                ))?;
+            s.push(v);
+        }
         (Node::Date, Buffer::I32(s)) => {
             let days = cur.int()?;
             let (lake, mapped) = lake_date(days);
@@ -264,6 +272,35 @@ pub fn texts<'b>(
             }
             Ok(())
         }),
+        other => skip(other, cur),
+    }
+}
+
+/// Reads the envelope's `out_of_range_values` (`["null", [{column, value}]]`): each entry
+/// whose two fields are texts goes to `out`; anything else is read past.
+pub fn out_of_range_entries(
+    shape: &Shape,
+    cur: &mut Cursor,
+    out: &mut Vec<OutOfRange>,
+) -> Result<(), ReadError> {
+    match shape {
+        Shape::Union(variants) => {
+            out_of_range_entries(&variants[cur.branch(variants.len())?], cur, out)
+        }
+        Shape::Array(item) => match item.as_ref() {
+            Shape::Record(fields) if fields.len() == 2 => each_item(cur, |cur| {
+                let column = scalar(&fields[0], cur)?;
+                let value = scalar(&fields[1], cur)?;
+                if let (Scalar::Text(column), Scalar::Text(value)) = (column, value) {
+                    out.push(OutOfRange {
+                        column: column.to_owned(),
+                        value: value.to_owned(),
+                    });
+                }
+                Ok(())
+            }),
+            _ => skip(shape, cur),
+        },
         other => skip(other, cur),
     }
 }
