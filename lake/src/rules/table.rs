@@ -446,7 +446,14 @@ impl TableRules {
         let tagged = self.state.as_ref().map(|s| s.progress.clone());
         let behind = s_seq.is_some_and(|s| (0..t_seq).contains(&s));
         let ahead = s_seq == Some(t_seq) && tagged.as_ref().is_some_and(|p| !before.covers(p));
-        if behind || ahead {
+        // A backfill whose hits commit is missing is done again before anything else, at
+        // once: Silver is still where that backfill ran (its round's Silver commit comes
+        // after the hits commit), so nothing is left to cover, and a round walked first
+        // would compare its changes with hits of the rule versions before the edit.
+        let redo_backfill = self.force_backfill
+            && behind
+            && tagged.as_ref().is_some_and(|p| before.covers(p));
+        if (behind && !redo_backfill) || ahead {
             return Ok(Start {
                 covered: tagged,
                 report: None,
