@@ -286,7 +286,8 @@ async fn transitions_and_gold_equal_a_clean_run_under_random_edits_and_faults() 
     let mut rng = StdRng::seed_from_u64(seed ^ 0x5eed);
     let mut faults = [0usize; 4];
     let mut restarts = 0;
-    while !load.is_finished() || faults.iter().sum::<usize>() < 6 {
+    // Every kind of fault is drawn at least once, whatever the seed.
+    while !load.is_finished() || faults.iter().sum::<usize>() < 6 || faults.contains(&0) {
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..2500))).await;
         feed.assert_running()?;
         let hold = Duration::from_millis(rng.random_range(1500..4000));
@@ -318,6 +319,10 @@ async fn transitions_and_gold_equal_a_clean_run_under_random_edits_and_faults() 
         worker.assert_running()?;
     }
     let edits = load.await??;
+    ensure!(
+        faults.iter().all(|&n| n > 0),
+        "every fault kind drawn: {faults:?}"
+    );
     eprintln!(
         "rules_random: {edits} rule edits; faults: {} kills, {} failed Silver commit spells, {} unreadable lookup spells, {} unwritable hits spells",
         faults[0], faults[1], faults[2], faults[3]
@@ -362,16 +367,8 @@ async fn transitions_and_gold_equal_a_clean_run_under_random_edits_and_faults() 
     }
 
     // The same history from the topics, into a fresh lake, with the default rounds.
-    let lake2 = d.dir.join("lake2");
-    d.env.retain(|(k, _)| !k.starts_with("WAL2DELTA__SILVER__"));
-    d.env.push((
-        "WAL2DELTA__LAKE__URI".into(),
-        format!("file://{}", lake2.display()),
-    ));
-    d.env
-        .push(("WAL2DELTA__BRONZE__GROUP_ID".into(), format!("{s}-clean")));
     let started = Instant::now();
-    let mut clean = d.spawn_stage("bronze,silver,rules,gold", "clean")?;
+    let (mut clean, lake2) = d.spawn_clean_run("bronze,silver,rules,gold")?;
     until(&mut clean, "the clean run's hits", &want, || {
         rule_hits(&lake2)
     })
