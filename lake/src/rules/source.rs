@@ -121,12 +121,17 @@ impl RuleSource {
     }
 
     /// Per Silver table, the tables its active rules look up (docs/rules.md, "Lookups"),
-    /// in any version: the silver stage applies those first and holds the table's changes
-    /// until they caught up.
-    pub fn lookup_targets(&self) -> BTreeMap<String, BTreeSet<String>> {
+    /// in the version in effect after `watermark` or any later one: the silver stage
+    /// applies those first and holds the table's changes until they caught up. A lookup
+    /// an edit removed stops holding anyone once every table passed that edit.
+    pub fn lookup_targets(&self, watermark: i64) -> BTreeMap<String, BTreeSet<String>> {
         let h = self.read();
+        let from = h
+            .versions
+            .partition_point(|(lsn, _)| *lsn <= watermark)
+            .saturating_sub(1);
         let mut out: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (_, set) in &h.versions {
+        for (_, set) in &h.versions[from..] {
             for (table, rules) in set.iter() {
                 for l in rules.iter().flat_map(|r| &r.lookups) {
                     out.entry(table.clone())
@@ -205,6 +210,24 @@ mod tests {
         assert_eq!(s.last_position(), Some(150));
         assert_eq!(s.at("s.t", 160)[0].id, "b");
         assert_eq!(s.at("s.t", 120)[0].when, "x > 2");
+    }
+
+    #[test]
+    fn a_removed_lookup_holds_no_table_once_every_table_passed_its_edit() {
+        let mut looking = rule("a", "m.risk > 5");
+        looking.lookups = vec![super::super::Lookup {
+            name: "m".into(),
+            table: TableName::new("s", "m"),
+            on: vec![("merchant".into(), "id".into())],
+        }];
+        let s = RuleSource::with_history(&[
+            (FROM_THE_START, vec![looking]),
+            (100, vec![rule("a", "x > 2")]),
+        ]);
+        let looked_up = |w| s.lookup_targets(w).get("s.t").cloned().unwrap_or_default();
+        assert_eq!(looked_up(50).len(), 1, "in effect before the edit");
+        assert_eq!(looked_up(99).len(), 1, "the edit's own transaction");
+        assert!(looked_up(100).is_empty(), "every table passed the edit");
     }
 
     #[test]

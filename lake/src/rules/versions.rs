@@ -74,7 +74,15 @@ pub async fn load(lake: &Lake) -> Result<Vec<(i64, Vec<Rule>)>, LakeError> {
 
 /// Appends `rules` as in effect after `position`.
 pub async fn append(lake: &Lake, position: i64, rules: &[Rule]) -> Result<(), LakeError> {
-    let seq = rows(lake).await?.last().map_or(1, |(s, ..)| s + 1);
+    // Each append is one commit of the table, so its next version orders the rows
+    // without reading them (gaps, after a maintenance commit, are harmless).
+    let (t, seq) = match delta::open(NAME, &lake.rules_versions()).await? {
+        Some(t) => {
+            let seq = t.version().map_or(1, |v| v as i64 + 2);
+            (t, seq)
+        }
+        None => (delta::handle(NAME, &lake.rules_versions())?, 1),
+    };
     let json = serde_json::to_string(rules).map_err(corrupt)?;
     let batch = RecordBatch::try_new(
         schema(),
@@ -85,10 +93,6 @@ pub async fn append(lake: &Lake, position: i64, rules: &[Rule]) -> Result<(), La
         ],
     )
     .map_err(corrupt)?;
-    let t = match delta::open(NAME, &lake.rules_versions()).await? {
-        Some(t) => t,
-        None => delta::handle(NAME, &lake.rules_versions())?,
-    };
     t.write(vec![batch])
         .with_save_mode(SaveMode::Append)
         .with_commit_properties(delta::commit_properties())

@@ -335,7 +335,7 @@ impl Stage<'_> {
         let targets = self
             .rules
             .as_ref()
-            .map(RuleSource::lookup_targets)
+            .map(|r| r.lookup_targets(lowest))
             .unwrap_or_default();
         // Per looked-up table, the tables whose rules look it up.
         let mut readers: HashMap<String, BTreeSet<String>> = HashMap::new();
