@@ -450,9 +450,8 @@ impl TableRules {
         // once: Silver is still where that backfill ran (its round's Silver commit comes
         // after the hits commit), so nothing is left to cover, and a round walked first
         // would compare its changes with hits of the rule versions before the edit.
-        let redo_backfill = self.force_backfill
-            && behind
-            && tagged.as_ref().is_some_and(|p| before.covers(p));
+        let redo_backfill =
+            self.force_backfill && behind && tagged.as_ref().is_some_and(|p| before.covers(p));
         if (behind && !redo_backfill) || ahead {
             return Ok(Start {
                 covered: tagged,
