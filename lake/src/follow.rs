@@ -28,7 +28,7 @@
 //!   and made again between two looks is not, so callers drop what they follow after a
 //!   failed round.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use deltalake::arrow::array::{Array, ArrayRef, AsArray};
@@ -69,6 +69,7 @@ struct State {
     files: Arc<HashMap<String, LoggedFile>>,
     schema: SchemaRef,
     mapped: bool,
+    text_decimals: Arc<BTreeMap<String, (u8, i8)>>,
     store: Arc<dyn ObjectStore>,
 }
 
@@ -93,6 +94,9 @@ pub(crate) struct Listing {
     pub(crate) schema: SchemaRef,
     /// Whether the table maps its column names (`delta.columnMapping.mode`).
     pub(crate) mapped: bool,
+    /// The decimal types recorded for text columns an earlier release wrote
+    /// ([`crate::bronze::TEXT_DECIMAL_PROPERTY`]).
+    pub(crate) text_decimals: Arc<BTreeMap<String, (u8, i8)>>,
     /// The columns whose ranges [`LoggedFile::ranges`] holds.
     pub(crate) columns: &'static [&'static str],
     pub(crate) store: Arc<dyn ObjectStore>,
@@ -188,11 +192,11 @@ impl State {
         let snapshot = table.snapshot()?;
         let version = snapshot.version();
         let schema = snapshot.snapshot().arrow_schema();
-        let mapped = snapshot
-            .metadata()
-            .configuration()
+        let configuration = snapshot.metadata().configuration();
+        let mapped = configuration
             .get("delta.columnMapping.mode")
             .is_some_and(|m| m != "none");
+        let text_decimals = Arc::new(crate::bronze::text_decimals(configuration));
         let data = snapshot.log_data();
         let int = |a: Option<ArrayRef>| cast(&a?, &DataType::Int64).ok();
         let stats: Option<Vec<(ArrayRef, ArrayRef)>> = columns
@@ -236,6 +240,7 @@ impl State {
             files: Arc::new(files),
             schema,
             mapped,
+            text_decimals,
             store,
             table,
             url: url.clone(),
@@ -248,6 +253,7 @@ impl State {
             files: self.files.clone(),
             schema: self.schema.clone(),
             mapped: self.mapped,
+            text_decimals: self.text_decimals.clone(),
             columns,
             store: self.store.clone(),
         }

@@ -7,5 +7,5 @@ mod schema;
 mod table;
 
 pub use rows::{bronze_batch, KafkaCoordinates, PARTITION_COLUMN};
-pub use schema::{adds_nothing, merge_schemas};
+pub use schema::{adds_nothing, merge_schemas, text_decimals, TEXT_DECIMAL_PROPERTY};
 pub use table::{app_id, Append, AppendOutcome, BronzeTable, OffsetRange};

@@ -9,9 +9,61 @@
 //! both in one column, so the events are quarantined with the reason rather than
 //! rewritten or dropped.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
+use wal2delta_model::bronze::{AFTER, BEFORE};
+
+/// The table property recording, for a text column an earlier release wrote, the decimal
+/// type its values now arrive as: `wal2delta.decimal.<column>` = `"<precision>,<scale>"`.
+/// Silver reads it to give a table it creates (a replay) the `DECIMAL` column
+/// (docs/upgrading.md).
+pub const TEXT_DECIMAL_PROPERTY: &str = "wal2delta.decimal.";
+
+/// The source columns of the row images a text column of `table` holds while `batch`
+/// brings them as decimals (a table an earlier release wrote as text), with the decimal
+/// type: precision and scale.
+pub fn decimals_into_text(table: &Schema, batch: &Schema) -> BTreeMap<String, (u8, i8)> {
+    let mut out = BTreeMap::new();
+    for image in [AFTER, BEFORE] {
+        let (Ok(t), Ok(b)) = (table.field_with_name(image), batch.field_with_name(image)) else {
+            continue;
+        };
+        let (DataType::Struct(t), DataType::Struct(b)) = (t.data_type(), b.data_type()) else {
+            continue;
+        };
+        for bf in b.iter() {
+            if let (DataType::Decimal128(p, s), Some(tf)) =
+                (bf.data_type(), t.iter().find(|f| f.name() == bf.name()))
+            {
+                if matches!(
+                    tf.data_type(),
+                    DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View
+                ) {
+                    out.insert(bf.name().clone(), (*p, *s));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// The decimal types a table's properties record for its text columns
+/// ([`TEXT_DECIMAL_PROPERTY`]); a malformed entry is left out.
+pub fn text_decimals(configuration: &HashMap<String, String>) -> BTreeMap<String, (u8, i8)> {
+    configuration
+        .iter()
+        .filter_map(|(k, v)| {
+            let column = k.strip_prefix(TEXT_DECIMAL_PROPERTY)?;
+            let (p, s) = v.split_once(',')?;
+            Some((
+                column.to_owned(),
+                (p.trim().parse().ok()?, s.trim().parse().ok()?),
+            ))
+        })
+        .collect()
+}
 
 /// The schema holding every column of `table` and of `batch`, table columns first.
 pub fn merge_schemas(table: &Schema, batch: &Schema) -> Result<Schema, String> {
@@ -150,6 +202,22 @@ mod tests {
             merge_schemas(&text, &after(DataType::Decimal128(18, 2))).unwrap(),
             text
         );
+        // ... and says which decimal type they came as, for a table Silver creates later.
+        let found = decimals_into_text(&text, &after(DataType::Decimal128(18, 2)));
+        assert_eq!(
+            found.into_iter().collect::<Vec<_>>(),
+            [("n".to_owned(), (18, 2))]
+        );
+        let props = HashMap::from([
+            (format!("{TEXT_DECIMAL_PROPERTY}n"), "18,2".to_owned()),
+            (format!("{TEXT_DECIMAL_PROPERTY}bad"), "x".to_owned()),
+            ("delta.appendOnly".to_owned(), "true".to_owned()),
+        ]);
+        assert_eq!(
+            text_decimals(&props).into_iter().collect::<Vec<_>>(),
+            [("n".to_owned(), (18, 2))]
+        );
+        assert!(decimals_into_text(&wide, &after(DataType::Decimal128(18, 2))).is_empty());
         let err = merge_schemas(&after(DataType::Int32), &after(DataType::Utf8)).unwrap_err();
         assert!(err.contains("after.n") && err.contains("rebuild"), "{err}");
     }

@@ -12,11 +12,11 @@
 //! writer killed between writing Parquet files and committing leaves files no commit
 //! references: readers never see them, and `vacuum` removes them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use deltalake::arrow::array::RecordBatch;
-use deltalake::arrow::datatypes::Schema;
+use deltalake::arrow::datatypes::{DataType, Schema};
 use deltalake::kernel::schema::cast::cast_record_batch;
 use deltalake::kernel::transaction::CommitProperties;
 use deltalake::kernel::Transaction;
@@ -26,7 +26,9 @@ use deltalake::{DeltaTable, DeltaTableError};
 use url::Url;
 
 use super::rows::PARTITION_COLUMN;
-use super::schema::{adds_nothing, merge_schemas};
+use super::schema::{
+    adds_nothing, decimals_into_text, merge_schemas, text_decimals, TEXT_DECIMAL_PROPERTY,
+};
 use crate::{delta, LakeError};
 
 /// The `txn` application id recording how far `topic/partition` is stored.
@@ -218,7 +220,11 @@ impl BronzeTable {
                 self.commit_offsets_only(props, &append).await
             } else {
                 let (batches, schema_changed) = self.conform(&append.batches)?;
-                match self.widen_for(&batches).await {
+                let before_rows = match self.record_text_decimals(&append.batches).await {
+                    Ok(()) => self.widen_for(&batches).await,
+                    Err(e) => Err(e),
+                };
+                match before_rows {
                     Ok(w) => {
                         widened = w;
                         self.write_rows(props, batches, schema_changed).await
@@ -277,6 +283,66 @@ impl BronzeTable {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| conflict(e.to_string()))?;
         Ok((cast, changed))
+    }
+
+    /// Records in the table's properties the decimal type of the bounded numerics that
+    /// `batches` (as they came) bring into a text column an earlier release wrote
+    /// ([`TEXT_DECIMAL_PROPERTY`]), in a commit of its own before theirs, when it is new
+    /// or wider than the one recorded. The column keeps its text; Silver reads the
+    /// property when it creates the table (docs/upgrading.md). A crash between the two
+    /// commits re-reads the events, which find the property recorded.
+    async fn record_text_decimals(
+        &mut self,
+        batches: &[RecordBatch],
+    ) -> Result<(), DeltaTableError> {
+        let (Some(table), Some(schema)) = (&self.table, self.arrow_schema()) else {
+            return Ok(());
+        };
+        let mut found = BTreeMap::new();
+        for b in batches {
+            found.extend(decimals_into_text(&schema, &b.schema()));
+        }
+        if found.is_empty() {
+            return Ok(());
+        }
+        let recorded = text_decimals(table.snapshot()?.metadata().configuration());
+        let changed: HashMap<String, String> = found
+            .into_iter()
+            .filter_map(|(column, (p, s))| {
+                let ty = match recorded.get(&column) {
+                    Some(&(rp, rs)) => crate::widen::wider(
+                        &DataType::Decimal128(rp, rs),
+                        &DataType::Decimal128(p, s),
+                    )
+                    .unwrap_or(DataType::Decimal128(rp, rs)),
+                    None => DataType::Decimal128(p, s),
+                };
+                let DataType::Decimal128(p, s) = ty else {
+                    return None;
+                };
+                (recorded.get(&column) != Some(&(p, s))).then(|| {
+                    (
+                        format!("{TEXT_DECIMAL_PROPERTY}{column}"),
+                        format!("{p},{s}"),
+                    )
+                })
+            })
+            .collect();
+        if changed.is_empty() {
+            return Ok(());
+        }
+        tracing::info!(table = %self.name, columns = changed.len(), "decimals arrive for text columns an earlier release wrote: the table keeps the text and records their type for Silver (docs/upgrading.md)");
+        let props = delta::commit_properties()
+            .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("bronze"))]);
+        let t = table
+            .clone()
+            .set_tbl_properties()
+            .with_properties(changed)
+            .with_raise_if_not_exists(false)
+            .with_commit_properties(props)
+            .await?;
+        self.table = Some(t);
+        Ok(())
     }
 
     /// Rewrites the table under the wider column types `batches` (already conformed) bring,

@@ -317,7 +317,10 @@ fn select(batch: &RecordBatch, pick: &dyn Pick) -> Result<RecordBatch, ArrowErro
 
 /// `batch` with `schema`'s columns: a column the file lacks (it was written before the
 /// table gained it) is null, a struct field it lacks likewise, other types are cast.
-fn conform_batch(batch: &RecordBatch, schema: &SchemaRef) -> Result<RecordBatch, ArrowError> {
+pub(super) fn conform_batch(
+    batch: &RecordBatch,
+    schema: &SchemaRef,
+) -> Result<RecordBatch, ArrowError> {
     let columns = conform_all(schema.fields(), batch.num_rows(), |n| {
         batch.column_by_name(n)
     })?;
@@ -334,7 +337,13 @@ fn conform_all<'a>(
     fields
         .iter()
         .map(|f| match named(f.name()) {
-            Some(a) => conform(a, f.data_type()),
+            Some(a) => conform(a, f.data_type()).map_err(|e| match e {
+                // Names the column (never a value).
+                ArrowError::CastError(m) => {
+                    ArrowError::CastError(format!("column {}: {m}", f.name()))
+                }
+                other => other,
+            }),
             None if f.is_nullable() => Ok(new_null_array(f.data_type(), rows)),
             None => Err(ArrowError::SchemaError(format!(
                 "a Bronze file lacks the required column {}",
@@ -357,6 +366,10 @@ fn conform(array: &ArrayRef, to: &DataType) -> Result<ArrayRef, ArrowError> {
                 children,
                 s.nulls().cloned(),
             )?))
+        }
+        // A bounded numeric in a text column an earlier release wrote: exactly.
+        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Decimal128(p, s)) => {
+            super::text_decimals::to_decimal(array, *p, *s)
         }
         _ => cast(array, to),
     }
@@ -719,7 +732,7 @@ mod tests {
             .unwrap();
         let table = bronze.table("s.t").await.unwrap();
         let queried = silver
-            .select_bronze(&table, &selection.sql())
+            .select_bronze(&table, &selection.sql(), None)
             .await
             .unwrap();
         let version = listing.version;
@@ -745,7 +758,9 @@ mod tests {
         let silver = SilverTable::new(&lake, "s", "t", 10);
         let mut bronze = Followed::new(COORDINATES);
         let listing = bronze.latest("s.t", &url).await.unwrap().unwrap();
-        let schema = silver.read_schema(&listing.schema).unwrap();
+        let schema = silver
+            .read_schema(&listing.schema, &listing.text_decimals, None)
+            .unwrap();
         let total = listing.files.len();
         let logged = listing.files.values().all(|f| f.ranges.is_some());
         assert!(logged || listing.files.values().all(|f| f.ranges.is_none()));

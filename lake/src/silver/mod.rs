@@ -39,6 +39,7 @@ mod round;
 mod rows;
 mod screen;
 mod table;
+mod text_decimals;
 mod tombstones;
 mod window;
 

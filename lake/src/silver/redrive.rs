@@ -22,16 +22,17 @@ impl SilverTable {
         let Some(bronze) = delta::open(&self.name, &self.bronze_url).await? else {
             return Ok(Redrive::NotInBronze);
         };
+        let silver = delta::open(&self.name, &self.url).await?;
         let rows = self
             .select_bronze(
                 &bronze,
                 &format!("kafka_partition = {partition} AND kafka_offset = {offset}"),
+                silver.as_ref(),
             )
             .await?;
         if rows.num_rows() == 0 {
             return Ok(Redrive::NotInBronze);
         }
-        let silver = delta::open(&self.name, &self.url).await?;
         let progress = match &silver {
             Some(t) => Progress::load(&self.name, t).await?,
             None => Progress::default(),

@@ -101,7 +101,7 @@ impl SilverTable {
             return Ok(None);
         };
         steps.bronze = clock.lap();
-        let rows = self.read_bronze(&bronze, &before).await?;
+        let rows = self.read_bronze(&bronze, &before, silver.as_ref()).await?;
         steps.read = clock.lap();
         Ok(Some(Read {
             silver,

@@ -1,7 +1,7 @@
 //! One Silver table: reads its Bronze table after the stored cursors, applies the changes
 //! whose transactions are whole, and commits rows and progress together.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -480,23 +480,31 @@ impl SilverTable {
         &mut self,
         bronze: &Listing,
         p: &Progress,
+        silver: Option<&DeltaTable>,
     ) -> Result<RecordBatch, LakeError> {
         self.window.discover(&self.name, &mut self.kept, p).await?;
         let selection = self.window.selection(p);
-        let schema = self.read_schema(&bronze.schema)?;
+        let schema = self.read_schema(&bronze.schema, &bronze.text_decimals, silver)?;
         let footers = &mut self.kept.footers;
         match super::files::read(&self.name, bronze, &selection, &schema, footers).await {
             Some(rows) => Ok(rows),
             None => {
                 let table = self.kept.bronze_table(&self.name).await?;
-                self.select_bronze(&table, &selection.sql()).await
+                self.select_bronze(&table, &selection.sql(), silver).await
             }
         }
     }
 
     /// The Bronze columns Silver reads, typed as the table (whose schema is `schema`) has
-    /// them (text as `Utf8`); an error when the table lacks one.
-    pub(super) fn read_schema(&self, schema: &Schema) -> Result<Arc<Schema>, LakeError> {
+    /// them (text as `Utf8`), but a bounded numeric an earlier release wrote as text as
+    /// its decimal (`decimals`) unless `silver` holds it as text
+    /// ([`super::text_decimals`]); an error when the table lacks one.
+    pub(super) fn read_schema(
+        &self,
+        schema: &Schema,
+        decimals: &BTreeMap<String, (u8, i8)>,
+        silver: Option<&DeltaTable>,
+    ) -> Result<Arc<Schema>, LakeError> {
         let missing: Vec<&str> = bronze::SILVER_READS
             .iter()
             .copied()
@@ -508,9 +516,15 @@ impl SilverTable {
                 missing.join(", ")
             )));
         }
-        Ok(Arc::new(Schema::new(delta::plain_fields(
-            schema,
-            bronze::SILVER_READS,
+        let fields = delta::plain_fields(schema, bronze::SILVER_READS);
+        let silver = match silver {
+            Some(t) if !decimals.is_empty() => Some(delta::arrow_schema(&self.name, t)?),
+            _ => None,
+        };
+        Ok(Arc::new(Schema::new(super::text_decimals::read_types(
+            fields,
+            decimals,
+            silver.as_deref(),
         ))))
     }
 
@@ -519,9 +533,17 @@ impl SilverTable {
         &self,
         bronze: &DeltaTable,
         condition: &str,
+        silver: Option<&DeltaTable>,
     ) -> Result<RecordBatch, LakeError> {
         let whole = delta::arrow_schema(&self.name, bronze)?;
-        let schema = self.read_schema(&whole)?;
+        let decimals = crate::bronze::text_decimals(
+            bronze
+                .snapshot()
+                .map_err(LakeError::delta(&self.name))?
+                .metadata()
+                .configuration(),
+        );
+        let schema = self.read_schema(&whole, &decimals, silver)?;
         let sql = format!(
             "SELECT {} FROM t WHERE {condition} ORDER BY kafka_partition, kafka_offset",
             bronze::SILVER_READS
@@ -530,7 +552,14 @@ impl SilverTable {
                 .collect::<Vec<_>>()
                 .join(", "),
         );
-        let batches = delta::query(&self.name, bronze, &sql).await?;
+        let mut batches = delta::query(&self.name, bronze, &sql).await?;
+        if !decimals.is_empty() {
+            batches = batches
+                .iter()
+                .map(|b| super::files::conform_batch(b, &schema))
+                .collect::<Result<_, _>>()
+                .map_err(|e| self.rows_error(e.to_string()))?;
+        }
         let schema = batches.first().map(|b| b.schema()).unwrap_or(schema);
         concat_batches(&schema, &batches).map_err(|e| self.rows_error(e.to_string()))
     }

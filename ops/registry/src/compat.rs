@@ -164,8 +164,9 @@ pub fn check_against(level: Compatibility, new: &Schema, earlier: &Earlier) -> V
 /// resolve: an enum symbol or a union branch is missing on the reader's side) counts as
 /// incompatible, as it does for Confluent.
 fn can_read(writer: &Schema, reader: &Schema) -> Result<(), String> {
+    let (writer, reader) = (without_decimals(writer), without_decimals(reader));
     let outcome = catch_unwind(AssertUnwindSafe(|| {
-        SchemaCompatibility::can_read(writer, reader)
+        SchemaCompatibility::can_read(&writer, &reader)
     }))
     .map_err(|_| "the compatibility checker failed on these schemas".to_owned())?;
     match outcome {
@@ -186,6 +187,33 @@ fn can_read(writer: &Schema, reader: &Schema) -> Result<(), String> {
             Err(reason)
         }
     }
+}
+
+/// `schema` with each `decimal` logical type replaced by its `bytes` or `fixed`: Confluent's
+/// checker (Avro's Java `SchemaCompatibility`) compares the underlying types only, so a
+/// decimal whose precision or scale grew (`numeric(10,2)` → `numeric(14,4)`) is
+/// compatible, while apache-avro's checker would refuse it. Unchanged when the result
+/// does not parse.
+fn without_decimals(schema: &Schema) -> Schema {
+    fn strip(v: &mut serde_json::Value) {
+        match v {
+            serde_json::Value::Object(m) => {
+                if m.get("logicalType").and_then(|t| t.as_str()) == Some("decimal") {
+                    m.remove("logicalType");
+                    m.remove("precision");
+                    m.remove("scale");
+                }
+                m.values_mut().for_each(strip);
+            }
+            serde_json::Value::Array(a) => a.iter_mut().for_each(strip),
+            _ => {}
+        }
+    }
+    let Ok(mut json) = serde_json::to_value(schema) else {
+        return schema.clone();
+    };
+    strip(&mut json);
+    Schema::parse(&json).unwrap_or_else(|_| schema.clone())
 }
 
 #[cfg(test)]
@@ -312,5 +340,28 @@ mod tests {
             let messages = check_against_history(level, &new, &earlier);
             assert!(messages.is_empty(), "{level}: {messages:?}");
         }
+    }
+
+    /// A bounded numeric whose precision or scale grew: its decimal's parameters change,
+    /// the bytes do not. Confluent's checker accepts it; so does this registry.
+    #[test]
+    fn a_decimal_whose_precision_or_scale_grew_is_compatible_both_ways() {
+        let dec = |p: u32, s: u32| {
+            schema(&format!(
+                r#"{{"name":"amount","type":["null",{{"type":"bytes","logicalType":"decimal","precision":{p},"scale":{s}}}],"default":null}}"#
+            ))
+        };
+        let (old, new) = (dec(10, 2), dec(14, 4));
+        let earlier = [Earlier {
+            version: 1,
+            schema: &old,
+        }];
+        for level in [Compatibility::Backward, Compatibility::Full] {
+            let messages = check_against_history(level, &new, &earlier);
+            assert!(messages.is_empty(), "{level}: {messages:?}");
+        }
+        // The underlying type still counts.
+        let text = schema(r#"{"name":"amount","type":["null","int"],"default":null}"#);
+        assert!(!check_against_history(Compatibility::Backward, &text, &earlier).is_empty());
     }
 }
