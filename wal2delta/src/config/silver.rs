@@ -42,9 +42,10 @@ pub struct SilverConfig {
     /// keys are close together (recent rows) and the files hold key ranges.
     #[serde(default = "SilverConfig::default_target_file_bytes")]
     pub target_file_bytes: u64,
-    /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null.
-    #[serde(default)]
-    pub mask: BTreeMap<String, String>,
+    /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null; parsed while
+    /// the file is read (an unknown policy is named with its entry there).
+    #[serde(default, deserialize_with = "mask_policies")]
+    pub mask: BTreeMap<String, MaskPolicy>,
     /// Environment variable holding the key of the `hash` policy (at least 16 bytes).
     #[serde(default)]
     pub mask_key_env: Option<String>,
@@ -54,6 +55,19 @@ pub struct SilverConfig {
     /// `[[silver.checks]]`: quality checks; a row that fails one goes to quarantine.
     #[serde(default)]
     pub checks: Vec<CheckConfig>,
+}
+
+fn mask_policies<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, MaskPolicy>, D::Error> {
+    BTreeMap::<String, String>::deserialize(d)?
+        .into_iter()
+        .map(|(column, policy)| {
+            MaskPolicy::parse(&policy)
+                .map(|p| (column.clone(), p))
+                .map_err(|e| serde::de::Error::custom(format!("\"{column}\": {e}")))
+        })
+        .collect()
 }
 
 /// One quality check: a name, a table and exactly one condition.
@@ -128,7 +142,7 @@ impl SilverConfig {
                 "must be greater than 0",
             ));
         }
-        for (column, policy) in &self.mask {
+        for column in self.mask.keys() {
             let field = format!("silver.mask.\"{column}\"");
             if path::parse(column, 3).is_none() {
                 return Err(invalid(
@@ -136,7 +150,6 @@ impl SilverConfig {
                     "must name a column as schema.table.column (double-quote a part holding a '.')",
                 ));
             }
-            MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
         }
         self.mask_key()?;
         let mut names = std::collections::BTreeSet::new();
@@ -155,7 +168,7 @@ impl SilverConfig {
 
     /// The `hash` key, when some column uses `hash`.
     fn mask_key(&self) -> Result<Option<Arc<[u8]>>, ConfigError> {
-        if !self.mask.values().any(|p| p == "hash") {
+        if !self.mask.values().any(|p| *p == MaskPolicy::Hash) {
             return Ok(None);
         }
         let key = load_key(
@@ -198,10 +211,12 @@ impl SilverConfig {
                 .ok_or_else(|| invalid(&field, "must name a column as schema.table.column"))?;
             let table = TableName::new(&parts[0], &parts[1]);
             let column = silver_column(catalog, &field, &table, &parts[2])?;
-            let p = MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
-            masks.entry(table.ident()).or_default().insert(column, p);
+            masks
+                .entry(table.ident())
+                .or_default()
+                .insert(column, *policy);
         }
-        let key = if self.mask.values().any(|p| p == "hash") {
+        let key = if self.mask.values().any(|p| *p == MaskPolicy::Hash) {
             self.mask_key()?
         } else {
             None
@@ -574,6 +589,14 @@ mod tests {
             Some(MaskPolicy::Redact)
         );
         assert_eq!(p.of("public.c").masking.policy("card"), None);
+        // A policy is parsed while the file is read, naming the entry.
+        let e = toml::from_str::<SilverConfig>("[mask]\n\"public.c.email\" = \"scramble\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("public.c.email") && e.contains("keep_last"),
+            "{e}"
+        );
         let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"hash\"").unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("silver.mask"), "{e}");
@@ -583,7 +606,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("schema.table.column"));
-        let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"blur\"").unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("blur"));
+        let e = toml::from_str::<SilverConfig>("[mask]\n\"public.c.email\" = \"blur\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("blur") && e.contains("public.c.email"), "{e}");
     }
 }
