@@ -4,7 +4,8 @@
 # manifests and Cargo.lock only), so changing wal2delta's sources rebuilds only its crates.
 # The image runs as the unprivileged user `wal2delta`, keeps the lake under
 # /var/lib/wal2delta/lake, exposes the metrics port and checks /healthz.
-FROM rust:1-bookworm AS chef
+# The toolchain is pinned (the one the repository is built and tested with).
+FROM rust:1.95.0-bookworm AS chef
 RUN cargo install cargo-chef --locked --version 0.1.71
 WORKDIR /src
 
@@ -19,7 +20,8 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=planner /src/recipe.json recipe.json
 # The dependency layer: rebuilt only when Cargo.toml or Cargo.lock change.
-RUN cargo chef cook --release --recipe-path recipe.json
+# Only what the daemon needs: not the tests', benchmarks' or development servers' crates.
+RUN cargo chef cook --release --recipe-path recipe.json --bin wal2delta
 COPY . .
 RUN cargo build --release --locked --bin wal2delta
 

@@ -9,22 +9,19 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use rand::Rng;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan, uncommitted_files};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const ROWS: i64 = 200_000;
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkilled_bronze_writer_stores_every_offset_exactly_once() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "brzcrash",
-        "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);",
-        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 400\nmax_batch_events = 4000\ntopic_refresh_ms = 500\n\
-         consumer = { \"session.timeout.ms\" = \"6000\" }\n",
-        3,
-    )
-    .await?;
+    let World { name, pg, mut d, .. } = Scenario::new(&stack, "brzcrash", "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);")
+        .toml("[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 400\nmax_batch_events = 4000\ntopic_refresh_ms = 500\n\
+         consumer = { \"session.timeout.ms\" = \"6000\" }\n")
+        .partitions(3)
+        .build()
+        .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     let mut bronze = d.spawn_stage("bronze", "bronze-0")?;
     // Every restarted writer joins a consumer group of its own. Positions come from the

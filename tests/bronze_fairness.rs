@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use wal2delta_tests::lake::{duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 /// Rows of the backlog on `big`.
 const BACKLOG: i64 = 200_000;
@@ -23,17 +23,15 @@ const BOUND: Duration = Duration::from_secs(20);
 #[tokio::test(flavor = "multi_thread")]
 async fn a_quiet_table_is_committed_while_another_has_a_deep_backlog() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "fair",
-        "CREATE TABLE {s}.big (id bigint PRIMARY KEY, v int);
-         CREATE TABLE {s}.small (id int PRIMARY KEY, v text);",
-        // Small micro-batches: the backlog takes many commits to work off, as in the chaos
-        // run where the machine was slow.
-        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 500\nmax_batch_events = 2000\ntopic_refresh_ms = 500\n",
-        3,
-    )
-    .await?;
+    // Small micro-batches: the backlog takes many commits to work off, as in the chaos
+    // run where the machine was slow.
+    let tables = "CREATE TABLE {s}.big (id bigint PRIMARY KEY, v int);
+         CREATE TABLE {s}.small (id int PRIMARY KEY, v text);";
+    let World { name, pg, d, .. } = Scenario::new(&stack, "fair", tables)
+        .toml("[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 500\nmax_batch_events = 2000\ntopic_refresh_ms = 500\n")
+        .partitions(3)
+        .build()
+        .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.small VALUES (0, 'first');

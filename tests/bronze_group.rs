@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const ROWS: i64 = 60_000;
 
@@ -35,14 +35,11 @@ fn wait_assigned(
 #[tokio::test(flavor = "multi_thread")]
 async fn two_writers_in_one_group_store_every_offset_once_across_rebalances() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "brzgrp",
-        "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);",
-        "[bronze]\nassignment = \"group\"\ngroup_id = \"{s}\"\nmax_batch_ms = 300\nmax_batch_events = 3000\ntopic_refresh_ms = 500\n",
-        4,
-    )
-    .await?;
+    let World { name, pg, d, .. } = Scenario::new(&stack, "brzgrp", "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);")
+        .toml("[bronze]\nassignment = \"group\"\ngroup_id = \"{s}\"\nmax_batch_ms = 300\nmax_batch_events = 3000\ntopic_refresh_ms = 500\n")
+        .partitions(4)
+        .build()
+        .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     // The topic must exist before the writers subscribe for the join timing to mean much.
     pg.batch_execute(&format!("INSERT INTO {name}.t VALUES (0, 0)"))

@@ -11,7 +11,7 @@ use rdkafka::ClientConfig;
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, string, AvroDecoder};
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 /// Fast batches and topic discovery, and a consumer group of the test's own.
 const BRONZE_TOML: &str =
@@ -49,16 +49,19 @@ fn wait_for(
 #[tokio::test(flavor = "multi_thread")]
 async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "brz",
         "CREATE TABLE {s}.pay (id bigint PRIMARY KEY, amount numeric(12,2), note text,
              at timestamptz, local_at timestamp, day date, tags text[], data jsonb, raw bytea,
              ok boolean, ratio float8);",
+    )
+    .toml(
         // Compaction and checkpoints run beside ingestion every 2 s here.
         &format!("{BRONZE_TOML}maintenance_interval_s = 2\n"),
-        3,
     )
+    .partitions(3)
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     pg.batch_execute(&format!(
@@ -235,13 +238,13 @@ async fn bronze_holds_every_event_once_with_its_content() -> Result<()> {
 async fn schema_evolution_mid_run_merges_columns_widens_types_and_quarantines_other_changes(
 ) -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "brzevo",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, a int, b text);",
-        BRONZE_TOML,
-        1,
     )
+    .toml(BRONZE_TOML)
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
@@ -336,14 +339,11 @@ async fn schema_evolution_mid_run_merges_columns_widens_types_and_quarantines_ot
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "brzq",
-        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
-        BRONZE_TOML,
-        1,
-    )
-    .await?;
+    let World { name, pg, d, .. } =
+        Scenario::new(&stack, "brzq", "CREATE TABLE {s}.t (id int PRIMARY KEY);")
+            .toml(BRONZE_TOML)
+            .build()
+            .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let t = scan(&d.bronze("t"));
     pg.batch_execute(&format!(
@@ -452,14 +452,12 @@ async fn undecodable_messages_go_to_quarantine_and_the_stream_goes_on() -> Resul
 #[tokio::test(flavor = "multi_thread")]
 async fn an_unreachable_registry_stalls_bronze_without_quarantining_anything() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "brzreg",
-        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
-        BRONZE_TOML,
-        1,
-    )
-    .await?;
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "brzreg", "CREATE TABLE {s}.t (id int PRIMARY KEY);")
+        .toml(BRONZE_TOML)
+        .build()
+        .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.t SELECT generate_series(1, 50);"

@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context, Result};
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::kafka::read_topic_to_end;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const ROWS: i64 = 20_000;
 
@@ -28,13 +28,14 @@ fn bronze_toml() -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_sigkilled_writer_restarted_at_once_stores_every_event_once() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "brzrestart",
         "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint);",
-        &bronze_toml(),
-        3,
     )
+    .toml(&bronze_toml())
+    .partitions(3)
+    .build()
     .await?;
     let mut capture = d.spawn_stage("capture", "capture")?;
     let mut bronze = d.spawn_stage("bronze", "bronze-0")?;

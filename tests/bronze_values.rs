@@ -8,7 +8,7 @@ use serde_json::{json, Value};
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::kafka::dead_letters;
 use wal2delta_tests::lake::{deltalake_info, duckdb, duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const BRONZE_TOML: &str =
     "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n";
@@ -39,14 +39,14 @@ fn wait_for(sql: &str, want: i64, timeout: Duration, run: &mut StageProcess) -> 
 #[tokio::test(flavor = "multi_thread")]
 async fn dates_beyond_the_writers_calendar_land_next_to_a_plain_table() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "brzdate",
         "CREATE TABLE {s}.odd (id int PRIMARY KEY, d date, ds date[]);
          CREATE TABLE {s}.plain (id int PRIMARY KEY, note text);",
-        BRONZE_TOML,
-        1,
     )
+    .toml(BRONZE_TOML)
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let result = dates(&name, &pg, &d, &mut run).await;
@@ -144,15 +144,16 @@ async fn dates(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_table_without_a_primary_key_lands_in_bronze_only() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "brzkeyless",
         "CREATE TABLE {s}.hist (a int, note text);
          ALTER TABLE {s}.hist REPLICA IDENTITY FULL;
          CREATE TABLE {s}.keyed (id int PRIMARY KEY, note text);",
-        &format!("{BRONZE_TOML}[silver]\ninterval_ms = 300\n"),
-        2,
     )
+    .toml(&format!("{BRONZE_TOML}[silver]\ninterval_ms = 300\n"))
+    .partitions(2)
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     let result = keyless(&name, &pg, &d, &mut run).await.and_then(|()| {
@@ -308,14 +309,14 @@ async fn keyless(
 #[tokio::test(flavor = "multi_thread")]
 async fn a_table_that_gains_a_primary_key_later_reaches_silver() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "brzgainskey",
         "CREATE TABLE {s}.acct (aid int NOT NULL, bal int, filler text);
          ALTER TABLE {s}.acct REPLICA IDENTITY FULL;",
-        &format!("{BRONZE_TOML}[silver]\ninterval_ms = 300\n"),
-        1,
     )
+    .toml(&format!("{BRONZE_TOML}[silver]\ninterval_ms = 300\n"))
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     let result = gains_key(&name, &pg, &d, &mut run).await;

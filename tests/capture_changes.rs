@@ -6,7 +6,7 @@ use std::time::Duration;
 use anyhow::Result;
 use apache_avro::types::Value;
 use wal2delta_tests::kafka::{field, long, read_topic, string, unwrap_union, AvroDecoder};
-use wal2delta_tests::{scenario, Scenario, Stack, World};
+use wal2delta_tests::{Scenario, Stack, World};
 
 fn is_null(v: Option<&Value>) -> bool {
     matches!(v.map(unwrap_union), Some(Value::Null))
@@ -181,13 +181,14 @@ async fn inserts_updates_deletes_truncates_and_toast() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn add_column_mid_stream_registers_a_new_version_without_restart() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "ddl",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     pg.batch_execute(&format!(
@@ -220,13 +221,14 @@ async fn add_column_mid_stream_registers_a_new_version_without_restart() -> Resu
 #[tokio::test(flavor = "multi_thread")]
 async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "dlq",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, a int[]);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     // A two-dimensional array has no exact mapping to the column's Avro array type.
@@ -268,13 +270,14 @@ async fn undecodable_value_goes_to_the_dlq_and_capture_goes_on() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "refuse",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v int);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     // int → text is not BACKWARD compatible: the registry refuses the new value schema.
@@ -311,13 +314,15 @@ async fn schema_the_registry_refuses_sends_events_to_the_dlq() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn transaction_end_records_count_each_tables_events() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "txend",
         "CREATE TABLE {s}.a (id int PRIMARY KEY); CREATE TABLE {s}.b (id int PRIMARY KEY);",
-        "",
-        3,
     )
+    .partitions(3)
+    .build()
     .await?;
     d.start()?;
     // Three transactions (one simple query of several statements would be one).
@@ -412,13 +417,16 @@ async fn transaction_end_records_count_each_tables_events() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn skip_truncate_publishes_everything_but_the_truncate() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "skiptrunc",
         "CREATE TABLE {s}.a (id int PRIMARY KEY);",
-        "[capture]\nskip_truncate = true\n",
-        2,
     )
+    .toml("[capture]\nskip_truncate = true\n")
+    .partitions(2)
+    .build()
     .await?;
     d.start()?;
     pg.batch_execute(&format!("INSERT INTO {name}.a VALUES (1), (2)"))
@@ -465,13 +473,14 @@ async fn skip_truncate_publishes_everything_but_the_truncate() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn oversized_event_goes_to_the_dlq_and_the_end_record_does_not_count_it() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "big",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, doc jsonb);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     // About 2.1 MB of jsonb text that does not compress to nothing.

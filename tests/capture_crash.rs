@@ -16,7 +16,7 @@ use apache_avro::types::Value;
 use rand::Rng;
 use wal2delta_model::Lsn;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
-use wal2delta_tests::{scenario, slot_confirmed, Stack};
+use wal2delta_tests::{slot_confirmed, Scenario, Stack, World};
 
 const TARGET_CHANGES: usize = 100_000;
 
@@ -64,13 +64,16 @@ struct Tx {
 async fn sigkill_at_random_points_loses_nothing() -> Result<()> {
     let stack = Stack::from_env();
     // Three partitions: acknowledgements of one transaction arrive out of order.
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "crash",
         "CREATE TABLE {s}.t (id bigint PRIMARY KEY, v bigint NOT NULL, pad text);",
-        "[capture]\nmax_in_flight = 20000\n",
-        3,
     )
+    .toml("[capture]\nmax_in_flight = 20000\n")
+    .partitions(3)
+    .build()
     .await?;
     d.start()?;
 

@@ -8,7 +8,7 @@ use apache_avro::types::Value;
 use wal2delta_tests::kafka::{
     dead_letters, field, long, read_topic, schema_versions, AvroDecoder, Record,
 };
-use wal2delta_tests::{scenario, streamed_transactions, Scenario, Stack, World};
+use wal2delta_tests::{streamed_transactions, Scenario, Stack, World};
 
 fn decoded(stack: &Stack, topic: &str, expect: usize) -> Result<Vec<(Record, Value)>> {
     let recs = read_topic(&stack.brokers, topic, Some(expect), Duration::from_secs(20))?;
@@ -28,13 +28,14 @@ fn op(v: &Value) -> String {
 #[tokio::test(flavor = "multi_thread")]
 async fn drop_widen_rename_and_add_columns_mid_stream() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "evo",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, a int, b text, c int);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     pg.batch_execute(&format!(
@@ -148,14 +149,12 @@ async fn partitions_are_published_under_the_root_including_new_ones() -> Result<
 #[tokio::test(flavor = "multi_thread")]
 async fn truncate_is_ordered_after_the_rows_in_every_partition() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "trunc",
-        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
-        "",
-        3,
-    )
-    .await?;
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "trunc", "CREATE TABLE {s}.t (id int PRIMARY KEY);")
+        .partitions(3)
+        .build()
+        .await?;
     d.start()?;
     pg.batch_execute(&format!("INSERT INTO {name}.t SELECT generate_series(1, 60); TRUNCATE {name}.t; INSERT INTO {name}.t VALUES (1000);")).await?;
     d.wait_caught_up(&pg, Duration::from_secs(60)).await?;

@@ -10,7 +10,7 @@ use apache_avro::types::Value;
 use wal2delta_tests::daemon::binary;
 use wal2delta_tests::kafka::{field, read_topic, unwrap_union, AvroDecoder};
 use wal2delta_tests::{
-    current_wal_lsn, scenario, slot_confirmed, unique, wait_confirmed, Scenario, Stack, World,
+    current_wal_lsn, slot_confirmed, unique, wait_confirmed, Scenario, Stack, World,
 };
 
 fn stack_script(action: &str) -> Result<()> {
@@ -44,13 +44,14 @@ fn ids_in_topic(stack: &Stack, topic: &str, expect: usize) -> Result<HashSet<i64
 #[tokio::test(flavor = "multi_thread")]
 async fn broker_down_mid_stream_waits_without_acknowledging_then_catches_up() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "down",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     pg.execute(

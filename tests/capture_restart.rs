@@ -6,19 +6,16 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 use wal2delta_tests::kafka::{read_topic, read_topic_to_end};
-use wal2delta_tests::{ops_stack, scenario, slot_confirmed, Stack};
+use wal2delta_tests::{ops_stack, slot_confirmed, Scenario, Stack, World};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "ahead",
-        "CREATE TABLE {s}.t (id int PRIMARY KEY);",
-        "",
-        1,
-    )
-    .await?;
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "ahead", "CREATE TABLE {s}.t (id int PRIMARY KEY);")
+        .build()
+        .await?;
     d.start()?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.t SELECT generate_series(1, 10)"
@@ -83,13 +80,14 @@ async fn refuses_to_start_when_the_slot_is_ahead_of_kafka() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_postgres_restart_does_not_publish_again_what_kafka_holds() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "rewind",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, note text);",
-        "",
-        1,
     )
+    .build()
     .await?;
     d.start()?;
     pg.batch_execute(&format!(

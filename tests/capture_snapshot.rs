@@ -10,7 +10,7 @@ use anyhow::{bail, ensure, Result};
 use apache_avro::types::Value;
 use wal2delta_tests::daemon::Daemon;
 use wal2delta_tests::kafka::{field, long, read_topic_to_end, AvroDecoder};
-use wal2delta_tests::{scenario, Scenario, Stack, World};
+use wal2delta_tests::{Scenario, Stack, World};
 
 /// One event: (op, id, v, position as (commit LSN, ordinal)).
 type Event = (String, i64, Option<i64>, (i64, i64));
@@ -152,14 +152,10 @@ async fn initial_snapshot_with_concurrent_writes_matches_the_source() -> Result<
 async fn killed_snapshot_resumes_after_the_last_recorded_chunk() -> Result<()> {
     let stack = Stack::from_env();
     const ROWS: i64 = 100_000;
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "resume",
-        &format!("CREATE TABLE {{s}}.t (id int PRIMARY KEY, v int); INSERT INTO {{s}}.t SELECT g, 1 FROM generate_series(1, {ROWS}) g;"),
-        "[snapshot]\nchunk_rows = 2000\n",
-        1,
-    )
-    .await?;
+    let World { name, pg, mut d, .. } = Scenario::new(&stack, "resume", &format!("CREATE TABLE {{s}}.t (id int PRIMARY KEY, v int); INSERT INTO {{s}}.t SELECT g, 1 FROM generate_series(1, {ROWS}) g;"))
+        .toml("[snapshot]\nchunk_rows = 2000\n")
+        .build()
+        .await?;
     let table = format!("{name}.t");
     d.start()?;
     let topic = format!("{name}.{table}");
@@ -206,7 +202,10 @@ async fn killed_snapshot_resumes_after_the_last_recorded_chunk() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(&stack, "addt", "CREATE TABLE {s}.a (id int PRIMARY KEY, v int); INSERT INTO {s}.a SELECT g, 1 FROM generate_series(1, 100) g;", "[snapshot]\nchunk_rows = 50\n", 1).await?;
+    let World { name, pg, mut d, .. } = Scenario::new(&stack, "addt", "CREATE TABLE {s}.a (id int PRIMARY KEY, v int); INSERT INTO {s}.a SELECT g, 1 FROM generate_series(1, 100) g;")
+        .toml("[snapshot]\nchunk_rows = 50\n")
+        .build()
+        .await?;
     d.start()?;
     wait_snapshot_done(&stack, &mut d, &format!("{name}.a")).await?;
 
@@ -266,14 +265,10 @@ async fn added_table_is_snapshotted_alone_and_a_dropped_slot_is_refused() -> Res
 async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Result<()> {
     let stack = Stack::from_env();
     // A budget no slot can meet: the snapshot must wait, never read.
-    let (name, _pg, mut d) = scenario(
-        &stack,
-        "throttle",
-        "CREATE TABLE {s}.t (id int PRIMARY KEY, v int); INSERT INTO {s}.t SELECT g, 1 FROM generate_series(1, 1000) g;",
-        "[snapshot]\nchunk_rows = 100\nmax_retained_wal_bytes = 1\n",
-        1,
-    )
-    .await?;
+    let World { name, pg: _pg, mut d, .. } = Scenario::new(&stack, "throttle", "CREATE TABLE {s}.t (id int PRIMARY KEY, v int); INSERT INTO {s}.t SELECT g, 1 FROM generate_series(1, 1000) g;")
+        .toml("[snapshot]\nchunk_rows = 100\nmax_retained_wal_bytes = 1\n")
+        .build()
+        .await?;
     let table = format!("{name}.t");
     d.start()?;
     tokio::time::sleep(Duration::from_secs(4)).await;
@@ -310,13 +305,15 @@ async fn snapshot_pauses_while_the_slot_retains_more_wal_than_its_budget() -> Re
 #[tokio::test(flavor = "multi_thread")]
 async fn fresh_snapshot_rows_never_outrank_a_delete_committing_meanwhile() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "snapdel",
         "CREATE TABLE {s}.a (id int PRIMARY KEY, v int);",
-        "[snapshot]\nchunk_rows = 50\n",
-        1,
     )
+    .toml("[snapshot]\nchunk_rows = 50\n")
+    .build()
     .await?;
     let admin = stack.admin().await?;
     d.start()?;

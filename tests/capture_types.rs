@@ -11,7 +11,7 @@ use wal2delta_cdc::value::render_text;
 use wal2delta_model::ColumnType;
 use wal2delta_stream::avro::types::from_avro;
 use wal2delta_tests::kafka::{field, read_topic, string, unwrap_union, AvroDecoder};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 /// (column type, values as SQL literals). Each value becomes one row; the other columns
 /// of that row stay NULL.
@@ -161,7 +161,9 @@ async fn every_type_round_trips_exactly() -> Result<()> {
          CREATE TABLE {{s}}.t (id int PRIMARY KEY, {})",
         defs.join(", ")
     );
-    let (name, pg, mut d) = scenario(&stack, "types", &tables, "", 1).await?;
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "types", &tables).build().await?;
     d.start()?;
 
     let mut rows = Vec::new(); // (id, column index)
@@ -277,13 +279,13 @@ async fn every_type_round_trips_exactly() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn temporal_edge_values_reach_python_consumers_and_bronze() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "pytemporal",
         "CREATE TABLE {s}.edge (id int PRIMARY KEY, d date, t time, ts timestamp, tz timestamptz)",
-        "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n",
-        1,
     )
+    .toml("[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n")
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze", "run")?;
     let result = temporal_edges(&stack, &name, &pg, &d, &mut run).await;

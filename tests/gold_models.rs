@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use serde_json::Value;
 use wal2delta_tests::lake::{delta_version, duckdb, last_commit_info};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const TABLES: &str = "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, merchant_id int NOT NULL, currency text NOT NULL, status text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL DEFAULT now());";
 
@@ -62,7 +62,7 @@ fn gold_rows(table: &Path) -> Result<Vec<(i64, String, i64, i64)>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn gold_follows_silver_records_its_inputs_and_replay_equals_it() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(&stack, "gold", TABLES, "", 1).await?;
+    let World { name, pg, d, .. } = Scenario::new(&stack, "gold", TABLES).build().await?;
     let models = d.lake().join("../models");
     write_models(&models, &name)?;
     let mut d = d;
@@ -179,7 +179,9 @@ async fn gold_follows_silver_records_its_inputs_and_replay_equals_it() -> Result
 #[tokio::test(flavor = "multi_thread")]
 async fn models_that_cannot_run_are_refused_at_startup_naming_the_model() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, _pg, d) = scenario(&stack, "goldbad", TABLES, "", 1).await?;
+    let World {
+        name, pg: _pg, d, ..
+    } = Scenario::new(&stack, "goldbad", TABLES).build().await?;
     let mut d = d;
     let models = d.lake().join("../models");
     std::fs::create_dir_all(&models)?;
@@ -222,18 +224,13 @@ async fn models_that_cannot_run_are_refused_at_startup_naming_the_model() -> Res
 #[tokio::test(flavor = "multi_thread")]
 async fn the_quickstart_models_run_on_the_payments_schema() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "goldqs",
-        "CREATE TABLE {s}.accounts (id bigserial PRIMARY KEY, email text NOT NULL, country char(2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
+    let World { name, pg, d, .. } = Scenario::new(&stack, "goldqs", "CREATE TABLE {s}.accounts (id bigserial PRIMARY KEY, email text NOT NULL, country char(2) NOT NULL, created_at timestamptz NOT NULL DEFAULT now());
          CREATE TABLE {s}.merchants (id bigserial PRIMARY KEY, name text NOT NULL, category text NOT NULL);
          CREATE TABLE {s}.transactions (id bigserial PRIMARY KEY, account_id bigint NOT NULL REFERENCES {s}.accounts, merchant_id bigint NOT NULL REFERENCES {s}.merchants,
            amount numeric(18,2) NOT NULL, currency char(3) NOT NULL, card_number text NOT NULL,
-           status text NOT NULL DEFAULT 'pending', created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz);",
-        "",
-        1,
-    )
-    .await?;
+           status text NOT NULL DEFAULT 'pending', created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz);")
+        .build()
+        .await?;
     let mut d = d;
     let models = d.lake().join("../models");
     std::fs::create_dir_all(&models)?;
@@ -393,15 +390,10 @@ fn all_rows(table: &Path, order: &str) -> Result<Vec<Vec<Value>>> {
 #[tokio::test(flavor = "multi_thread")]
 async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "goldinc",
-        "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, merchant_id int NOT NULL, currency text NOT NULL, status text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL);
-         CREATE TABLE {s}.merchants (id int PRIMARY KEY, category text NOT NULL);",
-        "",
-        1,
-    )
-    .await?;
+    let World { name, pg, d, .. } = Scenario::new(&stack, "goldinc", "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, merchant_id int NOT NULL, currency text NOT NULL, status text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL);
+         CREATE TABLE {s}.merchants (id int PRIMARY KEY, category text NOT NULL);")
+        .build()
+        .await?;
     let mut d = d;
     let models = d.lake().join("../models");
     std::fs::create_dir_all(&models)?;
@@ -631,14 +623,9 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
 #[tokio::test(flavor = "multi_thread")]
 async fn scheduled_compaction_of_silver_and_gold_keeps_incremental_refresh_exact() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "goldopt",
-        "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, merchant_id int NOT NULL, currency text NOT NULL, status text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL);",
-        "",
-        1,
-    )
-    .await?;
+    let World { name, pg, mut d, .. } = Scenario::new(&stack, "goldopt", "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, merchant_id int NOT NULL, currency text NOT NULL, status text NOT NULL, amount_cents bigint NOT NULL, created_at timestamptz NOT NULL);")
+        .build()
+        .await?;
     let models = d.lake().join("../models-opt");
     std::fs::create_dir_all(&models)?;
     std::fs::write(

@@ -67,7 +67,9 @@ fn the_compose_file_the_image_and_the_unit_agree() -> Result<()> {
 }
 
 /// The checker finds what it is there to find: a broker address no listener advertises, a
-/// lake endpoint that is not the S3 service's port and a mounted file that does not exist.
+/// lake endpoint that is not the S3 service's port, a mounted file that does not exist, a
+/// short stop grace, no host listener, a setup service that does not set up, a floating
+/// toolchain, a dependency layer of every member and `status` run in a new container.
 #[test]
 fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
     let dir = std::env::temp_dir().join(format!("compose-check-{}", std::process::id()));
@@ -100,17 +102,42 @@ fn the_checker_names_a_wrong_address_and_a_missing_file() -> Result<()> {
             .replace(
                 "AWS_ENDPOINT_URL: http://minio:9000",
                 "AWS_ENDPOINT_URL: http://minio:9100",
-            );
+            )
+            .replace("stop_grace_period: 120s", "stop_grace_period: 10s")
+            .replace("HOST://localhost:29092", "HOST://localhost:29093")
+            .replace("command: [\"setup\"]", "command: [\"run\"]");
         std::fs::write(dir.join("docker-compose.yml"), compose)?;
+        let docker = std::fs::read_to_string(dir.join("Dockerfile"))?
+            .replace("FROM rust:1.95.0-bookworm", "FROM rust:1-bookworm")
+            .replace(
+                "--recipe-path recipe.json --bin wal2delta",
+                "--recipe-path recipe.json",
+            );
+        std::fs::write(dir.join("Dockerfile"), docker)?;
+        std::fs::copy(
+            repo_root().join("ops/prometheus/alertmanager.yml"),
+            dir.join("ops/prometheus/alertmanager.yml"),
+        )?;
+        std::fs::write(
+            dir.join("README.md"),
+            "Check it: `docker compose run --rm wal2delta status`.\n",
+        )?;
         std::fs::remove_file(dir.join("ops/grafana/datasource.yml"))?;
         let report = check(&dir)?;
         let problems = report["problems"].to_string();
-        ensure!(
-            problems.contains("broker kafka:9093")
-                && problems.contains("datasource.yml")
-                && problems.contains("http://minio:9100"),
-            "{problems}"
-        );
+        for needle in [
+            "broker kafka:9093",
+            "datasource.yml",
+            "http://minio:9100",
+            "stop_grace_period is 10s",
+            "no localhost listener",
+            "wal2delta-setup runs",
+            "not pinned",
+            "not --bin wal2delta",
+            "README.md runs status in a new container",
+        ] {
+            ensure!(problems.contains(needle), "{needle:?} in {problems}");
+        }
         Ok(())
     })();
     let _ = std::fs::remove_dir_all(&dir);

@@ -7,20 +7,15 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use wal2delta_tests::lake::delta_version;
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 #[tokio::test(flavor = "multi_thread")]
 async fn rules_are_checked_against_silver_and_each_bad_one_is_named() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "rulesv",
-        "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, amount numeric(12,2), currency text, score int);
-",
-        "",
-        1,
-    )
-    .await?;
+    let World { name, pg, d, .. } = Scenario::new(&stack, "rulesv", "CREATE TABLE {s}.transactions (id bigint PRIMARY KEY, amount numeric(12,2), currency text, score int);
+")
+        .build()
+        .await?;
     pg.batch_execute(&format!(
         "INSERT INTO {name}.transactions VALUES (1, 10.5, 'EUR', 3);"
     ))

@@ -17,7 +17,7 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{compactions, duckdb, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const CHANGES: u64 = 200_000;
 
@@ -167,17 +167,14 @@ async fn transaction(
 #[tokio::test(flavor = "multi_thread")]
 async fn every_stage_sigkilled_silver_still_equals_the_source() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
-        &stack,
-        "slvcrash",
-        "CREATE TABLE {s}.acct (id bigint PRIMARY KEY, owner text, balance bigint, doc text);
+    let World { name, pg, mut d, .. } = Scenario::new(&stack, "slvcrash", "CREATE TABLE {s}.acct (id bigint PRIMARY KEY, owner text, balance bigint, doc text);
          ALTER TABLE {s}.acct ALTER COLUMN doc SET STORAGE EXTERNAL;
          CREATE TABLE {s}.pay (id bigint PRIMARY KEY, amount numeric(12,2), currency text, card text);
-         INSERT INTO {s}.acct SELECT g, 'o' || g, g, repeat(md5(g::text), 100) FROM generate_series(1, 5000) g;",
-        TOML,
-        3,
-    )
-    .await?;
+         INSERT INTO {s}.acct SELECT g, 'o' || g, g, repeat(md5(g::text), 100) FROM generate_series(1, 5000) g;")
+        .toml(TOML)
+        .partitions(3)
+        .build()
+        .await?;
     let mut procs: Vec<(&str, StageProcess)> = vec![
         ("capture", d.spawn_stage("capture", "capture-0")?),
         ("bronze", d.spawn_stage("bronze", "bronze-0")?),

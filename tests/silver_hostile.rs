@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio_postgres::Client;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const TOML: &str = r#"[bronze]
 group_id = "{s}"
@@ -103,14 +103,14 @@ async fn wait_equal(
 #[tokio::test(flavor = "multi_thread")]
 async fn silver_moves_past_large_transactions_gaps_and_failing_rows() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "hostile",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);
          CREATE TABLE {s}.late (id int PRIMARY KEY, v text, n int);",
-        TOML,
-        1,
     )
+    .toml(TOML)
+    .build()
     .await?;
     let s = &name;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
@@ -221,14 +221,14 @@ async fn silver_moves_past_large_transactions_gaps_and_failing_rows() -> Result<
 async fn a_round_that_changes_nothing_still_moves_the_watermark() -> Result<()> {
     let stack = Stack::from_env();
     let toml = "[snapshot]\nmode = \"initial\"\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "noop",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);
          INSERT INTO {s}.t SELECT g, 'snap', g FROM generate_series(1, 20) g;",
-        toml,
-        1,
     )
+    .toml(toml)
+    .build()
     .await?;
     let s = &name;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
@@ -306,13 +306,14 @@ fn silver_status(d: &Daemon, table: &str) -> Result<Value> {
 async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() -> Result<()> {
     let stack = Stack::from_env();
     let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "qres",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);",
-        toml,
-        2,
     )
+    .toml(toml)
+    .partitions(2)
+    .build()
     .await?;
     let s = &name;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
@@ -401,14 +402,17 @@ async fn a_resolved_bronze_quarantine_record_lets_silver_pass_its_transaction() 
 async fn a_resnapshot_after_a_lost_slot_deletes_what_the_source_deleted_meanwhile() -> Result<()> {
     let stack = Stack::from_env();
     let toml = "[snapshot]\nmode = \"initial\"\nchunk_rows = 40\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "resnap",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);
          INSERT INTO {s}.t SELECT g, 'snap', g FROM generate_series(1, 200) g;",
-        toml,
-        3,
     )
+    .toml(toml)
+    .partitions(3)
+    .build()
     .await?;
     let s = &name;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
@@ -518,13 +522,16 @@ async fn a_transaction_over_the_atomic_limit_is_applied_in_pieces_and_survives_a
     let stack = Stack::from_env();
     let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n\
                 [silver]\ninterval_ms = 300\nmax_rows_per_partition = 40\nmax_atomic_transaction_rows = 300\n";
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "pieces",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text, n int);",
-        toml,
-        3,
     )
+    .toml(toml)
+    .partitions(3)
+    .build()
     .await?;
     let s = &name;
     // A Gold model over the table (issue 38, defect 5): it never reflects a Silver

@@ -15,7 +15,7 @@ use tokio_postgres::Client;
 use wal2delta_tests::daemon::StageProcess;
 use wal2delta_tests::kafka::read_topic_to_end;
 use wal2delta_tests::lake::{duckdb, duckdb_i64, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const TOML: &str = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
 
@@ -83,16 +83,13 @@ async fn wait_equal(
 #[tokio::test(flavor = "multi_thread")]
 async fn silver_equals_the_source_and_ignores_redelivered_changes() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
-        &stack,
-        "slv",
-        "CREATE TABLE {s}.acct (id int PRIMARY KEY, owner text, balance bigint, doc text);
+    let World { name, pg, d, .. } = Scenario::new(&stack, "slv", "CREATE TABLE {s}.acct (id int PRIMARY KEY, owner text, balance bigint, doc text);
          ALTER TABLE {s}.acct ALTER COLUMN doc SET STORAGE EXTERNAL;
-         INSERT INTO {s}.acct SELECT g, 'o' || g, g * 10, repeat(md5(g::text), 100) FROM generate_series(1, 300) g;",
-        TOML,
-        3,
-    )
-    .await?;
+         INSERT INTO {s}.acct SELECT g, 'o' || g, g * 10, repeat(md5(g::text), 100) FROM generate_series(1, 300) g;")
+        .toml(TOML)
+        .partitions(3)
+        .build()
+        .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
 
     // Randomised transactions over a small key space, so changes collide.
@@ -208,16 +205,16 @@ async fn silver_equals_the_source_and_ignores_redelivered_changes() -> Result<()
 async fn a_key_change_is_a_delete_a_tombstone_and_a_create_naming_the_old_key() -> Result<()> {
     use wal2delta_tests::kafka::{field, long, string, AvroDecoder};
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "dbz",
         "CREATE TABLE {s}.acct (id int PRIMARY KEY, owner text, balance bigint, doc text);
          ALTER TABLE {s}.acct ALTER COLUMN doc SET STORAGE EXTERNAL;
          CREATE TABLE {s}.nokey (a int, b text);
          ALTER TABLE {s}.nokey REPLICA IDENTITY FULL;",
-        TOML,
-        1,
     )
+    .toml(TOML)
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     let silver = d.silver("acct");

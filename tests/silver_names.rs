@@ -14,7 +14,7 @@ use wal2delta_model::TableName;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::kafka::read_topic_to_end;
 use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const TOML: &str = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n";
 
@@ -102,15 +102,16 @@ async fn wait_all_equal(
 #[tokio::test(flavor = "multi_thread")]
 async fn odd_table_names_get_their_own_topics_and_tables() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "names",
         "CREATE TABLE {s}.\"Order Items\" (id int PRIMARY KEY, \"Unit Price\" bigint, note text);
          CREATE TABLE {s}.\"a b\" (id int PRIMARY KEY, v bigint, note text);
          CREATE TABLE {s}.a_b (id int PRIMARY KEY, v bigint, note text);",
-        TOML,
-        3,
     )
+    .toml(TOML)
+    .partitions(3)
+    .build()
     .await?;
     let result = body(&stack, &name, &pg, &d).await;
     result
@@ -163,13 +164,15 @@ async fn body(stack: &Stack, name: &str, pg: &Client, d: &Daemon) -> Result<()> 
 #[tokio::test(flavor = "multi_thread")]
 async fn a_policy_on_real_names_masks_the_column() -> Result<()> {
     let stack = Stack::from_env();
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "mask_names",
         "CREATE TABLE {s}.\"Card Holders\" (id int PRIMARY KEY, \"Card No\" text, owner text);",
-        &format!("{TOML}[silver.mask]\n\"{{s}}.Card Holders.Card No\" = \"redact\"\n"),
-        1,
     )
+    .toml(&format!(
+        "{TOML}[silver.mask]\n\"{{s}}.Card Holders.Card No\" = \"redact\"\n"
+    ))
+    .build()
     .await?;
     let result = async {
         let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
@@ -214,13 +217,20 @@ async fn a_policy_on_real_names_masks_the_column() -> Result<()> {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_policy_naming_no_column_refuses_to_start() -> Result<()> {
     let stack = Stack::from_env();
-    let (_, _pg, d) = scenario(
+    let World {
+        name: _,
+        pg: _pg,
+        d,
+        ..
+    } = Scenario::new(
         &stack,
         "mask_unknown",
         "CREATE TABLE {s}.\"Card Holders\" (id int PRIMARY KEY, \"Card No\" text);",
-        &format!("{TOML}[silver.mask]\n\"{{s}}.Card Holders.Card Number\" = \"redact\"\n"),
-        1,
     )
+    .toml(&format!(
+        "{TOML}[silver.mask]\n\"{{s}}.Card Holders.Card Number\" = \"redact\"\n"
+    ))
+    .build()
     .await?;
     let result = async {
         let mut run = d.spawn_stage("capture,bronze,silver", "run")?;

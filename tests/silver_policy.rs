@@ -10,7 +10,7 @@ use anyhow::{bail, Result};
 use serde_json::Value;
 use wal2delta_tests::daemon::{Daemon, StageProcess};
 use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 const KEY_FILE: &str = "/tmp/wal2delta-test-mask-key";
 
@@ -97,14 +97,11 @@ fn ids(rows: &[Vec<Value>]) -> Vec<i64> {
 async fn checks_quarantine_masking_and_replay() -> Result<()> {
     let stack = Stack::from_env();
     std::fs::write(KEY_FILE, "a test key of at least 16 bytes\n")?;
-    let (name, pg, d) = scenario(
-        &stack,
-        "pol",
-        "CREATE TABLE {s}.pay (id int PRIMARY KEY, card text, email text, amount numeric(12,2), currency text, note text);",
-        TOML,
-        2,
-    )
-    .await?;
+    let World { name, pg, d, .. } = Scenario::new(&stack, "pol", "CREATE TABLE {s}.pay (id int PRIMARY KEY, card text, email text, amount numeric(12,2), currency text, note text);")
+        .toml(TOML)
+        .partitions(2)
+        .build()
+        .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     let s = &name;
     pg.batch_execute(&format!(
@@ -257,13 +254,13 @@ async fn hashing_a_key_column_rewrites_the_tombstones() -> Result<()> {
     std::fs::write(KEY_FILE, "a test key of at least 16 bytes\n")?;
     let toml = "[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n\
                 [silver]\ninterval_ms = 300\nmask_key_file = \"/tmp/wal2delta-test-mask-key\"\n";
-    let (name, pg, d) = scenario(
+    let World { name, pg, d, .. } = Scenario::new(
         &stack,
         "polkey",
         "CREATE TABLE {s}.acct (id int PRIMARY KEY, v text);",
-        toml,
-        1,
     )
+    .toml(toml)
+    .build()
     .await?;
     let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
     let s = &name;

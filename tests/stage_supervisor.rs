@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Result};
 use serde_json::Value;
 use wal2delta_tests::lake::duckdb_i64;
-use wal2delta_tests::{scenario, Stack};
+use wal2delta_tests::{Scenario, Stack, World};
 
 async fn get(port: u16, path: &str) -> Result<(u16, String)> {
     let r = reqwest::get(format!("http://127.0.0.1:{port}{path}")).await?;
@@ -35,13 +35,14 @@ async fn wait_ready(port: u16, what: &str, done: impl Fn(u16, &Value) -> bool) -
 async fn a_stage_that_needs_an_operator_stops_alone_and_the_daemon_reports_not_ready() -> Result<()>
 {
     let stack = Stack::from_env();
-    let (name, pg, mut d) = scenario(
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
         &stack,
         "sup",
         "CREATE TABLE {s}.t (id int PRIMARY KEY, v text);",
-        "",
-        1,
     )
+    .build()
     .await?;
     let port = 19_100 + (std::process::id() % 300) as u16;
     d.env.push((

@@ -15,6 +15,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use tokio_postgres::Client;
+use wal2delta_model::dead_letter::DeadLetterKind;
 use wal2delta_model::{
     Change, ChangeOp, Column, ColumnValue, Lsn, ReplicaIdentity, Row, TableName, TableSchema,
     TxPosition,
@@ -56,9 +57,12 @@ pub enum Decoded {
         table: TableName,
         position: TxPosition,
         op: ChangeOp,
-        /// The dead letter's `reason_kind`: [`UNDECODABLE_VALUE`] or
-        /// [`IDENTITY_WITHOUT_KEY`].
-        kind: &'static str,
+        /// The dead letter's `reason_kind`: a value the decoder cannot represent exactly
+        /// ([`DeadLetterKind::UndecodableValue`]) or a DELETE of a table whose replica
+        /// identity is an index without the primary key, whose old row carries the
+        /// index's columns, not the key the events are keyed by
+        /// ([`DeadLetterKind::IdentityWithoutKey`]).
+        kind: DeadLetterKind,
         reason: String,
         raw: RawRow,
     },
@@ -73,12 +77,6 @@ pub enum Decoded {
     },
     Nothing,
 }
-
-/// A value the decoder cannot represent exactly.
-pub const UNDECODABLE_VALUE: &str = "undecodable_value";
-/// A DELETE of a table whose replica identity is an index without the primary key: the
-/// old row carries the index's columns, not the key the events are keyed by.
-pub const IDENTITY_WITHOUT_KEY: &str = "identity_without_key";
 
 #[derive(Default)]
 struct TxState {
@@ -388,7 +386,7 @@ impl Decoder {
                     table: schema.table.clone(),
                     position,
                     op,
-                    kind: IDENTITY_WITHOUT_KEY,
+                    kind: DeadLetterKind::IdentityWithoutKey,
                     reason: reason.clone(),
                     raw: RawRow::from_tuples(&schema, old.as_ref(), None),
                 });
@@ -438,7 +436,7 @@ impl Decoder {
                 table: schema.table.clone(),
                 position,
                 op,
-                kind: UNDECODABLE_VALUE,
+                kind: DeadLetterKind::UndecodableValue,
                 reason,
                 raw: RawRow::from_tuples(&schema, old.as_ref(), new.as_ref()),
             }),

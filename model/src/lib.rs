@@ -7,6 +7,7 @@ pub mod bronze;
 pub mod change;
 pub mod clock;
 pub mod datum;
+pub mod dead_letter;
 pub mod decimal;
 pub mod error_class;
 pub mod lsn;

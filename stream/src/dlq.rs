@@ -5,13 +5,14 @@
 //! fields below; `raw` holds the row as PostgreSQL sent it.
 
 use serde::Serialize;
+pub use wal2delta_model::dead_letter::DeadLetterKind;
 
 /// One dead letter.
 #[derive(Debug, Clone, Serialize)]
 pub struct DeadLetter {
-    /// Machine-readable reason kind: `undecodable_value`, `encode_failed`, `schema_refused`,
-    /// `message_too_large`.
-    pub reason_kind: String,
+    /// Machine-readable reason kind (`undecodable_value`, `identity_without_key`,
+    /// `schema_refused`, `encode_failed`, `message_too_large`).
+    pub reason_kind: DeadLetterKind,
     /// Human-readable reason (never contains a row value).
     pub reason: String,
     pub table: String,
@@ -49,5 +50,37 @@ pub struct TooLarge {
 impl DeadLetter {
     pub fn to_json(&self) -> Vec<u8> {
         serde_json::to_vec(self).unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_letter_writes_each_kind_as_the_metric_labels_it() {
+        for kind in [
+            DeadLetterKind::UndecodableValue,
+            DeadLetterKind::IdentityWithoutKey,
+            DeadLetterKind::SchemaRefused,
+            DeadLetterKind::EncodeFailed,
+            DeadLetterKind::MessageTooLarge,
+        ] {
+            let letter = DeadLetter {
+                reason_kind: kind,
+                reason: String::new(),
+                table: "s.t".into(),
+                op: "c".into(),
+                lsn: "0/1".into(),
+                commit_lsn: "0/1".into(),
+                ordinal: 0,
+                xid: 1,
+                commit_ts_us: 0,
+                raw: String::new(),
+                too_large: None,
+            };
+            let json: serde_json::Value = serde_json::from_slice(&letter.to_json()).unwrap();
+            assert_eq!(json["reason_kind"], kind.as_str());
+        }
     }
 }

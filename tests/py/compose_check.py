@@ -27,7 +27,7 @@ compose = yaml.safe_load((root / "docker-compose.yml").read_text())
 services = compose.get("services") or {}
 volumes = compose.get("volumes") or {}
 
-for name in ["postgres", "kafka", "schema-registry", "minio", "lake-bucket", "wal2delta", "prometheus", "grafana"]:
+for name in ["postgres", "kafka", "schema-registry", "minio", "lake-bucket", "wal2delta-setup", "wal2delta", "prometheus", "alertmanager", "grafana"]:
     if name not in services:
         problem(f"service {name} is missing")
 
@@ -50,8 +50,8 @@ mounts = {}  # (service, container path) -> host path
 for name, svc in services.items():
     if "restart" not in svc:
         problem(f"{name}: no restart policy")
-    # lake-bucket runs once and exits: nothing to check the health of.
-    if name not in ("wal2delta", "lake-bucket") and "healthcheck" not in svc:
+    # lake-bucket and wal2delta-setup run once and exit: nothing to check the health of.
+    if name not in ("wal2delta", "wal2delta-setup", "lake-bucket") and "healthcheck" not in svc:
         problem(f"{name}: no healthcheck")
     deps = svc.get("depends_on") or []
     for d in deps if isinstance(deps, list) else deps.keys():
@@ -113,11 +113,43 @@ elif lake.scheme == "s3":
     mb = " ".join(map(str, services.get("lake-bucket", {}).get("entrypoint") or []))
     if f"local/{lake.hostname}" not in mb:
         problem(f"lake-bucket does not create the bucket {lake.hostname}")
-    deps = w.get("depends_on") or {}
-    if (deps.get("lake-bucket") or {}).get("condition") != "service_completed_successfully":
-        problem("wal2delta does not wait for lake-bucket to complete")
+    setup_deps = services.get("wal2delta-setup", {}).get("depends_on") or {}
+    if (setup_deps.get("lake-bucket") or {}).get("condition") != "service_completed_successfully":
+        problem("wal2delta-setup does not wait for lake-bucket to complete")
 else:
     problem(f"the lake {lake.geturl()} is neither file:// nor s3://")
+
+# The daemon starts after a one-shot `wal2delta setup` succeeded (a plain `up` would
+# otherwise run capture without its publication), with the same config and environment.
+setup = services.get("wal2delta-setup", {})
+if setup.get("command") != ["setup"]:
+    problem(f"wal2delta-setup runs {setup.get('command')}, not [\"setup\"]")
+if ((w.get("depends_on") or {}).get("wal2delta-setup") or {}).get("condition") != "service_completed_successfully":
+    problem("wal2delta does not wait for wal2delta-setup to complete")
+senv = env_of(setup)
+for k, v in wenv.items():
+    if k != "WAL2DELTA__METRICS__LISTEN" and senv.get(k) != v:
+        problem(f"wal2delta-setup's {k} differs from the daemon's")
+if setup.get("volumes") != w.get("volumes"):
+    problem("wal2delta-setup does not mount what the daemon mounts")
+
+# SIGTERM drains for up to two minutes; Docker's default grace is 10 s.
+grace = str(w.get("stop_grace_period", "10s"))
+m = re.fullmatch(r"(\d+)(s|m)", grace)
+if not m or int(m.group(1)) * (60 if m.group(2) == "m" else 1) < 120:
+    problem(f"wal2delta's stop_grace_period is {grace}, below 120s")
+
+# Clients on the host reach Kafka through a listener advertised as localhost on a
+# published port (kafka:9092 resolves only inside the compose network).
+kafka_ports = container_ports(services.get("kafka", {}))
+host_listeners = [int(p) for p in re.findall(r"//localhost:(\d+)", advertised)]
+if not any(p in kafka_ports for p in host_listeners):
+    problem(f"kafka advertises no localhost listener on a published port ({advertised}, ports {sorted(kafka_ports)})")
+
+# `status` asks the running daemon: `exec` into its container, never `run` a new one.
+for doc in [root / "README.md", root / "docker-compose.yml", *sorted((root / "docs").glob("*.md"))]:
+    if doc.exists() and re.search(r"compose run[^\n`]*wal2delta status", doc.read_text()):
+        problem(f"{doc.relative_to(root)} runs status in a new container (use docker compose exec)")
 
 # Prometheus scrapes wal2delta under the job the alerts expect, and loads the alerts.
 prom_cfg_path = mounts.get(("prometheus", "/etc/prometheus/prometheus.yml"))
@@ -134,6 +166,19 @@ else:
         if job not in jobs:
             problem(f"the alerts expect scrape job {job}, prometheus.yml has {sorted(jobs)}")
     targets = [t for j in jobs.values() for sc in j.get("static_configs") or [] for t in sc.get("targets") or []]
+    # ... and sends them to Alertmanager, whose config is mounted.
+    am_targets = [t for a in (prom.get("alerting") or {}).get("alertmanagers") or [] for sc in a.get("static_configs") or [] for t in sc.get("targets") or []]
+    am = services.get("alertmanager", {})
+    if not any(t.split(":")[0] == "alertmanager" and int(t.split(":")[1]) in container_ports(am) for t in am_targets):
+        problem(f"prometheus sends its alerts to {am_targets}, not the alertmanager service")
+    am_cfg = next((h for (s, d), h in mounts.items() if s == "alertmanager" and d.endswith(".yml")), None)
+    if am_cfg is None or not am_cfg.exists():
+        problem("alertmanager's config is not mounted")
+    else:
+        amc = yaml.safe_load(am_cfg.read_text())
+        names = {r["name"] for r in amc.get("receivers") or []}
+        if (amc.get("route") or {}).get("receiver") not in names:
+            problem("alertmanager's route names a receiver it does not define")
     if f"wal2delta:{metrics_port}" not in targets:
         problem(f"prometheus does not scrape wal2delta:{metrics_port} ({targets})")
 
@@ -162,6 +207,12 @@ if not re.search(r"^HEALTHCHECK .*\n?.*healthz", docker, re.M):
 cook, copy_all = docker.find("cargo chef cook"), docker.rfind("COPY . .")
 if cook < 0 or copy_all < cook:
     problem("dependencies are not built in a layer before the sources are copied")
+if not re.search(r"^FROM rust:\d+\.\d+\.\d+-", docker, re.M):
+    problem("the image's Rust toolchain is not pinned (FROM rust:X.Y.Z-...)")
+if "cargo chef cook" in docker and not re.search(r"cargo chef cook[^\n]*--bin wal2delta", docker):
+    problem("the dependency layer builds every workspace member, not --bin wal2delta")
+if not re.search(r"cargo build[^\n]*--bin wal2delta", docker):
+    problem("the image does not build --bin wal2delta alone")
 if "WAL2DELTA_CONFIG" not in docker:
     problem("the image does not set WAL2DELTA_CONFIG")
 

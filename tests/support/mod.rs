@@ -91,28 +91,12 @@ pub async fn connect(dsn: &str) -> Result<Client> {
     Ok(client)
 }
 
-/// One test's world: a schema of its own holding `tables` (SQL where `{s}` stands for the
-/// schema), a daemon config capturing it (`extra_toml` may use `{s}` too, e.g. for a
-/// consumer group id), topics with `partitions` partitions, and `wal2delta setup` done.
-/// The daemon is the guard: its `Drop` stops it and drops the slot, publication and
-/// schema, also when the test fails. [`Scenario`] builds the variants some tests need.
-pub async fn scenario(
-    stack: &Stack,
-    prefix: &str,
-    tables: &str,
-    extra_toml: &str,
-    partitions: u32,
-) -> Result<(String, Client, daemon::Daemon)> {
-    let w = Scenario::new(stack, prefix, tables)
-        .toml(extra_toml)
-        .partitions(partitions)
-        .build()
-        .await?;
-    Ok((w.name, w.pg, w.d))
-}
-
-/// [`scenario`] step by step, for tests that need the daemon's environment, the output of
-/// `wal2delta setup`, or to run setup themselves.
+/// One test's world, built step by step: a schema of its own holding `tables` (SQL where
+/// `{s}` stands for the schema), a daemon config capturing it ([`Scenario::toml`] may use
+/// `{s}` too, e.g. for a consumer group id), topics with [`Scenario::partitions`]
+/// partitions, and `wal2delta setup` done (unless [`Scenario::without_setup`]). The daemon
+/// is the guard: its `Drop` stops it and drops the slot, publication and schema, also when
+/// the test fails.
 pub struct Scenario<'a> {
     stack: &'a Stack,
     prefix: &'a str,

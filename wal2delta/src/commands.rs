@@ -193,7 +193,7 @@ async fn run_daemon(
     };
     let rule_source = rules_startup.as_ref().map(|s| s.source.clone());
     let stages_status = Stages::new(&stages);
-    endpoint::serve(&config.metrics.listen, stages_status.clone()).await?;
+    endpoint::serve(config.metrics.listen, stages_status.clone()).await?;
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         wait_for_signal().await;

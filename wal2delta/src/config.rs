@@ -213,7 +213,6 @@ impl Config {
         self.kafka.validate()?;
         self.schema_registry.validate()?;
         self.lake.validate()?;
-        self.metrics.validate()?;
         self.capture.validate()?;
         self.tokenize.validate()?;
         self.snapshot.validate()?;
@@ -337,7 +336,7 @@ uri = "file:///tmp/lake"
         assert_eq!(c.source.tables, vec!["public.*"]);
         assert_eq!(c.kafka.topic_prefix, "cdc");
         assert_eq!(c.kafka.dlq_topic(), "cdc.dlq");
-        assert_eq!(c.metrics.listen, "127.0.0.1:9187");
+        assert_eq!(c.metrics.listen.to_string(), "127.0.0.1:9187");
     }
 
     #[test]
@@ -388,6 +387,28 @@ uri = "file:///tmp/lake"
         // An unknown nested key is named.
         let err = load(MINIMAL, &[("WAL2DELTA__SILVER__BOGUS__X", "1")]).unwrap_err();
         assert!(err.to_string().contains("bogus"), "{err}");
+    }
+
+    #[test]
+    fn the_metrics_address_is_parsed_once_and_a_bad_one_is_named() {
+        let err = load(
+            &format!("{MINIMAL}\n[metrics]\nlisten = \"localhost\"\n"),
+            &[],
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            err.contains("metrics.listen") && err.contains("127.0.0.1:9187"),
+            "{err}"
+        );
+        let err = load(MINIMAL, &[("WAL2DELTA__METRICS__LISTEN", "9187")])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("WAL2DELTA__METRICS__LISTEN"), "{err}");
+        let c = load(MINIMAL, &[("WAL2DELTA__METRICS__LISTEN", "0.0.0.0:9300")]).unwrap();
+        assert_eq!(c.metrics.local_address().to_string(), "127.0.0.1:9300");
+        let c = load(MINIMAL, &[("WAL2DELTA__METRICS__LISTEN", "[::]:9300")]).unwrap();
+        assert_eq!(c.metrics.local_address().to_string(), "[::1]:9300");
     }
 
     #[test]

@@ -25,10 +25,7 @@ use crate::supervisor::Stages;
 const UPKEEP_EVERY: Duration = Duration::from_secs(5);
 
 /// Installs the metrics recorder and serves the endpoints until the process ends.
-pub async fn serve(listen: &str, stages: Stages) -> anyhow::Result<()> {
-    let addr: SocketAddr = listen
-        .parse()
-        .map_err(|e| anyhow::anyhow!("[metrics] listen {listen:?} is not host:port: {e}"))?;
+pub async fn serve(addr: SocketAddr, stages: Stages) -> anyhow::Result<()> {
     let listener = TcpListener::bind(addr)
         .await
         .map_err(|e| anyhow::anyhow!("cannot serve metrics on {addr} ([metrics] listen): {e}"))?;

@@ -10,6 +10,7 @@
 use std::fmt::Display;
 use std::time::Duration;
 
+use wal2delta_model::dead_letter::DeadLetterKind;
 use wal2delta_model::{ErrorClass, Lsn, TableName};
 
 use crate::metrics as m;
@@ -281,7 +282,7 @@ pub enum DeadLetterCause<'a> {
     /// The decoder could not represent a value of the row (`kind` is the letter's).
     Undecodable {
         lsn: Lsn,
-        kind: &'a str,
+        kind: DeadLetterKind,
         reason: &'a str,
     },
     /// A snapshot row could not be decoded.
@@ -290,15 +291,13 @@ pub enum DeadLetterCause<'a> {
 
 impl DeadLetterCause<'_> {
     /// The letter's `reason_kind`, the metric's `reason`.
-    pub fn kind(&self) -> &str {
+    pub fn kind(&self) -> DeadLetterKind {
         match self {
-            DeadLetterCause::SchemaRefused { .. } => "schema_refused",
-            DeadLetterCause::EncodeFailed { .. } => "encode_failed",
-            DeadLetterCause::TooLarge { .. } => "message_too_large",
-            DeadLetterCause::Undecodable { kind, .. } => kind,
-            DeadLetterCause::SnapshotUndecodable { .. } => {
-                wal2delta_cdc::decoder::UNDECODABLE_VALUE
-            }
+            DeadLetterCause::SchemaRefused { .. } => DeadLetterKind::SchemaRefused,
+            DeadLetterCause::EncodeFailed { .. } => DeadLetterKind::EncodeFailed,
+            DeadLetterCause::TooLarge { .. } => DeadLetterKind::MessageTooLarge,
+            DeadLetterCause::Undecodable { kind, .. } => *kind,
+            DeadLetterCause::SnapshotUndecodable { .. } => DeadLetterKind::UndecodableValue,
         }
     }
 }
@@ -312,7 +311,7 @@ pub struct DeadLettered<'a> {
 impl InternalEvent for DeadLettered<'_> {
     fn emit(self) {
         let table = self.table;
-        let kind = self.cause.kind().to_owned();
+        let kind = self.cause.kind().as_str();
         match self.cause {
             DeadLetterCause::SchemaRefused { lsn, reason } => {
                 tracing::warn!(table = %table, lsn = %lsn, kind = "schema_refused", reason = %reason, "row sent to the DLQ")

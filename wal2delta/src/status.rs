@@ -3,6 +3,7 @@
 //! each stage's state (`/readyz`).
 
 use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -106,9 +107,9 @@ async fn gather(config: &Config) -> anyhow::Result<Report> {
         silver: silver_positions(config).await,
         held: held_by_bronze_quarantine(config).await,
         quarantine: quarantine_counts(config).await,
-        daemon: daemon_stages(&config.metrics.listen).await,
+        daemon: daemon_stages(config.metrics.local_address()).await,
         filter: match &config.rules.filter_topic {
-            Some(_) => daemon_metrics(&config.metrics.listen)
+            Some(_) => daemon_metrics(config.metrics.local_address())
                 .await
                 .map(|text| filter_counts(&text)),
             None => Ok(BTreeMap::new()),
@@ -118,8 +119,7 @@ async fn gather(config: &Config) -> anyhow::Result<Report> {
 
 /// The running daemon's `/metrics` text (the early filter's counters live only there:
 /// they count what this process published, since it started).
-async fn daemon_metrics(listen: &str) -> Result<String, String> {
-    let addr = listen.replacen("0.0.0.0:", "127.0.0.1:", 1);
+async fn daemon_metrics(addr: SocketAddr) -> Result<String, String> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
@@ -128,7 +128,7 @@ async fn daemon_metrics(listen: &str) -> Result<String, String> {
         .get(format!("http://{addr}/metrics"))
         .send()
         .await
-        .map_err(|_| format!("no daemon answers on {listen} ([metrics] listen)"))?;
+        .map_err(|_| format!("no daemon answers on {addr} ([metrics] listen)"))?;
     answer.text().await.map_err(|e| e.to_string())
 }
 
@@ -165,10 +165,9 @@ fn filter_counts(text: &str) -> BTreeMap<String, FilterCounts> {
     out
 }
 
-/// The running daemon's `/readyz` document. A listener on every interface is asked on
-/// the loopback address.
-async fn daemon_stages(listen: &str) -> Result<Value, String> {
-    let addr = listen.replacen("0.0.0.0:", "127.0.0.1:", 1);
+/// The running daemon's `/readyz` document, asked at `addr`
+/// ([`crate::config::MetricsConfig::local_address`]).
+async fn daemon_stages(addr: SocketAddr) -> Result<Value, String> {
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(3))
         .build()
@@ -177,11 +176,11 @@ async fn daemon_stages(listen: &str) -> Result<Value, String> {
         .get(format!("http://{addr}/readyz"))
         .send()
         .await
-        .map_err(|_| format!("no daemon answers on {listen} ([metrics] listen): not running, or listening elsewhere"))?;
+        .map_err(|_| format!("no daemon answers on {addr} ([metrics] listen): not running, or listening elsewhere"))?;
     answer
         .json::<Value>()
         .await
-        .map_err(|e| format!("the daemon on {listen} answered /readyz with no JSON: {e}"))
+        .map_err(|e| format!("the daemon on {addr} answered /readyz with no JSON: {e}"))
 }
 
 fn or_error<T>(r: &Result<T, String>, ok: impl FnOnce(&T) -> Value) -> Value {

@@ -366,4 +366,71 @@ mod tests {
         assert!(!loaded.backfill_pending, "nothing left to backfill");
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// Issue 38: the first round creates Silver empty (a commit without any `txn`), the
+    /// rules append the round's transitions, and the process dies before Silver's data
+    /// commit. The restart must take the repeated round as covered, not Silver as rebuilt:
+    /// a backfill over its no rows would untag every hit.
+    #[tokio::test]
+    async fn silver_created_empty_before_a_crash_is_not_taken_as_rebuilt() {
+        use crate::rules::store::{Origin, RulesStore};
+        use crate::rules::walk::Transition;
+        let dir = std::env::temp_dir().join(format!("w2d-empty-silver-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let silver_url = lake.silver("s", "t");
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let schema = Arc::new(Schema::new(vec![
+            Field::new("id", DataType::Int64, true),
+            Field::new("amount", DataType::Int64, true),
+            Field::new(COMMIT_LSN, DataType::Int64, true),
+            Field::new(ORDINAL, DataType::Int64, true),
+            Field::new(COMMIT_TS, utc, true),
+        ]));
+        delta::handle("s.t", &silver_url)
+            .unwrap()
+            .write(vec![RecordBatch::new_empty(schema)])
+            .with_save_mode(SaveMode::Append)
+            .await
+            .unwrap();
+        let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
+        let source = RuleSource::new(&[rule(1)]);
+        // What the killed round appended: two keys entered, as seq 1, covering watermark 10.
+        let entered = |id: i64| Transition {
+            lsn: 10,
+            key: format!("{{\"id\":{id}}}"),
+            rule_id: "big".into(),
+            entered: true,
+            rule_version: 1,
+            commit_ts: None,
+        };
+        let tagged = Progress {
+            watermark: 10,
+            ..Progress::default()
+        };
+        let ruleset = crate::rules::budget::Budget::default().fingerprint(&[rule(1)]);
+        RulesStore::new(&lake)
+            .append(
+                "s.t",
+                1,
+                ruleset,
+                &tagged,
+                &[entered(1), entered(2)],
+                Origin::Stream,
+                false,
+            )
+            .await
+            .unwrap();
+
+        let mut rules = TableRules::new(&lake, "s.t", source);
+        let keys = vec!["id".to_owned()];
+        let start = rules
+            .start(Some(&silver), &Progress::default(), &keys)
+            .await
+            .unwrap();
+        assert!(start.report.is_none(), "no backfill over the empty table");
+        assert_eq!(start.covered, Some(tagged), "the repeated round is covered");
+        assert_eq!(transitions(&lake).await, 2, "nothing untagged");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -431,9 +431,15 @@ impl TableRules {
         let t_seq = self.state.as_ref().map_or(0, |s| s.seq);
         // A Silver table that does not exist yet follows seq 0: when the rules committed
         // seq 1 and the round's first Silver commit did not happen, the repeated round
-        // skips what they covered like any other.
+        // skips what they covered like any other. So does one that exists but has applied
+        // nothing: the first round creates it empty (a commit of its own, without any
+        // `txn`) before its data commit, and a crash between the two leaves it so; taken
+        // as rebuilt, it would make a backfill over no rows untag every hit.
         let s_seq = match silver {
-            Some(s) => delta::txn_version(&self.name, s, silver_app(&self.name)).await?,
+            Some(s) => match delta::txn_version(&self.name, s, silver_app(&self.name)).await? {
+                None if *before == Progress::default() => Some(0),
+                seq => seq,
+            },
             None => Some(0),
         };
         // What the transitions cover already. Every round appends its transitions (one

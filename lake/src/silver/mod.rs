@@ -29,7 +29,7 @@ mod files;
 mod fold;
 pub mod hook;
 mod kept;
-mod keys;
+mod key_repair;
 pub mod mask;
 mod merge;
 mod progress;

@@ -9,7 +9,7 @@ use wal2delta_model::ChangeOp;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::checks::{evaluate, Check, CheckError, Failure};
-use super::keys::{fill_missing_keys, old_key_deletes};
+use super::key_repair::{fill_missing_keys, old_key_deletes};
 use super::mask::{MaskError, Masking};
 use super::rows::{BronzeError, BronzeRows};
 

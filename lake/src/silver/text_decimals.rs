@@ -19,13 +19,13 @@ use deltalake::arrow::array::{Array, ArrayRef, AsArray, Decimal128Builder};
 use deltalake::arrow::compute::cast;
 use deltalake::arrow::datatypes::{DataType, Field, Fields, Schema};
 use deltalake::arrow::error::ArrowError;
-use wal2delta_model::bronze::{AFTER, BEFORE};
+use wal2delta_model::bronze::{AFTER, BEFORE, KEY};
 use wal2delta_model::decimal::unscaled;
 
 use crate::widen::wider;
 
-/// `fields` (Bronze's columns as Silver reads them) with the row images' text columns
-/// that `decimals` records typed as decimals, where `silver` (the Silver table's schema,
+/// `fields` (Bronze's columns as Silver reads them) with the text columns of the row
+/// images and the key that `decimals` records typed as decimals, where `silver` (the Silver table's schema,
 /// `None` before it exists) has no such column or a decimal one (the wider of both then).
 pub(super) fn read_types(
     fields: Vec<Field>,
@@ -41,7 +41,8 @@ pub(super) fn read_types(
             let DataType::Struct(children) = f.data_type() else {
                 return f;
             };
-            if f.name() != AFTER && f.name() != BEFORE {
+            // The row images, and the key (a bounded numeric can be a key column).
+            if ![AFTER, BEFORE, KEY].contains(&f.name().as_str()) {
                 return f;
             }
             let children: Fields = children

@@ -514,7 +514,7 @@ impl Publisher {
         {
             let cause = DeadLetterCause::Undecodable {
                 lsn: position.lsn,
-                kind,
+                kind: *kind,
                 reason,
             };
             return self
@@ -587,7 +587,7 @@ impl Publisher {
         too_large: Option<TooLarge>,
     ) -> Result<Sent, StreamError> {
         let mut letter = DeadLetter {
-            reason_kind: cause.kind().to_owned(),
+            reason_kind: cause.kind(),
             reason: reason.to_owned(),
             table: table.to_string(),
             op: op.code().to_owned(),

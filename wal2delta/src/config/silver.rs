@@ -42,9 +42,10 @@ pub struct SilverConfig {
     /// keys are close together (recent rows) and the files hold key ranges.
     #[serde(default = "SilverConfig::default_target_file_bytes")]
     pub target_file_bytes: u64,
-    /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null.
-    #[serde(default)]
-    pub mask: BTreeMap<String, String>,
+    /// `"schema.table.column" = "policy"`: hash, redact, keep_last:N or null; parsed while
+    /// the file is read (an unknown policy is named with its entry there).
+    #[serde(default, deserialize_with = "mask_policies")]
+    pub mask: BTreeMap<String, MaskPolicy>,
     /// Environment variable holding the key of the `hash` policy (at least 16 bytes).
     #[serde(default)]
     pub mask_key_env: Option<String>,
@@ -56,30 +57,97 @@ pub struct SilverConfig {
     pub checks: Vec<CheckConfig>,
 }
 
-/// One quality check: a name, a table and exactly one condition.
+fn mask_policies<'de, D: serde::Deserializer<'de>>(
+    d: D,
+) -> Result<BTreeMap<String, MaskPolicy>, D::Error> {
+    BTreeMap::<String, String>::deserialize(d)?
+        .into_iter()
+        .map(|(column, policy)| {
+            MaskPolicy::parse(&policy)
+                .map(|p| (column.clone(), p))
+                .map_err(|e| serde::de::Error::custom(format!("\"{column}\": {e}")))
+        })
+        .collect()
+}
+
+/// One quality check: a name, a table and exactly one condition, checked while the file
+/// is read (an error names the check and the field at fault).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
+#[serde(try_from = "CheckEntry")]
 pub struct CheckConfig {
     pub name: String,
     /// `schema.table`.
     pub table: String,
+    pub condition: Condition,
+}
+
+/// What a check requires of each row.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Condition {
     /// A SQL boolean expression over the table's columns.
-    #[serde(default)]
-    pub sql: Option<String>,
+    Sql(String),
     /// The column must not be NULL.
+    NotNull(String),
+    /// The column, as a number, within the bounds given (finite).
+    Range {
+        column: String,
+        min: Option<f64>,
+        max: Option<f64>,
+    },
+    /// The column is one of these SQL literals.
+    Allowed { column: String, values: Vec<String> },
+    /// The column, as text, matches this (valid) regex.
+    Regex { column: String, pattern: String },
+}
+
+impl Condition {
+    /// The source column the condition names and the field that names it, if any.
+    fn column_mut(&mut self) -> Option<(&'static str, &mut String)> {
+        match self {
+            Condition::Sql(_) => None,
+            Condition::NotNull(c) => Some(("not_null", c)),
+            Condition::Range { column, .. }
+            | Condition::Allowed { column, .. }
+            | Condition::Regex { column, .. } => Some(("column", column)),
+        }
+    }
+}
+
+/// `[[silver.checks]]` as written: every condition's fields optional.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckEntry {
+    name: String,
+    table: String,
     #[serde(default)]
-    pub not_null: Option<String>,
+    sql: Option<String>,
+    #[serde(default)]
+    not_null: Option<String>,
     /// The column `min`, `max`, `allowed` and `regex` apply to.
     #[serde(default)]
-    pub column: Option<String>,
+    column: Option<String>,
     #[serde(default)]
-    pub min: Option<f64>,
+    min: Option<f64>,
     #[serde(default)]
-    pub max: Option<f64>,
+    max: Option<f64>,
     #[serde(default)]
-    pub allowed: Option<Vec<toml::Value>>,
+    allowed: Option<Vec<toml::Value>>,
     #[serde(default)]
-    pub regex: Option<String>,
+    regex: Option<String>,
+}
+
+/// A check refused while the file is read: the field at fault and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CheckError {
+    pub check: String,
+    pub field: &'static str,
+    pub why: String,
+}
+
+impl std::fmt::Display for CheckError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "check {:?}: {} {}", self.check, self.field, self.why)
+    }
 }
 
 impl SilverConfig {
@@ -128,7 +196,7 @@ impl SilverConfig {
                 "must be greater than 0",
             ));
         }
-        for (column, policy) in &self.mask {
+        for column in self.mask.keys() {
             let field = format!("silver.mask.\"{column}\"");
             if path::parse(column, 3).is_none() {
                 return Err(invalid(
@@ -136,13 +204,10 @@ impl SilverConfig {
                     "must name a column as schema.table.column (double-quote a part holding a '.')",
                 ));
             }
-            MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
         }
         self.mask_key()?;
         let mut names = std::collections::BTreeSet::new();
         for (i, c) in self.checks.iter().enumerate() {
-            c.compile()
-                .map_err(|(field, why)| invalid(&format!("silver.checks[{i}].{field}"), why))?;
             if !names.insert((c.table.clone(), c.name.clone())) {
                 return Err(invalid(
                     &format!("silver.checks[{i}].name"),
@@ -155,7 +220,7 @@ impl SilverConfig {
 
     /// The `hash` key, when some column uses `hash`.
     fn mask_key(&self) -> Result<Option<Arc<[u8]>>, ConfigError> {
-        if !self.mask.values().any(|p| p == "hash") {
+        if !self.mask.values().any(|p| *p == MaskPolicy::Hash) {
             return Ok(None);
         }
         let key = load_key(
@@ -198,10 +263,12 @@ impl SilverConfig {
                 .ok_or_else(|| invalid(&field, "must name a column as schema.table.column"))?;
             let table = TableName::new(&parts[0], &parts[1]);
             let column = silver_column(catalog, &field, &table, &parts[2])?;
-            let p = MaskPolicy::parse(policy).map_err(|e| invalid(&field, e))?;
-            masks.entry(table.ident()).or_default().insert(column, p);
+            masks
+                .entry(table.ident())
+                .or_default()
+                .insert(column, *policy);
         }
-        let key = if self.mask.values().any(|p| p == "hash") {
+        let key = if self.mask.values().any(|p| *p == MaskPolicy::Hash) {
             self.mask_key()?
         } else {
             None
@@ -221,14 +288,14 @@ impl SilverConfig {
                 return Err(unpublished(&at("table"), &table));
             }
             let mut c = c.clone();
-            if let Some(col) = &c.not_null {
-                c.not_null = Some(silver_column(catalog, &at("not_null"), &table, col)?);
+            if let Some((field, col)) = c.condition.column_mut() {
+                *col = silver_column(catalog, &at(field), &table, col)?;
             }
-            if let Some(col) = &c.column {
-                c.column = Some(silver_column(catalog, &at("column"), &table, col)?);
-            }
-            let check = c.compile().map_err(|(f, why)| invalid(&at(f), why))?;
-            tables.entry(table.ident()).or_default().checks.push(check);
+            tables
+                .entry(table.ident())
+                .or_default()
+                .checks
+                .push(c.compile());
         }
         Ok(Policies { tables })
     }
@@ -329,115 +396,150 @@ fn literal(v: &toml::Value) -> Result<String, String> {
     }
 }
 
-impl CheckConfig {
-    /// The check as one SQL condition. Errors name the field at fault.
-    pub fn compile(&self) -> Result<Check, (&'static str, String)> {
-        if self.name.is_empty()
-            || !self
+impl TryFrom<CheckEntry> for CheckConfig {
+    type Error = CheckError;
+
+    fn try_from(e: CheckEntry) -> Result<Self, CheckError> {
+        let refuse = |field: &'static str, why: &str| CheckError {
+            check: e.name.clone(),
+            field,
+            why: why.to_owned(),
+        };
+        if e.name.is_empty()
+            || !e
                 .name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || "_-.".contains(c))
         {
-            return Err((
+            return Err(refuse(
                 "name",
-                "must be non-empty and use only letters, digits, '_', '-' and '.'".into(),
+                "must be non-empty and use only letters, digits, '_', '-' and '.'",
             ));
         }
-        if path::parse(&self.table, 2).is_none() {
-            return Err(("table", "must look like schema.table".into()));
+        if path::parse(&e.table, 2).is_none() {
+            return Err(refuse("table", "must look like schema.table"));
+        }
+        let ranged = e.min.is_some() || e.max.is_some();
+        let kinds = [
+            e.sql.is_some(),
+            e.not_null.is_some(),
+            ranged,
+            e.allowed.is_some(),
+            e.regex.is_some(),
+        ];
+        if kinds.iter().filter(|k| **k).count() != 1 {
+            return Err(refuse(
+                "sql",
+                "each check needs exactly one of sql, not_null, min/max, allowed or regex",
+            ));
+        }
+        if e.column.is_some() && (e.sql.is_some() || e.not_null.is_some()) {
+            return Err(refuse("column", "is only for min/max, allowed and regex"));
         }
         let column = || {
-            self.column.as_deref().filter(|c| !c.is_empty()).ok_or((
-                "column",
-                "is required for min/max, allowed and regex".to_owned(),
-            ))
+            e.column
+                .clone()
+                .filter(|c| !c.is_empty())
+                .ok_or_else(|| refuse("column", "is required for min/max, allowed and regex"))
         };
-        let ranged = self.min.is_some() || self.max.is_some();
-        let kinds = [
-            self.sql.is_some(),
-            self.not_null.is_some(),
-            ranged,
-            self.allowed.is_some(),
-            self.regex.is_some(),
-        ]
-        .iter()
-        .filter(|k| **k)
-        .count();
-        if kinds != 1 {
-            return Err((
-                "sql",
-                "each check needs exactly one of sql, not_null, min/max, allowed or regex".into(),
-            ));
-        }
-        if self.column.is_some() && (self.sql.is_some() || self.not_null.is_some()) {
-            return Err(("column", "is only for min/max, allowed and regex".into()));
-        }
-        let (sql, description) = if let Some(sql) = &self.sql {
+        let condition = if let Some(sql) = &e.sql {
             if sql.trim().is_empty() {
-                return Err(("sql", "must not be empty".into()));
+                return Err(refuse("sql", "must not be empty"));
             }
-            (sql.clone(), sql.clone())
-        } else if let Some(c) = &self.not_null {
-            (
-                format!("{} IS NOT NULL", quote(c)),
-                format!("{c} is not null"),
-            )
+            Condition::Sql(sql.clone())
+        } else if let Some(c) = &e.not_null {
+            Condition::NotNull(c.clone())
         } else if ranged {
-            let c = column()?;
-            let v = format!("TRY_CAST({} AS DOUBLE)", quote(c));
-            let mut parts = Vec::new();
-            let mut says = Vec::new();
-            for (bound, op) in [(self.min, ">="), (self.max, "<=")] {
-                if let Some(b) = bound {
-                    if !b.is_finite() {
-                        return Err(("min", "bounds must be finite numbers".into()));
-                    }
-                    parts.push(format!("{v} {op} {b:?}"));
-                    says.push(format!("{c} {op} {b}"));
-                }
+            if [e.min, e.max].iter().flatten().any(|b| !b.is_finite()) {
+                return Err(refuse("min", "bounds must be finite numbers"));
             }
-            (
-                format!("{} IS NULL OR ({})", quote(c), parts.join(" AND ")),
-                says.join(" and "),
-            )
-        } else if let Some(values) = &self.allowed {
-            let c = column()?;
+            Condition::Range {
+                column: column()?,
+                min: e.min,
+                max: e.max,
+            }
+        } else if let Some(values) = &e.allowed {
             if values.is_empty() {
-                return Err(("allowed", "must list at least one value".into()));
+                return Err(refuse("allowed", "must list at least one value"));
             }
-            let list = values
+            let values = values
                 .iter()
                 .map(literal)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| ("allowed", e))?;
-            (
+                .map_err(|why| refuse("allowed", &why))?;
+            Condition::Allowed {
+                column: column()?,
+                values,
+            }
+        } else {
+            let pattern = e.regex.clone().unwrap_or_default();
+            regex::Regex::new(&pattern)
+                .map_err(|err| refuse("regex", &format!("is not a valid regex: {err}")))?;
+            Condition::Regex {
+                column: column()?,
+                pattern,
+            }
+        };
+        Ok(CheckConfig {
+            name: e.name,
+            table: e.table,
+            condition,
+        })
+    }
+}
+
+impl CheckConfig {
+    /// The check as one SQL condition.
+    pub fn compile(&self) -> Check {
+        let (sql, description) = match &self.condition {
+            Condition::Sql(sql) => (sql.clone(), sql.clone()),
+            Condition::NotNull(c) => (
+                format!("{} IS NOT NULL", quote(c)),
+                format!("{c} is not null"),
+            ),
+            Condition::Range {
+                column: c,
+                min,
+                max,
+            } => {
+                let v = format!("TRY_CAST({} AS DOUBLE)", quote(c));
+                let mut parts = Vec::new();
+                let mut says = Vec::new();
+                for (bound, op) in [(min, ">="), (max, "<=")] {
+                    if let Some(b) = bound {
+                        parts.push(format!("{v} {op} {b:?}"));
+                        says.push(format!("{c} {op} {b}"));
+                    }
+                }
+                (
+                    format!("{} IS NULL OR ({})", quote(c), parts.join(" AND ")),
+                    says.join(" and "),
+                )
+            }
+            Condition::Allowed { column: c, values } => (
                 format!(
                     "{} IS NULL OR {} IN ({})",
                     quote(c),
                     quote(c),
-                    list.join(", ")
+                    values.join(", ")
                 ),
-                format!("{c} in ({})", list.join(", ")),
-            )
-        } else {
-            let c = column()?;
-            let re = self.regex.as_deref().unwrap_or_default();
-            regex::Regex::new(re).map_err(|e| ("regex", format!("is not a valid regex: {e}")))?;
-            (
+                format!("{c} in ({})", values.join(", ")),
+            ),
+            Condition::Regex { column: c, pattern } => (
                 format!(
                     "{} IS NULL OR regexp_like(CAST({} AS VARCHAR), '{}')",
                     quote(c),
                     quote(c),
-                    re.replace('\'', "''")
+                    pattern.replace('\'', "''")
                 ),
-                format!("{c} matches /{re}/"),
-            )
+                format!("{c} matches /{pattern}/"),
+            ),
         };
-        Ok(Check {
+        Check {
             name: self.name.clone(),
             sql,
             description,
-        })
+        }
     }
 }
 
@@ -446,8 +548,10 @@ mod tests {
     use super::*;
 
     fn check(toml_text: &str) -> Result<Check, (&'static str, String)> {
-        let c: CheckConfig = toml::from_str(toml_text).unwrap();
-        c.compile()
+        let e: CheckEntry = toml::from_str(toml_text).unwrap();
+        CheckConfig::try_from(e)
+            .map(|c| c.compile())
+            .map_err(|e| (e.field, e.why))
     }
 
     #[test]
@@ -502,6 +606,23 @@ mod tests {
             check("name = 'x'\ntable = 'p'\nsql = 'a'").unwrap_err().0,
             "table"
         );
+    }
+
+    #[test]
+    fn a_bad_check_is_refused_while_the_file_is_read_naming_it() {
+        let e = toml::from_str::<SilverConfig>(
+            "[[checks]]\nname = \"twice\"\ntable = \"public.p\"\nsql = \"a\"\nnot_null = \"b\"",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("check \"twice\"") && e.contains("exactly one"),
+            "{e}"
+        );
+        let c: SilverConfig =
+            toml::from_str("[[checks]]\nname = \"nn\"\ntable = \"public.p\"\nnot_null = \"c\"")
+                .unwrap();
+        assert_eq!(c.checks[0].condition, Condition::NotNull("c".into()));
     }
 
     #[test]
@@ -574,6 +695,14 @@ mod tests {
             Some(MaskPolicy::Redact)
         );
         assert_eq!(p.of("public.c").masking.policy("card"), None);
+        // A policy is parsed while the file is read, naming the entry.
+        let e = toml::from_str::<SilverConfig>("[mask]\n\"public.c.email\" = \"scramble\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("public.c.email") && e.contains("keep_last"),
+            "{e}"
+        );
         let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"hash\"").unwrap();
         let e = c.validate().unwrap_err().to_string();
         assert!(e.contains("silver.mask"), "{e}");
@@ -583,7 +712,9 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("schema.table.column"));
-        let c: SilverConfig = toml::from_str("[mask]\n\"public.c.email\" = \"blur\"").unwrap();
-        assert!(c.validate().unwrap_err().to_string().contains("blur"));
+        let e = toml::from_str::<SilverConfig>("[mask]\n\"public.c.email\" = \"blur\"")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("blur") && e.contains("public.c.email"), "{e}");
     }
 }

@@ -10,7 +10,7 @@
 //! topics.
 
 pub mod output;
-pub mod table;
+pub mod rules_table;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -235,7 +235,7 @@ fn lookup_cycles(rules: &[Rule]) -> Vec<RuleError> {
 /// rule and why, 2 when the file cannot be read.
 pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<ExitCode> {
     if let (None, Some(t)) = (&file, config.rules.table_name()) {
-        return table::validate(config, &t).await;
+        return rules_table::validate(config, &t).await;
     }
     let Some(file) = file.or_else(|| config.rules.file.clone()) else {
         eprintln!(
@@ -274,16 +274,16 @@ pub async fn validate(config: &Config, file: Option<PathBuf>) -> anyhow::Result<
 pub struct Startup {
     pub source: RuleSource,
     /// What was read from the rules table (with `[rules] table`).
-    seen: table::Seen,
+    seen: rules_table::Seen,
 }
 
 /// The rule set at startup, from `[rules] file` or `[rules] table`: `None` when neither is
 /// configured. A rule of the file that is not valid stops the start, naming it (for the
-/// rules table, see [`table::at_startup`]).
+/// rules table, see [`rules_table::at_startup`]).
 pub async fn at_startup(config: &Config) -> anyhow::Result<Option<Startup>> {
     if let Some(t) = config.rules.table_name() {
         let lake = crate::quarantine::lake(config)?;
-        let (source, seen) = table::at_startup(&lake, &t).await?;
+        let (source, seen) = rules_table::at_startup(&lake, &t).await?;
         return Ok(Some(Startup { source, seen }));
     }
     let Some(file) = &config.rules.file else {
@@ -294,7 +294,7 @@ pub async fn at_startup(config: &Config) -> anyhow::Result<Option<Startup>> {
     tracing::info!(rules = rules.len(), file = %file.display(), "rules loaded");
     Ok(Some(Startup {
         source: RuleSource::new(&rules),
-        seen: table::Seen::default(),
+        seen: rules_table::Seen::default(),
     }))
 }
 
@@ -335,7 +335,7 @@ pub async fn run(
     // At 0 from the start, so an alert on its increase sees the first failed reload.
     metrics::counter!(m::RULES_RELOAD_FAILURES).increment(0);
     if let Some(t) = config.rules.table_name() {
-        return table::run(t, seen, supervisor, shutdown).await;
+        return rules_table::run(t, seen, supervisor, shutdown).await;
     }
     let Some(file) = config.rules.file.clone() else {
         anyhow::bail!("the rules stage needs [rules] file or [rules] table (docs/rules.md)");
@@ -385,7 +385,7 @@ pub async fn list(config: &Config) -> anyhow::Result<ExitCode> {
     let counts = hit_counts(&lake).await?;
     let rules = match (&config.rules.file, config.rules.table_name()) {
         (Some(f), _) => load(f)?.0,
-        (None, Some(t)) => table::listed(&lake, &t).await?,
+        (None, Some(t)) => rules_table::listed(&lake, &t).await?,
         (None, None) => Vec::new(),
     };
     println!(

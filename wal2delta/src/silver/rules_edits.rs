@@ -20,7 +20,7 @@ use wal2delta_lake::Lake;
 use wal2delta_model::TableName;
 
 use crate::metrics as m;
-use crate::rules::table::{read, validated};
+use crate::rules::rules_table::{read, validated};
 
 /// The rules table as the silver stage follows it.
 pub(super) struct RulesEdits {
