@@ -151,14 +151,7 @@ impl Workload {
         abort: bool,
     ) -> Result<bool> {
         let s = self.s.clone();
-        pg.batch_execute("BEGIN").await?;
-        let txid: i64 = pg
-            .query_one(
-                "SELECT (pg_current_xact_id()::text::bigint % 4294967296)",
-                &[],
-            )
-            .await?
-            .get(0);
+        let txid = begin(pg).await?;
         let mut events: BTreeMap<&'static str, u64> = BTreeMap::new();
         for (table, sql) in &stmts {
             let n = pg.execute(sql.as_str(), &[]).await?;
@@ -216,14 +209,7 @@ impl Workload {
     async fn oversized(&mut self, pg: &Client) -> Result<Option<i64>> {
         let s = self.s.clone();
         let probe = self.rng.random_range(0..self.next_id.max(2));
-        pg.batch_execute("BEGIN").await?;
-        let txid: i64 = pg
-            .query_one(
-                "SELECT (pg_current_xact_id()::text::bigint % 4294967296)",
-                &[],
-            )
-            .await?
-            .get(0);
+        let txid = begin(pg).await?;
         let rows = pg
             .query(
                 &format!(
@@ -457,4 +443,16 @@ impl Workload {
 /// Whether a workload statement changes primary keys (see `Workload::statement`).
 pub(super) fn is_key_change(sql: &str) -> bool {
     sql.contains(" SET id = ") || sql.contains(" SET line = line + 100 ")
+}
+
+/// Opens a transaction on `pg`; its xid as the events carry it (32 bits, the epoch cut off).
+async fn begin(pg: &Client) -> Result<i64> {
+    pg.batch_execute("BEGIN").await?;
+    Ok(pg
+        .query_one(
+            "SELECT (pg_current_xact_id()::text::bigint % 4294967296)",
+            &[],
+        )
+        .await?
+        .get(0))
 }
