@@ -230,6 +230,13 @@ async fn transitions_and_gold_equal_a_clean_run_under_random_edits_and_faults() 
                 .map_or(1, |d| d.as_secs())
         });
     eprintln!("rules_random: seed {seed} (WAL2DELTA_TEST_SEED={seed} repeats it)");
+    // The seed again after the failure, where a truncated output still shows it.
+    run(seed).await.map_err(|e| {
+        anyhow::anyhow!("{e:#}\nrules_random: seed {seed} (WAL2DELTA_TEST_SEED={seed} repeats it)")
+    })
+}
+
+async fn run(seed: u64) -> Result<()> {
     let stack = Stack::from_env();
     let ddl = format!(
         "{TABLES} SET search_path TO {{s}}; {} RESET search_path;",

@@ -335,7 +335,12 @@ impl StageProcess {
                 return Ok(());
             }
             if start.elapsed() > timeout {
-                bail!("{what}: want {want:?}\ngot {got:?}\n{}", self.log_text());
+                // The log first: a failure's output is read from its end.
+                bail!(
+                    "{}\n{what}: not reached within {timeout:?}\n{}",
+                    self.log_text(),
+                    first_difference(&format!("{want:?}"), &format!("{got:?}"))
+                );
             }
             tokio::time::sleep(Duration::from_millis(500)).await;
         }
@@ -394,6 +399,28 @@ impl StageProcess {
             .unwrap_or(0);
         text[start..].to_owned()
     }
+}
+
+/// Where two debug renderings first differ, with some context on both sides: a short
+/// line where printing both whole would bury the failure under thousands of rows.
+fn first_difference(want: &str, got: &str) -> String {
+    let at = want
+        .char_indices()
+        .zip(got.chars())
+        .find(|((_, a), b)| a != b)
+        .map_or(want.len().min(got.len()), |((i, _), _)| i);
+    let around = |s: &str| {
+        let from = s.floor_char_boundary(at.saturating_sub(300));
+        let to = s.ceil_char_boundary((at + 300).min(s.len()));
+        s[from..to].to_owned()
+    };
+    format!(
+        "first difference at character {at} (want {} long, got {} long)\nwant …{}…\ngot  …{}…",
+        want.len(),
+        got.len(),
+        around(want),
+        around(got)
+    )
 }
 
 impl Drop for StageProcess {
