@@ -58,6 +58,12 @@ async fn a_stage_that_needs_an_operator_stops_alone_and_the_daemon_reports_not_r
     .await?;
     ensure!(doc["ready"] == true, "{doc}");
     ensure!(get(port, "/healthz").await? == (200, "ok\n".into()));
+    // A mistyped probe fails instead of passing on the metrics text.
+    let (status, body) = get(port, "/readyzz").await?;
+    ensure!(
+        status == 404 && body.contains("/readyz") && !body.contains("# TYPE"),
+        "{status} {body}"
+    );
     pg.batch_execute(&format!(
         "INSERT INTO {name}.t SELECT g, 'v' || g FROM generate_series(1, 50) g"
     ))
@@ -147,5 +153,50 @@ async fn a_stage_that_needs_an_operator_stops_alone_and_the_daemon_reports_not_r
             && log.contains("capture stage stopped, it needs an operator"),
         "{log}"
     );
+    Ok(())
+}
+
+/// docs/operations.md, "Stage health": a publication dropped (or never created, a plain
+/// `up` without `setup`) stops capture with an error that names the publication and the
+/// fix, not a hint about the slot.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_missing_publication_is_named_with_its_fix() -> Result<()> {
+    let stack = Stack::from_env();
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(
+        &stack,
+        "nopub",
+        "CREATE TABLE {s}.t (id int PRIMARY KEY, v text);",
+    )
+    .build()
+    .await?;
+    let port = 19_400 + (std::process::id() % 300) as u16;
+    d.env.push((
+        "WAL2DELTA__METRICS__LISTEN".into(),
+        format!("127.0.0.1:{port}"),
+    ));
+    pg.batch_execute(&format!(
+        "DROP PUBLICATION \"{}\"; INSERT INTO {name}.t VALUES (1, 'a');",
+        d.publication
+    ))
+    .await?;
+    let mut run = d.spawn_stage("capture", "run")?;
+    let doc = wait_ready(port, "capture failed", |s, doc| {
+        s == 503 && doc["stages"]["capture"]["state"] == "failed"
+    })
+    .await?;
+    let capture = &doc["stages"]["capture"];
+    ensure!(
+        capture["hint"]
+            .as_str()
+            .is_some_and(|h| h.contains("publication") && h.contains("wal2delta setup"))
+            && capture["last_error"]
+                .as_str()
+                .is_some_and(|e| e.contains(&d.publication)),
+        "the publication and the fix are named: {doc}"
+    );
+    run.assert_running()?;
+    ensure!(!run.stop()?.success());
     Ok(())
 }

@@ -54,10 +54,40 @@ impl CdcError {
         match self {
             CdcError::Connect { .. } => Some("check [source] dsn host and port, and that PostgreSQL is running"),
             CdcError::Auth { .. } => Some("check the user and password in [source] dsn and pg_hba.conf (a replication connection needs a 'replication' line)"),
+            // 42704 (undefined_object) is both a missing slot and, from pgoutput, a
+            // missing publication; the server's message names which.
+            CdcError::Server { code, message, .. } if code == "42704" && message.starts_with("publication") => Some("the publication ([source] publication) does not exist: run `wal2delta setup`, which creates it for [source] tables"),
             CdcError::Server { code, .. } if code == "42704" => Some("the replication slot does not exist: run `wal2delta setup`"),
             CdcError::Server { code, .. } if code == "55000" => Some("the slot is in use by another process or invalidated; see `wal2delta status`"),
             CdcError::Server { code, .. } if code == "42501" => Some("the role needs the REPLICATION attribute: ALTER ROLE ... REPLICATION"),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server(code: &str, message: &str) -> CdcError {
+        CdcError::Server {
+            code: code.into(),
+            message: message.into(),
+            detail: None,
+        }
+    }
+
+    #[test]
+    fn a_missing_publication_is_not_taken_for_a_missing_slot() {
+        let publication = server("42704", "publication \"orders_pub\" does not exist");
+        let hint = publication.hint().unwrap_or_default();
+        assert!(
+            hint.contains("publication") && hint.contains("wal2delta setup"),
+            "{hint}"
+        );
+        assert!(!hint.contains("slot"), "{hint}");
+        assert!(publication.to_string().contains("orders_pub"));
+        let slot = server("42704", "replication slot \"w2d\" does not exist");
+        assert!(slot.hint().unwrap_or_default().contains("replication slot"));
     }
 }

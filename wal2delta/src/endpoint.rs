@@ -1,10 +1,12 @@
 //! The daemon's HTTP listener (`[metrics] listen`):
 //!
-//! - `/metrics` (and any other path, as before): the Prometheus text of every metric;
+//! - `/metrics`: the Prometheus text of every metric;
 //! - `/healthz`: liveness, 200 while the process serves requests;
 //! - `/readyz`: readiness, 200 when every stage runs without repeated failures, else 503;
 //!   the body (JSON) gives each stage's state, its last error and, for a stopped stage,
-//!   the fix ([`crate::supervisor::stages`]).
+//!   the fix ([`crate::supervisor::stages`]);
+//! - any other path: 404 with the list of these, so a mistyped probe fails instead of
+//!   passing on the metrics text.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -83,13 +85,18 @@ async fn respond(
             };
             (status, "application/json", format!("{doc:#}\n"))
         }
-        _ => {
+        "/metrics" => {
             let handle = handle.clone();
             let text = tokio::task::spawn_blocking(move || handle.render())
                 .await
                 .unwrap_or_default();
             (StatusCode::OK, "text/plain; version=0.0.4", text)
         }
+        other => (
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            format!("no such path: {other}; this listener serves /metrics, /healthz and /readyz\n"),
+        ),
     };
     let mut response = Response::new(Full::new(Bytes::from(body)));
     *response.status_mut() = status;

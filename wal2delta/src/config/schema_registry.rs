@@ -46,6 +46,11 @@ impl SchemaRegistryConfig {
                 "and a password (password_env or password_file) go together",
             ));
         }
+        if password_set && url.starts_with("http://") {
+            tracing::warn!(
+                "[schema_registry] sends the basic-auth password unencrypted (an http:// url); use https:// outside a trusted network"
+            );
+        }
         if self.ca_file.is_some() && !url.starts_with("https://") {
             return Err(invalid(
                 "schema_registry.ca_file",
