@@ -4,6 +4,9 @@ use deltalake::kernel::transaction::{CommitProperties, TransactionError};
 use deltalake::{DeltaTable, DeltaTableBuilder, DeltaTableError};
 use url::Url;
 
+use futures::StreamExt;
+use wal2delta_model::format::{check_lake, FormatCheck, LAKE_FORMAT, LAKE_FORMAT_COMMIT_KEY};
+
 use crate::LakeError;
 
 /// The commit properties every commit of the lake starts from: delta-rs' post-commit
@@ -16,8 +19,74 @@ use crate::LakeError;
 /// and each commit's listing grows with them: `lake/examples/commit_cost.rs` measured
 /// it (docs/benchmarks.md). The cleanup runs with each table's scheduled maintenance
 /// instead ([`crate::maintenance::maintain`]), once per pass.
+///
+/// Every commit also records the lake format of the binary that made it
+/// ([`LAKE_FORMAT_COMMIT_KEY`]); add metadata with [`commit_metadata`], which keeps it.
 pub(crate) fn commit_properties() -> CommitProperties {
-    CommitProperties::default().with_cleanup_expired_logs(Some(false))
+    commit_metadata(std::iter::empty())
+}
+
+/// [`commit_properties`] with `metadata` in the commit's `commitInfo` besides the format
+/// (delta-rs' `with_metadata` replaces what was set before, so it is set once, here).
+pub(crate) fn commit_metadata(
+    metadata: impl IntoIterator<Item = (String, serde_json::Value)>,
+) -> CommitProperties {
+    let format = (
+        LAKE_FORMAT_COMMIT_KEY.to_owned(),
+        serde_json::json!(LAKE_FORMAT),
+    );
+    CommitProperties::default()
+        .with_cleanup_expired_logs(Some(false))
+        // The format last: it wins over a value carried from an older commit.
+        .with_metadata(metadata.into_iter().chain(std::iter::once(format)))
+}
+
+/// How many of a table's latest commits [`recorded_format`] looks through. A commit not
+/// made by wal2delta (another tool's OPTIMIZE, a VACUUM's start and end) records no
+/// format, so the latest commit that does is the table's format.
+const FORMAT_LOOKBACK: usize = 16;
+
+/// The lake format of the latest of `table`'s last [`FORMAT_LOOKBACK`] commits that
+/// records one (`None`: none does; an earlier release's table, format 0).
+pub async fn recorded_format(name: &str, table: &DeltaTable) -> Result<Option<String>, LakeError> {
+    if table.version().is_none() {
+        return Ok(None);
+    }
+    let mut history = table.history(Some(FORMAT_LOOKBACK));
+    while let Some(info) = history.next().await {
+        let info = info.map_err(LakeError::delta(&name))?;
+        if let Some(value) = info.info.get(LAKE_FORMAT_COMMIT_KEY) {
+            return Ok(Some(match value {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }));
+        }
+    }
+    Ok(None)
+}
+
+/// Refuses a table this binary must not write: one of a newer lake format, or of an older
+/// one not yet migrated by `wal2delta upgrade` (docs/upgrading.md, "Format versions").
+pub(crate) async fn check_format(name: &str, table: &DeltaTable) -> Result<(), LakeError> {
+    let recorded = recorded_format(name, table).await?;
+    let fix = match check_lake(recorded.as_deref()) {
+        FormatCheck::Current => return Ok(()),
+        FormatCheck::Older(_) => {
+            "an earlier release wrote it: run `wal2delta upgrade --dry-run`, then `wal2delta upgrade` (docs/upgrading.md)"
+        }
+        FormatCheck::Newer(_) => {
+            "a newer release wrote it: run that release (or newer); this one would misread it"
+        }
+        FormatCheck::Unreadable => {
+            "its commits record a wal2delta.format that is not a number (docs/upgrading.md)"
+        }
+    };
+    Err(LakeError::Format {
+        table: name.to_owned(),
+        found: recorded.unwrap_or_else(|| "0".into()),
+        ours: LAKE_FORMAT,
+        fix,
+    })
 }
 
 /// An unloaded handle of the table at `url`.
@@ -28,8 +97,19 @@ pub(crate) fn handle(name: &str, url: &Url) -> Result<DeltaTable, LakeError> {
 }
 
 /// The table at `url` with its latest state, or `None` when no table exists there yet.
+///
+/// A table this binary must not write ([`check_format`]) is an operator error.
 pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, LakeError> {
     // delta-rs reports a missing directory as a kernel error, not as "not a table".
+    let t = open_unchecked(name, url).await?;
+    if let Some(t) = &t {
+        check_format(name, t).await?;
+    }
+    Ok(t)
+}
+
+/// [`open`] without the format check: for `wal2delta upgrade`, which reads every format.
+pub async fn open_unchecked(name: &str, url: &Url) -> Result<Option<DeltaTable>, LakeError> {
     if !crate::storage::table_exists(url).await? {
         return Ok(None);
     }

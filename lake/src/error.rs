@@ -26,6 +26,16 @@ pub enum LakeError {
     /// A Gold model cannot be read, planned or run: fix its SQL file.
     #[error("gold model {model}: {reason} (fix {model}.sql in [gold] models_dir)")]
     Model { model: String, reason: String },
+    /// The table was written in a lake format this binary does not write
+    /// ([`wal2delta_model::format`]): a newer one (run the newer release) or an older one
+    /// (`wal2delta upgrade`).
+    #[error("{table} is in lake format {found}, this binary writes format {ours}: {fix}")]
+    Format {
+        table: String,
+        found: String,
+        ours: u32,
+        fix: &'static str,
+    },
     /// A rules output (a Kafka topic, docs/rules.md) did not take a round: the round is
     /// not committed and is tried again (`transient`), or it needs an operator.
     #[error("rules output {output} of {table}: {reason}")]
@@ -40,9 +50,10 @@ pub enum LakeError {
 impl LakeError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            LakeError::Uri { .. } | LakeError::Policy { .. } | LakeError::Model { .. } => {
-                ErrorClass::Operator
-            }
+            LakeError::Uri { .. }
+            | LakeError::Policy { .. }
+            | LakeError::Model { .. }
+            | LakeError::Format { .. } => ErrorClass::Operator,
             LakeError::Delta { .. } => ErrorClass::Transient,
             LakeError::SchemaConflict { .. } | LakeError::Rows { .. } => ErrorClass::Record,
             LakeError::Output { transient, .. } => {

@@ -114,7 +114,7 @@ async fn optimize(
         .optimize()
         .with_type(kind)
         .with_target_size(target)
-        .with_commit_properties(delta::commit_properties().with_metadata(carried))
+        .with_commit_properties(delta::commit_metadata(carried))
         .await
         .map_err(LakeError::delta(&name))?;
     let report = MaintenanceReport {
@@ -166,10 +166,10 @@ mod tests {
             .unwrap();
             table = table
                 .write(vec![batch])
-                .with_commit_properties(
-                    delta::commit_properties()
-                        .with_metadata([("wal2delta.masking".to_owned(), json!({"v": i}))]),
-                )
+                .with_commit_properties(delta::commit_metadata([(
+                    "wal2delta.masking".to_owned(),
+                    json!({"v": i}),
+                )]))
                 .await
                 .unwrap();
         }
@@ -177,10 +177,18 @@ mod tests {
         assert_eq!(report.files_removed, 4, "{report:?}");
         assert_eq!(report.files_added, 1, "{report:?}");
         let table = delta::open("t", &url).await.unwrap().unwrap();
-        let info = own_commit_info("t", &table).await.unwrap();
+        let info: std::collections::BTreeMap<_, _> = own_commit_info("t", &table)
+            .await
+            .unwrap()
+            .into_iter()
+            .collect();
         assert_eq!(
             info,
-            vec![("wal2delta.masking".to_owned(), json!({"v": 3}))]
+            [
+                ("wal2delta.format".to_owned(), json!(1)),
+                ("wal2delta.masking".to_owned(), json!({"v": 3}))
+            ]
+            .into()
         );
         let rows = delta::query("t", &table, "select sum(id), count(*) from t")
             .await

@@ -116,12 +116,11 @@ impl QuarantineTable {
             // Tables written before `check_name` existed gain the column.
             .with_schema_mode(SchemaMode::Merge)
             .with_commit_properties(
-                delta::commit_properties()
-                    .with_application_transactions(txns)
-                    .with_metadata([(
-                        "wal2delta.stage".to_owned(),
-                        serde_json::json!(stage.as_str()),
-                    )]),
+                delta::commit_metadata([(
+                    "wal2delta.stage".to_owned(),
+                    serde_json::json!(stage.as_str()),
+                )])
+                .with_application_transactions(txns),
             )
             .await;
         match result {

@@ -145,7 +145,6 @@ mod tests {
 
     use deltalake::arrow::array::{Int64Array, RecordBatch};
     use deltalake::arrow::datatypes::{DataType, Field, Schema};
-    use deltalake::kernel::transaction::CommitProperties;
     use deltalake::kernel::Transaction;
     use url::Url;
 
@@ -159,7 +158,9 @@ mod tests {
             .collect::<Vec<_>>();
         table
             .write(vec![batch])
-            .with_commit_properties(CommitProperties::default().with_application_transactions(txns))
+            .with_commit_properties(
+                crate::delta::commit_properties().with_application_transactions(txns),
+            )
             .await
             .unwrap()
     }

@@ -170,7 +170,7 @@ pub(crate) async fn widen_table(
         REWRITE_KEY.to_owned(),
         serde_json::json!({ "reason": "type widening", "columns": paths }),
     ));
-    let props = delta::commit_properties().with_metadata(info);
+    let props = delta::commit_metadata(info);
     let table = rewrite(table.clone(), Arc::new(schema), partition_columns, props).await?;
     tracing::info!(table = %name, columns = ?paths, version = table.version(), ms = started.elapsed().as_millis() as u64, "{layer} table rewritten under the wider type");
     Ok(Some((table, paths)))

@@ -10,6 +10,7 @@ pub mod datum;
 pub mod dead_letter;
 pub mod decimal;
 pub mod error_class;
+pub mod format;
 pub mod lsn;
 pub mod names;
 pub mod pg_type;

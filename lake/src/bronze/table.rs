@@ -206,15 +206,14 @@ impl BronzeTable {
                 .iter()
                 .map(|(p, r)| Transaction::new(app_id(&append.topic, *p), r.last))
                 .collect();
-            let props = delta::commit_properties()
-                .with_application_transactions(txns)
-                .with_metadata([
-                    ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
-                    (
-                        "wal2delta.topic".to_owned(),
-                        serde_json::json!(append.topic),
-                    ),
-                ]);
+            let props = delta::commit_metadata([
+                ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
+                (
+                    "wal2delta.topic".to_owned(),
+                    serde_json::json!(append.topic),
+                ),
+            ])
+            .with_application_transactions(txns);
             let mut widened = Vec::new();
             let result = if rows == 0 {
                 self.commit_offsets_only(props, &append).await
@@ -332,8 +331,8 @@ impl BronzeTable {
             return Ok(());
         }
         tracing::info!(table = %self.name, columns = changed.len(), "decimals arrive for text columns an earlier release wrote: the table keeps the text and records their type for Silver (docs/upgrading.md)");
-        let props = delta::commit_properties()
-            .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("bronze"))]);
+        let props =
+            delta::commit_metadata([("wal2delta.stage".to_owned(), serde_json::json!("bronze"))]);
         let t = table
             .clone()
             .set_tbl_properties()

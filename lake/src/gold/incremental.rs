@@ -206,7 +206,7 @@ pub(super) async fn merge(
     let name = format!("gold/{}", model.name);
     let failed = |e: DataFusionError| super::run_failed(&model.name, e);
     let keys: usize = affected.iter().map(RecordBatch::num_rows).sum();
-    let props = delta::commit_properties().with_metadata([(GOLD_KEY.to_owned(), recorded)]);
+    let props = delta::commit_metadata([(GOLD_KEY.to_owned(), recorded)]);
     let read_version = target.version();
     if keys == 0 {
         // The inputs' data files changed without changing a row the model reads (a

@@ -182,9 +182,7 @@ impl<'a> GoldTable<'a> {
             .with_save_mode(SaveMode::Overwrite)
             // A changed model may change its columns: each version is the whole result.
             .with_schema_mode(SchemaMode::Overwrite)
-            .with_commit_properties(
-                delta::commit_properties().with_metadata([(GOLD_KEY.to_owned(), recorded)]),
-            )
+            .with_commit_properties(delta::commit_metadata([(GOLD_KEY.to_owned(), recorded)]))
             .await
             .map_err(LakeError::delta(&name))?;
         Ok(Refreshed::Written {

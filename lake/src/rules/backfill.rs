@@ -315,6 +315,7 @@ mod tests {
             .unwrap()
             .write(vec![rows])
             .with_save_mode(SaveMode::Append)
+            .with_commit_properties(delta::commit_properties())
             .await
             .unwrap();
         let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
@@ -391,6 +392,7 @@ mod tests {
             .unwrap()
             .write(vec![RecordBatch::new_empty(schema)])
             .with_save_mode(SaveMode::Append)
+            .with_commit_properties(delta::commit_properties())
             .await
             .unwrap();
         let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();

@@ -110,6 +110,7 @@ mod tests {
             .write(vec![batch])
             .with_save_mode(SaveMode::Append)
             .with_schema_mode(deltalake::operations::write::SchemaMode::Merge)
+            .with_commit_properties(delta::commit_properties())
             .await
             .unwrap();
     }

@@ -359,9 +359,9 @@ impl RulesStore {
             ],
         )
         .map_err(|e| rows_error(table, e))?;
-        let props = delta::commit_properties()
-            .with_application_transactions(txns)
-            .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
+        let props =
+            delta::commit_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))])
+                .with_application_transactions(txns);
         let t = match self
             .kept_transitions
             .latest("rules/transitions", &self.transitions)
@@ -448,9 +448,9 @@ async fn commit_hits(
     txns: Vec<Transaction>,
     batch: RecordBatch,
 ) -> Result<(), LakeError> {
-    let props = delta::commit_properties()
-        .with_application_transactions(txns)
-        .with_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))]);
+    let props =
+        delta::commit_metadata([("wal2delta.stage".to_owned(), serde_json::json!("rules"))])
+            .with_application_transactions(txns);
     let err = LakeError::delta(&"rules/hits");
     let Some(target) = kept.latest("rules/hits", url).await? else {
         // The first commit: the matching rows are the table.

@@ -178,7 +178,7 @@ impl SilverTable {
         table
             .set_tbl_properties()
             .with_properties([(FILE_SIZE_PROPERTY.to_owned(), bytes.to_string())].into())
-            .with_commit_properties(delta::commit_properties().with_metadata(carried))
+            .with_commit_properties(delta::commit_metadata(carried))
             .await
             .map_err(LakeError::delta(&self.name))
     }
@@ -443,19 +443,23 @@ mod tests {
         // A commit recording masking, then another size.
         let t = t
             .write(vec![batch(&[1])])
-            .with_commit_properties(
-                CommitProperties::default()
-                    .with_metadata([("wal2delta.masking".to_owned(), serde_json::json!({"v": 1}))]),
-            )
+            .with_commit_properties(delta::commit_metadata([(
+                "wal2delta.masking".to_owned(),
+                serde_json::json!({"v": 1}),
+            )]))
             .await
             .unwrap();
         let silver = SilverTable::new(&lake, "public", "t", 10).with_file_size(32 << 20);
         let t = silver.ensure_columns(Some(t), &fields).await.unwrap();
         assert_eq!(size(&t), 32 << 20);
-        let info = crate::maintenance::own_commit_info("t", &t).await.unwrap();
+        let mut info = crate::maintenance::own_commit_info("t", &t).await.unwrap();
+        info.sort_by(|a, b| a.0.cmp(&b.0));
         assert_eq!(
             info,
-            vec![("wal2delta.masking".to_owned(), serde_json::json!({"v": 1}))]
+            vec![
+                ("wal2delta.format".to_owned(), serde_json::json!(1)),
+                ("wal2delta.masking".to_owned(), serde_json::json!({"v": 1})),
+            ]
         );
         // Without a size, the table's setting is left alone.
         let t = SilverTable::new(&lake, "public", "t", 10)

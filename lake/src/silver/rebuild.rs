@@ -143,17 +143,16 @@ impl SilverTable {
         };
         let mut txns = progress.transactions(&self.name);
         txns.extend(self.hooks.iter().flat_map(|h| h.untagged_actions()));
-        let props = delta::commit_properties()
-            .with_application_transactions(txns)
-            .with_metadata([
-                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
-                ("wal2delta.rebuilt".to_owned(), serde_json::json!(true)),
-                (
-                    "wal2delta.watermark".to_owned(),
-                    serde_json::json!(progress.watermark),
-                ),
-                (MASKING_KEY.to_owned(), self.masking.describe()),
-            ]);
+        let props = delta::commit_metadata([
+            ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+            ("wal2delta.rebuilt".to_owned(), serde_json::json!(true)),
+            (
+                "wal2delta.watermark".to_owned(),
+                serde_json::json!(progress.watermark),
+            ),
+            (MASKING_KEY.to_owned(), self.masking.describe()),
+        ])
+        .with_application_transactions(txns);
         let table = target
             .write(Vec::new())
             .with_input_plan(df.logical_plan().clone())
@@ -180,6 +179,7 @@ impl SilverTable {
             .vacuum()
             .with_retention_period(chrono::Duration::zero())
             .with_enforce_retention_duration(false)
+            .with_commit_properties(delta::commit_properties())
             .await
             .map_err(LakeError::delta(&self.name))?;
         Ok(tombstones + metrics.files_deleted.len())

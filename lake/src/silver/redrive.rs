@@ -71,16 +71,15 @@ impl SilverTable {
             .iter()
             .flat_map(|h| h.untagged_actions())
             .collect();
-        let props = delta::commit_properties()
-            .with_application_transactions(untagged)
-            .with_metadata([
-                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
-                (
-                    "wal2delta.redrive".to_owned(),
-                    serde_json::json!(format!("{partition}/{offset}")),
-                ),
-                (MASKING_KEY.to_owned(), self.masking.describe()),
-            ]);
+        let props = delta::commit_metadata([
+            ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+            (
+                "wal2delta.redrive".to_owned(),
+                serde_json::json!(format!("{partition}/{offset}")),
+            ),
+            (MASKING_KEY.to_owned(), self.masking.describe()),
+        ])
+        .with_application_transactions(untagged);
         let keys = screened_rows.key_names();
         let written = self
             .write_folded(

@@ -208,20 +208,19 @@ impl SilverTable {
     /// masking, and whether it holds part of a source transaction applied in pieces:
     /// every commit of such a transaction but the last says so).
     pub(super) fn commit_properties(&self, progress: &Progress) -> CommitProperties {
-        let props = delta::commit_properties()
-            .with_application_transactions(self.transactions(progress))
-            .with_metadata([
-                ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
-                (
-                    "wal2delta.watermark".to_owned(),
-                    serde_json::json!(progress.watermark),
-                ),
-                (MASKING_KEY.to_owned(), self.masking.describe()),
-            ]);
-        match progress.partial {
-            Some(lsn) => props.with_metadata([(PARTIAL_KEY.to_owned(), serde_json::json!(lsn))]),
-            None => props,
+        let mut info = vec![
+            ("wal2delta.stage".to_owned(), serde_json::json!("silver")),
+            (
+                "wal2delta.watermark".to_owned(),
+                serde_json::json!(progress.watermark),
+            ),
+            (MASKING_KEY.to_owned(), self.masking.describe()),
+        ];
+        // One metadata set: a second `with_metadata` would replace the first.
+        if let Some(lsn) = progress.partial {
+            info.push((PARTIAL_KEY.to_owned(), serde_json::json!(lsn)));
         }
+        delta::commit_metadata(info).with_application_transactions(self.transactions(progress))
     }
 
     /// A commit of `t` that records `progress` and changes no row.

@@ -182,6 +182,7 @@ impl Tombstones {
             .vacuum()
             .with_retention_period(chrono::Duration::zero())
             .with_enforce_retention_duration(false)
+            .with_commit_properties(delta::commit_properties())
             .await
             .map_err(LakeError::delta(&self.name))?;
         Ok(metrics.files_deleted.len())
