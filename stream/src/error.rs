@@ -29,6 +29,13 @@ pub enum StreamError {
     /// `[schema_registry]`.
     #[error("Connection refused ({what}): {reason}")]
     Refused { what: &'static str, reason: String },
+    /// A state topic holds a record a newer release wrote (`wal2delta_model::format`).
+    #[error("{topic} holds a record of state format {found}; this binary reads format {ours} and earlier")]
+    StateFormat {
+        topic: String,
+        found: u32,
+        ours: u32,
+    },
 }
 
 impl StreamError {
@@ -42,7 +49,7 @@ impl StreamError {
                 ErrorClass::Transient
             }
             StreamError::Topic { .. } => ErrorClass::Transient,
-            StreamError::Refused { .. } => ErrorClass::Operator,
+            StreamError::Refused { .. } | StreamError::StateFormat { .. } => ErrorClass::Operator,
         }
     }
 
@@ -52,6 +59,7 @@ impl StreamError {
             StreamError::Refused { what: "Kafka authentication", .. } => Some("check [kafka.security] username, sasl_mechanism and the password its password_env or password_file names"),
             StreamError::Refused { what: "Kafka TLS", .. } => Some("check [kafka.security] protocol and ca_file (the authority that signed the brokers' certificates) and that the broker address matches its certificate"),
             StreamError::Refused { what: "registry authentication", .. } => Some("check [schema_registry] username and the password its password_env or password_file names"),
+            StreamError::StateFormat { .. } => Some("a newer release of wal2delta wrote it: run that release (or newer); this one would misread its state (docs/upgrading.md)"),
             StreamError::Refused { .. } => Some("check [schema_registry] url and ca_file (the authority that signed the registry's certificate) and that the URL's host matches its certificate"),
             _ => None,
         }

@@ -16,6 +16,7 @@ pub mod producer;
 pub mod registry;
 pub mod registry_connection;
 pub mod snapshots;
+mod state_format;
 pub mod topic;
 pub mod transaction_acks;
 pub mod transactions;

@@ -36,8 +36,10 @@ impl PositionRecord {
         }
     }
 
+    /// The record as written to the topic, with the state format
+    /// ([`crate::state_format`]).
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        crate::state_format::to_json(self)
     }
 }
 
@@ -74,10 +76,11 @@ pub fn last_position(
         match consumer.poll(Duration::from_millis(500)) {
             Some(Ok(m)) => {
                 if m.key() == Some(slot.as_bytes()) {
-                    if let Some(rec) = m
-                        .payload()
-                        .and_then(|p| serde_json::from_slice::<PositionRecord>(p).ok())
-                    {
+                    let rec = match m.payload() {
+                        Some(p) => crate::state_format::from_json::<PositionRecord>(topic, p)?,
+                        None => None,
+                    };
+                    if let Some(rec) = rec {
                         if let Ok(lsn) = rec.lsn.parse::<Lsn>() {
                             last = Some(lsn);
                         }

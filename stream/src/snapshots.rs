@@ -52,8 +52,10 @@ impl SnapshotProgress {
         format!("{slot}/{table}")
     }
 
+    /// The record as written to the topic, with the state format
+    /// ([`crate::state_format`]).
     pub fn to_json(&self) -> Vec<u8> {
-        serde_json::to_vec(self).unwrap_or_default()
+        crate::state_format::to_json(self)
     }
 }
 
@@ -95,10 +97,11 @@ pub fn load(
                     .and_then(|k| std::str::from_utf8(k).ok())
                     .unwrap_or("");
                 if key.starts_with(&prefix) {
-                    if let Some(p) = m
-                        .payload()
-                        .and_then(|p| serde_json::from_slice::<SnapshotProgress>(p).ok())
-                    {
+                    let progress = match m.payload() {
+                        Some(p) => crate::state_format::from_json::<SnapshotProgress>(topic, p)?,
+                        None => None,
+                    };
+                    if let Some(p) = progress {
                         out.insert(p.table.clone(), p);
                     }
                 }
