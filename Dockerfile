@@ -23,7 +23,10 @@ COPY --from=planner /src/recipe.json recipe.json
 # Only what the daemon needs: not the tests', benchmarks' or development servers' crates.
 RUN cargo chef cook --release --recipe-path recipe.json --bin wal2delta
 COPY . .
-RUN cargo build --release --locked --bin wal2delta
+# `wal2delta --version` names the commit; the build context has no .git, so pass it:
+# docker build --build-arg WAL2DELTA_COMMIT=$(git rev-parse --short=12 HEAD) .
+ARG WAL2DELTA_COMMIT=unknown
+RUN WAL2DELTA_COMMIT="$WAL2DELTA_COMMIT" cargo build --release --locked --bin wal2delta
 
 FROM debian:bookworm-slim
 RUN apt-get update \

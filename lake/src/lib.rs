@@ -19,6 +19,7 @@ pub mod silver;
 mod stopwatch;
 pub mod storage;
 mod txns;
+pub mod upgrade;
 pub mod widen;
 
 pub use deltalake;

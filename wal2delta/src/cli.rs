@@ -4,10 +4,20 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand, ValueEnum};
 
+/// `wal2delta --version`: the release and the commit it was built from (`build.rs`).
+const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("WAL2DELTA_COMMIT"),
+    ", lake format ",
+    "1",
+    ")"
+);
+
 #[derive(Debug, Parser)]
 #[command(
     name = "wal2delta",
-    version,
+    version = VERSION,
     about = "PostgreSQL WAL → Kafka (Avro) → Delta Lake, with rule tagging"
 )]
 pub struct Cli {
@@ -83,6 +93,13 @@ pub enum Command {
         #[command(subcommand)]
         action: RulesAction,
     },
+    /// Migrate the lake's tables an earlier release wrote to this binary's format
+    /// (docs/upgrading.md). The stages refuse such tables until then.
+    Upgrade {
+        /// List every table, its format and what would change; change nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Load and validate the config file with its environment overrides, print what is in
     /// effect (no secrets) and exit: 0 valid, 1 not. Connects to nothing.
     CheckConfig,
@@ -116,4 +133,18 @@ pub enum RulesAction {
     List,
     Validate { file: Option<PathBuf> },
     Apply { file: Option<PathBuf> },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_version_names_the_release_the_commit_and_the_lake_format() {
+        let lake = format!("lake format {})", wal2delta_model::format::LAKE_FORMAT);
+        assert!(VERSION.starts_with(env!("CARGO_PKG_VERSION")), "{VERSION}");
+        assert!(VERSION.ends_with(&lake), "{VERSION} names {lake}");
+        let commit = env!("WAL2DELTA_COMMIT");
+        assert!(!commit.is_empty() && VERSION.contains(&format!("(commit {commit},")));
+    }
 }

@@ -11,6 +11,7 @@ use crate::config::Config;
 use crate::supervisor::{Stages, Supervisor};
 use crate::{
     bronze, capture, endpoint, gold, quarantine, reconcile, rules, silver, status, telemetry,
+    upgrade,
 };
 
 pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
@@ -58,6 +59,7 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             layer: Layer::Gold,
             table,
         } => gold::replay(&config, table.as_deref()).await,
+        Command::Upgrade { dry_run } => upgrade::run(&config, dry_run).await,
         Command::Snapshot { table } => capture::request::run(&config, &table).await,
         Command::Quarantine { action } => match action {
             QuarantineAction::List => quarantine::list(&config).await,

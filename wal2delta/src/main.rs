@@ -20,6 +20,7 @@ mod silver;
 mod status;
 mod supervisor;
 mod telemetry;
+mod upgrade;
 
 use std::process::ExitCode;
 
