@@ -96,6 +96,7 @@ async fn run_setup(config: &Config) -> anyhow::Result<ExitCode> {
             slot: &config.source.slot,
             publication: &config.source.publication,
             table_patterns: &config.source.tables,
+            exclude_patterns: &config.source.exclude_tables,
             create_slot: config.snapshot.mode != crate::config::SnapshotMode::Initial,
             failover: config.source.failover_slot,
         },

@@ -264,6 +264,47 @@ impl InternalEvent for QuarantineOpenCounted {
     }
 }
 
+// --- the captured tables ------------------------------------------------------------------
+
+/// Capture added a table created after `setup` to the publication.
+pub struct TableAddedToPublication<'a> {
+    pub table: &'a TableName,
+    pub publication: &'a str,
+}
+
+impl InternalEvent for TableAddedToPublication<'_> {
+    fn emit(self) {
+        tracing::info!(table = %self.table, publication = self.publication, "a new table matches [source] tables: added to the publication; its rows are snapshotted and its changes streamed");
+        metrics::counter!(m::CAPTURE_TABLES_ADDED).increment(1);
+    }
+}
+
+/// A table matching `[source] tables` could not be added to the publication (told once
+/// per table and process; tried again at every look, and counted by
+/// `wal2delta_capture_tables_not_added` at each).
+pub struct TableNotAddedToPublication<'a> {
+    pub table: &'a TableName,
+    pub reason: &'a str,
+}
+
+impl InternalEvent for TableNotAddedToPublication<'_> {
+    fn emit(self) {
+        tracing::warn!(table = %self.table, reason = self.reason, "a table matching [source] tables is not captured: it could not be added to the publication");
+    }
+}
+
+/// A table left the publication while capture ran (dropped, or removed by hand).
+pub struct TableLeftPublication<'a> {
+    pub table: &'a TableName,
+}
+
+impl InternalEvent for TableLeftPublication<'_> {
+    fn emit(self) {
+        tracing::info!(table = %self.table, "table left the publication (dropped or removed): no longer captured; its lake tables stay");
+        metrics::counter!(m::CAPTURE_TABLES_REMOVED).increment(1);
+    }
+}
+
 // --- dead letters -------------------------------------------------------------------------
 
 /// Why capture sent a change to the DLQ, with what its log line says (never a row value).

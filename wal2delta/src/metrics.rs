@@ -23,6 +23,15 @@ pub const CAPTURE_TRANSACTIONS: &str = "wal2delta_capture_transactions_total";
 pub const CAPTURE_IN_FLIGHT: &str = "wal2delta_capture_in_flight_events";
 /// The LSN confirmed to the slot, as a number (bytes).
 pub const CAPTURE_CONFIRMED_LSN: &str = "wal2delta_capture_confirmed_lsn";
+/// Tables capture added to the publication because they match `[source] tables`.
+pub const CAPTURE_TABLES_ADDED: &str = "wal2delta_capture_tables_added_total";
+/// Tables matching `[source] tables` that capture could not add to the publication, at its
+/// last look.
+pub const CAPTURE_TABLES_NOT_ADDED: &str = "wal2delta_capture_tables_not_added";
+/// Tables that left the publication (dropped, or removed by hand) while capture ran.
+pub const CAPTURE_TABLES_REMOVED: &str = "wal2delta_capture_tables_removed_total";
+/// Tables the publication holds, as capture last saw it.
+pub const CAPTURE_TABLES: &str = "wal2delta_capture_tables";
 /// Schemas the registry refused, by table.
 pub const CAPTURE_SCHEMA_REFUSED: &str = "wal2delta_capture_schema_refused_total";
 /// WAL bytes between the server's current position and the slot's confirmed position.

@@ -7,7 +7,10 @@ use wal2delta_model::TableName;
 
 use crate::CdcError;
 
+mod follow;
 mod privileges;
+
+pub use follow::{add_new_tables, Followed};
 
 /// What setup found and did.
 #[derive(Debug, Default)]
@@ -58,6 +61,8 @@ pub struct SetupOptions<'a> {
     pub slot: &'a str,
     pub publication: &'a str,
     pub table_patterns: &'a [String],
+    /// `schema.table` patterns left out even when `table_patterns` match them.
+    pub exclude_patterns: &'a [String],
     /// Create the slot here. False when capture creates it itself, together with the
     /// snapshot it exports for the initial snapshot.
     pub create_slot: bool,
@@ -71,11 +76,11 @@ pub async fn run(client: &Client, opts: &SetupOptions<'_>) -> Result<SetupReport
     let mut report = SetupReport::default();
     check_prerequisites(client, &mut report).await?;
 
-    let tables = resolve_tables(client, opts.table_patterns).await?;
+    let tables = resolve_tables(client, opts.table_patterns, opts.exclude_patterns).await?;
     if tables.is_empty() {
         report.warnings.push(format!(
-            "no table matches source.tables {:?}; the publication is created empty",
-            opts.table_patterns
+            "no table matches source.tables {:?} (less source.exclude_tables {:?}); the publication is created empty",
+            opts.table_patterns, opts.exclude_patterns
         ));
     }
     let misses: Vec<String> = tables
@@ -183,11 +188,38 @@ fn like_pattern(part: &str) -> String {
         .replace('*', "%")
 }
 
-/// The ordinary and partitioned tables matching the patterns (partitions themselves are
-/// published through their root).
+/// Whether `name` matches `pattern`, a `schema.table` pattern where `*` matches any run
+/// of characters (a pattern without a dot names a table of `public`), as `resolve_tables`
+/// matches them.
+pub fn matches_pattern(pattern: &str, name: &TableName) -> bool {
+    let (schema, table) = pattern.split_once('.').unwrap_or(("public", pattern));
+    glob(schema, &name.schema) && glob(table, &name.name)
+}
+
+/// `*` matches any run of characters, everything else itself.
+fn glob(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    let [first, middle @ .., last] = parts.as_slice() else {
+        return pattern == text;
+    };
+    let Some(mut rest) = text.strip_prefix(first) else {
+        return false;
+    };
+    for part in middle {
+        match rest.find(part) {
+            Some(i) => rest = &rest[i + part.len()..],
+            None => return false,
+        }
+    }
+    rest.len() >= last.len() && rest.ends_with(last)
+}
+
+/// The ordinary and partitioned tables matching the patterns and none of `exclude`
+/// (partitions themselves are published through their root).
 pub async fn resolve_tables(
     client: &Client,
     patterns: &[String],
+    exclude: &[String],
 ) -> Result<Vec<CapturedTable>, CdcError> {
     let mut out: Vec<CapturedTable> = Vec::new();
     for p in patterns {
@@ -211,7 +243,9 @@ pub async fn resolve_tables(
             .await?;
         for r in rows {
             let name = TableName::new(r.get::<_, String>(0), r.get::<_, String>(1));
-            if out.iter().any(|t| t.name == name) {
+            if out.iter().any(|t| t.name == name)
+                || exclude.iter().any(|x| matches_pattern(x, &name))
+            {
                 continue;
             }
             let ident: String = r.get(3);
@@ -378,12 +412,34 @@ async fn ensure_slot(
 
 #[cfg(test)]
 mod tests {
-    use super::like_pattern;
+    use super::*;
 
     #[test]
     fn patterns_escape_like_metacharacters() {
         assert_eq!(like_pattern("*"), "%");
         assert_eq!(like_pattern("my_table"), "my\\_table");
         assert_eq!(like_pattern("tx_*"), "tx\\_%");
+    }
+
+    #[test]
+    fn patterns_match_as_documented() {
+        let t = |s: &str, n: &str| TableName::new(s, n);
+        for (pattern, name, want) in [
+            ("public.*", t("public", "orders"), true),
+            ("public.*", t("sales", "orders"), false),
+            ("*.orders", t("sales", "orders"), true),
+            ("public.tmp_*", t("public", "tmp_1"), true),
+            ("public.tmp_*", t("public", "orders_tmp_"), false),
+            ("public.*_old", t("public", "orders_old"), true),
+            ("public.*_old", t("public", "_old"), true),
+            ("public.a*b*c", t("public", "axxbyyc"), true),
+            ("public.a*b*c", t("public", "acb"), false),
+            ("public.a*a", t("public", "a"), false),
+            ("public.Orders", t("public", "orders"), false),
+            ("orders", t("public", "orders"), true),
+            ("public.Ünïcode *", t("public", "Ünïcode table"), true),
+        ] {
+            assert_eq!(matches_pattern(pattern, &name), want, "{pattern} vs {name}");
+        }
     }
 }

@@ -293,6 +293,12 @@ impl<'a> Setup<'a> {
                 .map(|e| wal2delta_cdc::snapshot::rows_position(e.consistent_point)),
             requested_only,
             requests: Some((config.kafka.connection()?, self.snapshots_topic.clone())),
+            follow: config.source.add_new_tables.then(|| {
+                super::snapshot::Follow::new(
+                    config.source.tables.clone(),
+                    config.source.exclude_tables.clone(),
+                )
+            }),
         };
         let task = tokio::spawn(snapshot::run(plan, tx));
         if let Some(e) = exported {

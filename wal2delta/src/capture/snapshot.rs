@@ -13,7 +13,7 @@
 //! `[snapshot] max_retained_wal_bytes`; above it the task waits while the stream catches
 //! up (the stream keeps running, so the slot moves and the retained WAL shrinks).
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -22,11 +22,15 @@ use wal2delta_model::clock::unix_ms as now_ms;
 use tokio::sync::{mpsc, oneshot};
 use wal2delta_cdc::catalog::TypeCatalog;
 use wal2delta_cdc::replication::ConnectParams;
+use wal2delta_cdc::setup::add_new_tables;
 use wal2delta_cdc::snapshot::{estimate_rows, rows_position, table_schema, Chunker};
 use wal2delta_cdc::{source, CdcError};
 use wal2delta_model::{Change, ChangeOp, Lsn, Row, TableName, TableSchema, TxPosition};
 use wal2delta_stream::snapshots::SnapshotProgress;
 
+use crate::events::{
+    InternalEvent, TableAddedToPublication, TableLeftPublication, TableNotAddedToPublication,
+};
 use crate::metrics as m;
 
 /// One chunk ready to publish.
@@ -59,6 +63,66 @@ pub struct SnapshotPlan {
     pub requested_only: bool,
     /// Where requests arrive (the snapshots topic), looked at every [`RECHECK`].
     pub requests: Option<(wal2delta_stream::connection::KafkaConnection, String)>,
+    /// `[source] add_new_tables`: the patterns whose new tables are added to the
+    /// publication at every [`RECHECK`].
+    pub follow: Option<Follow>,
+}
+
+/// Tables created after `setup` that capture adds to the publication
+/// (`wal2delta_cdc::setup::add_new_tables`).
+pub struct Follow {
+    /// `[source] tables`.
+    pub patterns: Vec<String>,
+    /// `[source] exclude_tables`.
+    pub exclude: Vec<String>,
+    /// Tables whose refusal was told already (once per process).
+    told: HashSet<TableName>,
+}
+
+impl Follow {
+    pub fn new(patterns: Vec<String>, exclude: Vec<String>) -> Follow {
+        Follow {
+            patterns,
+            exclude,
+            told: HashSet::new(),
+        }
+    }
+
+    /// Adds the new matching tables. A catalog that cannot be read is looked at again
+    /// next time (the stream goes on meanwhile).
+    async fn look(&mut self, client: &tokio_postgres::Client, publication: &str) {
+        let followed = match add_new_tables(client, publication, &self.patterns, &self.exclude)
+            .await
+        {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot look for new tables to capture; looking again later");
+                return;
+            }
+        };
+        for table in &followed.added {
+            self.told.remove(table);
+            TableAddedToPublication { table, publication }.emit();
+        }
+        metrics::gauge!(m::CAPTURE_TABLES_NOT_ADDED).set(followed.refused.len() as f64);
+        for (table, reason) in &followed.refused {
+            if self.told.insert(table.clone()) {
+                TableNotAddedToPublication { table, reason }.emit();
+            }
+        }
+    }
+}
+
+/// Tells of the tables that left the publication since the last look, and keeps `now`.
+fn note_left(seen: &mut Option<BTreeSet<TableName>>, now: &[TableName]) {
+    let now: BTreeSet<TableName> = now.iter().cloned().collect();
+    if let Some(before) = seen.as_ref() {
+        for table in before.difference(&now) {
+            TableLeftPublication { table }.emit();
+        }
+    }
+    metrics::gauge!(m::CAPTURE_TABLES).set(now.len() as f64);
+    *seen = Some(now);
 }
 
 /// Takes in the requested re-snapshots (`wal2delta snapshot --table`) recorded in the
@@ -113,11 +177,22 @@ const RECHECK: Duration = Duration::from_secs(15);
 pub async fn run(mut plan: SnapshotPlan, out: mpsc::Sender<SnapshotChunk>) -> Result<(), CdcError> {
     let client = source::connect(&plan.dsn).await?;
     let mut types = TypeCatalog::default();
+    let mut seen = None;
+    if plan.follow.is_some() {
+        metrics::gauge!(m::CAPTURE_TABLES_NOT_ADDED).set(0.0);
+    }
     loop {
         if plan.exported.is_none() {
             take_requests(&mut plan).await;
+            // Not during the first pass of a new slot: a table added now would be read
+            // in the slot's exported snapshot, taken before the add, and the changes
+            // committed between the two would be in neither.
+            if let Some(follow) = plan.follow.as_mut() {
+                follow.look(&client, &plan.publication).await;
+            }
         }
         let tables = publication_tables(&client, &plan.publication).await?;
+        note_left(&mut seen, &tables);
         let pending: Vec<TableName> = tables
             .into_iter()
             .filter(|t| match plan.progress.get(&t.to_string()) {

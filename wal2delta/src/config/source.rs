@@ -38,6 +38,16 @@ pub struct SourceConfig {
     /// events, schemas and dead letters; docs/capture.md). Not a primary-key column.
     #[serde(default)]
     pub exclude_columns: Vec<String>,
+    /// `schema.table` patterns (`*` as in `tables`) left out even when `tables` matches
+    /// them: setup does not publish them and capture does not add them.
+    #[serde(default)]
+    pub exclude_tables: Vec<String>,
+    /// Capture adds tables created after `setup` that match `tables` (less
+    /// `exclude_tables`) to the publication, snapshots and streams them (docs/capture.md,
+    /// "Tables created later"). Default true; false when the publication is managed by
+    /// hand.
+    #[serde(default = "SourceConfig::default_add_new_tables")]
+    pub add_new_tables: bool,
 }
 
 impl std::fmt::Debug for SourceConfig {
@@ -47,6 +57,8 @@ impl std::fmt::Debug for SourceConfig {
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("tables", &self.tables)
+            .field("exclude_tables", &self.exclude_tables)
+            .field("add_new_tables", &self.add_new_tables)
             .finish_non_exhaustive()
     }
 }
@@ -74,6 +86,9 @@ impl SourceConfig {
     }
     fn default_tables() -> Vec<String> {
         vec!["public.*".into()]
+    }
+    fn default_add_new_tables() -> bool {
+        true
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
@@ -126,14 +141,19 @@ impl SourceConfig {
                 "must list at least one schema.table pattern",
             ));
         }
-        for t in &self.tables {
-            match t.split_once('.') {
-                Some((a, b)) if !a.is_empty() && !b.is_empty() => {}
-                _ => {
-                    return Err(invalid(
-                        "source.tables",
-                        format!("entry {t:?} must look like schema.table (patterns may use *)"),
-                    ))
+        for (field, patterns) in [
+            ("source.tables", &self.tables),
+            ("source.exclude_tables", &self.exclude_tables),
+        ] {
+            for t in patterns {
+                match t.split_once('.') {
+                    Some((a, b)) if !a.is_empty() && !b.is_empty() => {}
+                    _ => {
+                        return Err(invalid(
+                            field,
+                            format!("entry {t:?} must look like schema.table (patterns may use *)"),
+                        ))
+                    }
                 }
             }
         }

@@ -1,0 +1,160 @@
+//! Tables created while the daemon runs are captured without re-running setup (issue 41
+//! item 1, docs/capture.md "Tables created later"): capture adds a table matching
+//! `[source] tables` to the publication, snapshots the rows committed before the add
+//! (the creating transaction's among them) and streams every change after it; a table
+//! matching `[source] exclude_tables` is left out; a dropped table is said to be gone.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Result};
+use serde_json::{json, Value as Json};
+use wal2delta_tests::lake::{duckdb, scan};
+use wal2delta_tests::{Scenario, Stack};
+
+async fn published(pg: &tokio_postgres::Client, publication: &str) -> Result<Vec<String>> {
+    Ok(pg
+        .query(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = $1 ORDER BY 1",
+            &[&publication],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+async fn source(pg: &tokio_postgres::Client, table: &str) -> Result<Vec<Vec<Json>>> {
+    let rows = pg
+        .query(&format!("SELECT id, v FROM {table} ORDER BY id"), &[])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| {
+            vec![
+                json!(r.get::<_, i32>(0)),
+                json!(r.get::<_, Option<String>>(1)),
+            ]
+        })
+        .collect())
+}
+
+fn silver_rows(silver: &std::path::Path) -> Result<Vec<Vec<Json>>> {
+    if !silver.join("_delta_log").is_dir() {
+        return Ok(Vec::new());
+    }
+    duckdb(&format!("SELECT id, v FROM {} ORDER BY id", scan(silver)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Result<()> {
+    let stack = Stack::from_env();
+    let w = Scenario::new(
+        &stack,
+        "newtab",
+        "CREATE TABLE {s}.a (id int PRIMARY KEY, v text);",
+    )
+    .toml(
+        "[snapshot]\nmode = \"initial\"\nchunk_rows = 100\n[bronze]\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n",
+    )
+    .env("WAL2DELTA__SOURCE__EXCLUDE_TABLES", "['{s}.skip_*']")
+    .build()
+    .await?;
+    let (s, pg, d) = (w.name, w.pg, w.d);
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    pg.batch_execute(&format!("INSERT INTO {s}.a VALUES (1, 'one')"))
+        .await?;
+    let a = d.silver("a");
+    let want = source(&pg, &format!("{s}.a")).await?;
+    run.wait_for("Silver of a", &want, || silver_rows(&a))
+        .await?;
+
+    // Created and written in one transaction, written again before capture can have
+    // noticed it (it looks every 15 s), and a table the exclusion leaves out.
+    pg.batch_execute(&format!(
+        "BEGIN;
+         CREATE TABLE {s}.b (id int PRIMARY KEY, v text);
+         INSERT INTO {s}.b SELECT g, 'b' || g FROM generate_series(1, 250) g;
+         COMMIT;
+         UPDATE {s}.b SET v = 'early' WHERE id % 7 = 0;
+         DELETE FROM {s}.b WHERE id > 240;
+         CREATE TABLE {s}.skip_me (id int PRIMARY KEY, v text);
+         INSERT INTO {s}.skip_me VALUES (1, 'no');
+         CREATE TABLE {s}.c (id int PRIMARY KEY, v text);"
+    ))
+    .await?;
+    let publication = d.publication.clone();
+    let start = Instant::now();
+    // Writes keep coming while capture adds the table and snapshots it.
+    let mut n = 1000;
+    loop {
+        pg.batch_execute(&format!(
+            "INSERT INTO {s}.b VALUES ({n}, 'during'); UPDATE {s}.b SET v = 'moved {n}' WHERE id = {}",
+            n % 200 + 1
+        ))
+        .await?;
+        n += 1;
+        let now = published(&pg, &publication).await?;
+        if now.contains(&format!("{s}.b")) && now.contains(&format!("{s}.c")) {
+            break;
+        }
+        if start.elapsed() > Duration::from_secs(60) {
+            bail!(
+                "b and c not published within 60 s: {now:?}\n{}",
+                run.log_text()
+            );
+        }
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // After the add: streamed, in the same transactions as changes of a.
+    pg.batch_execute(&format!(
+        "BEGIN; INSERT INTO {s}.b VALUES (5000, 'late'); UPDATE {s}.a SET v = 'with b'; COMMIT;
+         DELETE FROM {s}.b WHERE id = 3; UPDATE {s}.b SET v = NULL WHERE id = 1000"
+    ))
+    .await?;
+
+    let b = d.silver("b");
+    let want = source(&pg, &format!("{s}.b")).await?;
+    run.wait_for("Silver of b equals the source", &want, || silver_rows(&b))
+        .await?;
+    let want = source(&pg, &format!("{s}.a")).await?;
+    run.wait_for("Silver of a", &want, || silver_rows(&a))
+        .await?;
+
+    let now = published(&pg, &publication).await?;
+    ensure!(
+        !now.contains(&format!("{s}.skip_me")),
+        "an excluded table is not added: {now:?}"
+    );
+    ensure!(
+        !d.lake().join(format!("bronze/{s}/skip_me")).exists(),
+        "nothing of an excluded table reaches the lake"
+    );
+    let full_log = || std::fs::read_to_string(d.dir.join("run.log")).unwrap_or_default();
+    let log = full_log();
+    ensure!(
+        log.contains("added to the publication") && log.contains(&format!("{s}.b")),
+        "the log says which table was added: {log}"
+    );
+
+    // A dropped table is said to be gone; the daemon goes on.
+    pg.batch_execute(&format!(
+        "DROP TABLE {s}.c; INSERT INTO {s}.a VALUES (2, 'after drop')"
+    ))
+    .await?;
+    let want = source(&pg, &format!("{s}.a")).await?;
+    run.wait_for("Silver of a after the drop", &want, || silver_rows(&a))
+        .await?;
+    let start = Instant::now();
+    while !full_log().contains("left the publication") {
+        ensure!(
+            start.elapsed() < Duration::from_secs(40),
+            "the drop is not told: {}",
+            run.log_text()
+        );
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    ensure!(run.stop()?.success(), "{}", run.log_text());
+    Ok(())
+}
