@@ -161,7 +161,7 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
     .env("WAL2DELTA__SILVER__INTERVAL_MS", "300")
     .build()
     .await?;
-    let (s, pg, d) = (w.name, w.pg, w.d);
+    let (s, pg, mut d) = (w.name, w.pg, w.d);
     let silver = d.silver("t");
     let lake = d.lake();
 
@@ -192,6 +192,11 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
         "UPDATE {s}.t SET v = 'b' || id WHERE id <= 10; DELETE FROM {s}.t WHERE id > 45"
     ))
     .await?;
+    let port = 19_700 + (std::process::id() % 200) as u16;
+    d.env.push((
+        "WAL2DELTA__METRICS__LISTEN".into(),
+        format!("127.0.0.1:{port}"),
+    ));
     let mut run = d.spawn_stage("capture,bronze,silver", "refused")?;
     let log = wait_log(
         &d.dir.join("refused.log"),
@@ -202,6 +207,24 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
         log.contains(&format!("bronze/{s}/t")) || log.contains(&format!("{s}.t")),
         "the refusal names the table: {log}"
     );
+    // And the daemon is not ready, saying why.
+    let start = Instant::now();
+    loop {
+        let answer = match reqwest::get(format!("http://127.0.0.1:{port}/readyz")).await {
+            Ok(r) => Some((r.status().as_u16(), r.text().await?)),
+            Err(_) => None,
+        };
+        if let Some((503, body)) = &answer {
+            if body.contains("is in lake format 0") {
+                break;
+            }
+        }
+        if start.elapsed() > Duration::from_secs(90) {
+            bail!("/readyz does not name the refusal: {answer:?}");
+        }
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let _ = run.stop();
     let after: Vec<_> = lake_files(&lake)?
         .into_iter()

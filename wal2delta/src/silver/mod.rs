@@ -493,6 +493,12 @@ impl Stage<'_> {
             Ok(_) => {
                 self.keyless.remove(name);
             }
+            // A table this binary must not use (another lake format): held with the fix,
+            // shown in `failing_tables`, not retried silently every round.
+            Err(e) if e.class() == wal2delta_model::ErrorClass::Operator => {
+                self.table_failed(name, "operator", &e);
+                return Ok(false);
+            }
             Err(e) => {
                 tracing::warn!(table = %name, error = %e, "cannot read the Bronze table's schema; retrying next round");
                 return Ok(false);
