@@ -356,7 +356,7 @@ async fn excluded_columns_never_leave_capture() -> Result<()> {
     let text = d.command(&["reconcile"])?;
     ensure!(
         String::from_utf8_lossy(&text.stdout).contains(
-            "columns excluded from capture ([source] exclude_columns, not compared): Secret Note, ssn"
+            "columns kept out of capture ([source] exclude_columns or include_columns, not compared): Secret Note, ssn"
         ),
         "reconcile text: {}",
         String::from_utf8_lossy(&text.stdout)
@@ -387,6 +387,99 @@ async fn excluded_columns_never_leave_capture() -> Result<()> {
     ensure!(
         log.contains("primary-key column") && log.contains("exclude_columns"),
         "{log}"
+    );
+    Ok(())
+}
+
+/// `[source] include_columns`: only the columns named and the primary key leave capture,
+/// in snapshot rows and streamed changes; a column added later stays out; reconcile
+/// compares what is captured; a table named in both lists is refused at start.
+#[tokio::test(flavor = "multi_thread")]
+async fn only_included_columns_leave_capture() -> Result<()> {
+    let stack = Stack::from_env();
+    let World { name, pg, d, .. } = Scenario::new(
+        &stack,
+        "incl",
+        "CREATE TABLE {s}.y (id int PRIMARY KEY, card text, amount int, \"Holder Name\" text);
+         INSERT INTO {s}.y VALUES (1, 'card-secret-1', 10, 'holder-secret-1');",
+    )
+    .toml(
+        "[snapshot]\nmode = \"initial\"\n[bronze]\ngroup_id = \"{s}\"\nmax_batch_ms = 300\ntopic_refresh_ms = 500\n[silver]\ninterval_ms = 300\n",
+    )
+    .env("WAL2DELTA__SOURCE__INCLUDE_COLUMNS", "['{s}.y.amount']")
+    .build()
+    .await?;
+    let mut pipe = d.spawn_stage("capture,bronze,silver", "pipe")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.y VALUES (2, 'card-secret-2', 20, 'holder-secret-2');
+         UPDATE {name}.y SET card = 'card-secret-3', amount = 21 WHERE id = 2;
+         ALTER TABLE {name}.y ADD COLUMN extra text;
+         INSERT INTO {name}.y VALUES (3, 'card-secret-4', 30, 'holder-secret-4', 'extra-secret-4');
+         DELETE FROM {name}.y WHERE id = 1;"
+    ))
+    .await?;
+    let silver = d.silver("y");
+    let want = vec![
+        vec![serde_json::json!(2), serde_json::json!(21)],
+        vec![serde_json::json!(3), serde_json::json!(30)],
+    ];
+    pipe.wait_for("Silver holds id and amount", &want, || {
+        Ok(wal2delta_tests::lake::duckdb(&format!(
+            "SELECT id, amount FROM {} ORDER BY id",
+            wal2delta_tests::lake::scan(&silver)
+        ))
+        .unwrap_or_default())
+    })
+    .await?;
+    for (layer, columns) in [(d.bronze("y"), "after.*"), (silver, "*")] {
+        let cols = wal2delta_tests::lake::duckdb(&format!(
+            "SELECT string_agg(column_name, ',') FROM (DESCRIBE SELECT {columns} FROM {})",
+            wal2delta_tests::lake::scan(&layer)
+        ))?;
+        let cols = cols[0][0].as_str().unwrap_or_default().to_owned();
+        ensure!(
+            cols.contains("amount")
+                && cols.contains("id")
+                && !cols.contains("card")
+                && !cols.contains("Holder")
+                && !cols.contains("extra"),
+            "{}: {cols}",
+            layer.display()
+        );
+    }
+    assert_no_topic_holds(
+        &stack,
+        &name,
+        &[
+            "card-secret",
+            "holder-secret",
+            "extra-secret",
+            "Holder Name",
+        ],
+    )?;
+    let out = d.command(&["reconcile", "--json"])?;
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| String::from_utf8_lossy(&out.stderr).into_owned())?;
+    let table = &report["tables"][0];
+    ensure!(
+        out.status.code() == Some(0)
+            && table["equal"] == true
+            && table["columns_excluded"] == serde_json::json!(["card", "Holder Name", "extra"]),
+        "reconcile: {report}"
+    );
+    ensure!(pipe.stop()?.success(), "clean stop: {}", pipe.log_text());
+
+    // One table in both lists: refused at start, naming the setting.
+    let mut both = d.command_line(&["run", "--stage", "capture"]);
+    both.env(
+        "WAL2DELTA__SOURCE__EXCLUDE_COLUMNS",
+        format!("['{name}.y.card']"),
+    );
+    let out = both.output()?;
+    let text = String::from_utf8_lossy(&out.stderr);
+    ensure!(
+        !out.status.success() && text.contains("source.include_columns"),
+        "a table in both lists is refused: {text}"
     );
     Ok(())
 }

@@ -38,7 +38,7 @@ pub use rules::{RulesConfig, RULE_COLUMNS};
 pub use schema_registry::SchemaRegistryConfig;
 pub use silver::{Policies, SilverConfig};
 pub use snapshot::{SnapshotConfig, SnapshotMode};
-pub use source::{check_excluded_names, OnSlotLost, SourceConfig};
+pub use source::{check_column_names, ColumnFilter, OnSlotLost, SourceConfig};
 pub use tokenize::TokenizeConfig;
 
 const ENV_PREFIX: &str = "WAL2DELTA__";

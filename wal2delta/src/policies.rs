@@ -44,7 +44,8 @@ pub async fn silver(config: &Config) -> anyhow::Result<Policies> {
 /// when the silver stage runs; errors name the entry at fault.
 pub async fn at_startup(config: &Config, capture: bool, silver: bool) -> anyhow::Result<Policies> {
     let tokenize = capture && !config.tokenize.columns.is_empty();
-    let exclude = capture && !config.source.exclude_columns.is_empty();
+    let exclude = capture
+        && !(config.source.exclude_columns.is_empty() && config.source.include_columns.is_empty());
     let policies = silver && config.silver.has_policies();
     if !tokenize && !exclude && !policies {
         return Ok(Policies::default());
@@ -54,7 +55,16 @@ pub async fn at_startup(config: &Config, capture: bool, silver: bool) -> anyhow:
         config.tokenize.check_names(&catalog)?;
     }
     if exclude {
-        crate::config::check_excluded_names(&config.source.exclude_columns, &catalog)?;
+        crate::config::check_column_names(
+            "source.exclude_columns",
+            &config.source.exclude_columns,
+            &catalog,
+        )?;
+        crate::config::check_column_names(
+            "source.include_columns",
+            &config.source.include_columns,
+            &catalog,
+        )?;
     }
     Ok(if policies {
         config.silver.resolve(&catalog)?

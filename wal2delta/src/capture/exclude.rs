@@ -1,35 +1,47 @@
-//! `[source] exclude_columns`: columns that never leave capture. Their values are dropped
-//! from every event (before and after images, snapshot rows, dead letters) and the
-//! columns from the published schema, so neither Kafka, the registry nor the lake ever
-//! holds them. A primary-key column cannot be excluded (Silver could not place the row):
-//! such an entry stops capture with the fix.
+//! `[source] exclude_columns` and `include_columns`: columns that never leave capture.
+//! Their values are dropped from every event (before and after images, snapshot rows,
+//! dead letters) and the columns from the published schema, so neither Kafka, the
+//! registry nor the lake ever holds them. A primary-key column cannot be excluded (Silver
+//! could not place the row): such an entry stops capture with the fix. A table with
+//! `include_columns` keeps its primary key and the columns named; any other column,
+//! one added later included, stays out.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use wal2delta_cdc::decoder::RawRow;
 use wal2delta_model::{Change, Row, TableName, TableSchema};
 
 use super::error::SessionError;
+use crate::config::ColumnFilter;
 
-/// The excluded columns by table, and the published view of each table version seen.
+/// The column filter of each table, and the published view of each table version seen.
 #[derive(Default)]
 pub struct Exclusions {
-    by_table: HashMap<TableName, BTreeSet<String>>,
+    by_table: HashMap<TableName, ColumnFilter>,
     /// Per relation: the decoded schema and its view without the excluded columns.
     views: HashMap<u32, (Arc<TableSchema>, Arc<TableSchema>)>,
 }
 
 impl Exclusions {
-    pub fn new(by_table: HashMap<TableName, BTreeSet<String>>) -> Self {
+    pub fn new(by_table: HashMap<TableName, ColumnFilter>) -> Self {
         Exclusions {
             by_table,
             views: HashMap::new(),
         }
     }
 
-    fn excluded(&self, table: &TableName) -> Option<&BTreeSet<String>> {
-        self.by_table.get(table).filter(|c| !c.is_empty())
+    fn excluded(&self, table: &TableName) -> Option<&ColumnFilter> {
+        self.by_table.get(table)
+    }
+
+    /// Whether `column` of `table` is a key column, as the last schema seen of the table
+    /// says (for raw rows, which carry names only).
+    fn is_key(&self, table: &TableName, column: &str) -> bool {
+        self.views
+            .values()
+            .filter(|(seen, _)| &seen.table == table)
+            .any(|(seen, _)| seen.columns.iter().any(|c| c.is_key && c.name == column))
     }
 
     /// The schema as published: `decoded` without its excluded columns.
@@ -42,11 +54,11 @@ impl Exclusions {
                 return Ok(view.clone());
             }
         }
-        if decoded.has_primary_key() {
+        if let (ColumnFilter::Exclude(out), true) = (excluded, decoded.has_primary_key()) {
             if let Some(c) = decoded
                 .columns
                 .iter()
-                .find(|c| c.is_key && excluded.contains(&c.name))
+                .find(|c| c.is_key && out.contains(&c.name))
             {
                 return Err(SessionError::ExcludedKey {
                     table: decoded.table.to_string(),
@@ -55,7 +67,7 @@ impl Exclusions {
             }
         }
         let mut view = (**decoded).clone();
-        view.columns.retain(|c| !excluded.contains(&c.name));
+        view.columns.retain(|c| excluded.keeps(&c.name, c.is_key));
         let view = Arc::new(view);
         self.views
             .insert(decoded.relation_oid, (decoded.clone(), view.clone()));
@@ -70,7 +82,7 @@ impl Exclusions {
         let keep: Vec<bool> = decoded
             .columns
             .iter()
-            .map(|c| !excluded.contains(&c.name))
+            .map(|c| excluded.keeps(&c.name, c.is_key))
             .collect();
         let strip = |row: &mut Row| {
             let mut i = 0;
@@ -93,7 +105,7 @@ impl Exclusions {
         let strip = |image: &Option<Vec<(String, Option<String>)>>| {
             image.as_ref().map(|cols| {
                 cols.iter()
-                    .filter(|(name, _)| !excluded.contains(name))
+                    .filter(|(name, _)| excluded.keeps(name, self.is_key(table, name)))
                     .cloned()
                     .collect()
             })
@@ -111,6 +123,8 @@ mod tests {
         BaseType, ChangeOp, Column, ColumnType, ColumnValue, Datum, Lsn, ReplicaIdentity,
         TxPosition,
     };
+
+    use std::collections::BTreeSet;
 
     use super::*;
 
@@ -140,8 +154,66 @@ mod tests {
     fn excluding(column: &str) -> Exclusions {
         Exclusions::new(HashMap::from([(
             TableName::new("s", "t"),
-            BTreeSet::from([column.to_owned()]),
+            ColumnFilter::Exclude(BTreeSet::from([column.to_owned()])),
         )]))
+    }
+
+    fn change_of(decoded: &TableSchema, before: Row, after: Row) -> Change {
+        Change {
+            table: decoded.table.clone(),
+            op: ChangeOp::Update,
+            before: Some(before),
+            after: Some(after),
+            position: TxPosition {
+                commit_lsn: Lsn(1),
+                lsn: Lsn(1),
+                ordinal: 1,
+                xid: 1,
+                commit_ts_us: 0,
+            },
+        }
+    }
+
+    #[test]
+    fn an_include_list_keeps_the_key_and_the_columns_named_and_nothing_added_later() {
+        let mut ex = Exclusions::new(HashMap::from([(
+            TableName::new("s", "t"),
+            ColumnFilter::Include(BTreeSet::from(["amount".to_owned()])),
+        )]));
+        let decoded = schema("id");
+        let view = ex.schema(&decoded).unwrap();
+        let names: Vec<&str> = view.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["id", "amount"]);
+        let out = ex.change(
+            &decoded,
+            change_of(
+                &decoded,
+                row(&["1", "old secret", "5"]),
+                row(&["1", "new", "6"]),
+            ),
+        );
+        assert_eq!(out.after, Some(row(&["1", "6"])));
+        let raw = RawRow {
+            old: None,
+            new: Some(vec![
+                ("id".into(), Some("1".into())),
+                ("Secret Note".into(), Some("secret".into())),
+                ("amount".into(), None),
+            ]),
+        };
+        let text = ex.raw(&decoded.table, &raw).render(|_, t| t.to_owned());
+        assert_eq!(text, "new: id=1 amount=NULL");
+        // A column added later is not in the list: it stays out.
+        let mut wider = (*decoded).clone();
+        wider.columns.push(Column {
+            name: "added".into(),
+            ty: ColumnType::base(BaseType::Text, "text"),
+            is_key: false,
+        });
+        let wider = Arc::new(wider);
+        let view = ex.schema(&wider).unwrap();
+        let names: Vec<&str> = view.columns.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["id", "amount"]);
     }
 
     #[test]
@@ -152,19 +224,11 @@ mod tests {
         let names: Vec<&str> = view.columns.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["id", "amount"]);
         assert!(Arc::ptr_eq(&view, &ex.schema(&decoded).unwrap()), "cached");
-        let change = Change {
-            table: decoded.table.clone(),
-            op: ChangeOp::Update,
-            before: Some(row(&["1", "old secret", "5"])),
-            after: Some(row(&["1", "new secret", "6"])),
-            position: TxPosition {
-                commit_lsn: Lsn(1),
-                lsn: Lsn(1),
-                ordinal: 1,
-                xid: 1,
-                commit_ts_us: 0,
-            },
-        };
+        let change = change_of(
+            &decoded,
+            row(&["1", "old secret", "5"]),
+            row(&["1", "new secret", "6"]),
+        );
         let out = ex.change(&decoded, change);
         assert_eq!(out.before, Some(row(&["1", "5"])));
         assert_eq!(out.after, Some(row(&["1", "6"])));

@@ -366,7 +366,7 @@ impl<'a> Setup<'a> {
             snapshots_topic: self.snapshots_topic,
             decoder: Decoder::new(),
             tokenizer: self.tokenizer,
-            exclusions: exclude::Exclusions::new(config.source.excluded_columns()),
+            exclusions: exclude::Exclusions::new(config.source.column_filters()),
             skip_truncate: config.capture.skip_truncate,
             slot: slot_name.clone(),
             positions_topic: self.positions_topic,

@@ -1,11 +1,13 @@
 //! `[source]`: the PostgreSQL database to capture.
 
+use std::collections::{BTreeSet, HashMap};
 use std::path::PathBuf;
 
 use serde::Deserialize;
 
 use wal2delta_cdc::replication::ConnectParams;
 use wal2delta_cdc::CdcError;
+use wal2delta_model::TableName;
 
 use super::{invalid, secret, ConfigError};
 
@@ -38,6 +40,11 @@ pub struct SourceConfig {
     /// events, schemas and dead letters; docs/capture.md). Not a primary-key column.
     #[serde(default)]
     pub exclude_columns: Vec<String>,
+    /// `schema.table.column` entries: for each table named, only these columns and its
+    /// primary key leave capture (a column added later too stays out). A table is named
+    /// in `exclude_columns` or here, not both.
+    #[serde(default)]
+    pub include_columns: Vec<String>,
     /// `schema.table` patterns (`*` as in `tables`) left out even when `tables` matches
     /// them: setup does not publish them and capture does not add them.
     #[serde(default)]
@@ -64,17 +71,30 @@ impl std::fmt::Debug for SourceConfig {
 }
 
 impl SourceConfig {
-    /// `[source] exclude_columns` by table (entries `validate` accepted).
-    pub fn excluded_columns(
-        &self,
-    ) -> std::collections::HashMap<wal2delta_model::TableName, std::collections::BTreeSet<String>>
-    {
-        let mut out = std::collections::HashMap::<_, std::collections::BTreeSet<String>>::new();
-        for spec in &self.exclude_columns {
-            if let Some((table, column)) = exclude_entry(spec) {
-                out.entry(table).or_default().insert(column);
+    /// `[source] exclude_columns` and `include_columns` by table (entries `validate`
+    /// accepted).
+    pub fn column_filters(&self) -> HashMap<TableName, ColumnFilter> {
+        let mut excluded = HashMap::<TableName, BTreeSet<String>>::new();
+        let mut included = HashMap::<TableName, BTreeSet<String>>::new();
+        for (specs, into) in [
+            (&self.exclude_columns, &mut excluded),
+            (&self.include_columns, &mut included),
+        ] {
+            for spec in specs {
+                if let Some((table, column)) = column_entry(spec) {
+                    into.entry(table).or_default().insert(column);
+                }
             }
         }
+        let mut out: HashMap<TableName, ColumnFilter> = excluded
+            .into_iter()
+            .map(|(t, c)| (t, ColumnFilter::Exclude(c)))
+            .collect();
+        out.extend(
+            included
+                .into_iter()
+                .map(|(t, c)| (t, ColumnFilter::Include(c))),
+        );
         out
     }
 
@@ -92,14 +112,34 @@ impl SourceConfig {
     }
 
     pub(super) fn validate(&self) -> Result<(), ConfigError> {
-        if let Some(bad) = self
+        for (field, specs) in [
+            ("source.exclude_columns", &self.exclude_columns),
+            ("source.include_columns", &self.include_columns),
+        ] {
+            if let Some(bad) = specs.iter().find(|s| column_entry(s).is_none()) {
+                return Err(invalid(
+                    field,
+                    format!("entry {bad:?} must look like schema.table.column (quote a part with \"...\" when it holds a dot)"),
+                ));
+            }
+        }
+        let excluded: BTreeSet<TableName> = self
             .exclude_columns
             .iter()
-            .find(|s| exclude_entry(s).is_none())
+            .filter_map(|s| column_entry(s).map(|(t, _)| t))
+            .collect();
+        if let Some((table, _)) = self
+            .include_columns
+            .iter()
+            .filter_map(|s| column_entry(s))
+            .find(|(t, _)| excluded.contains(t))
         {
             return Err(invalid(
-                "source.exclude_columns",
-                format!("entry {bad:?} must look like schema.table.column (quote a part with \"...\" when it holds a dot)"),
+                "source.include_columns",
+                format!(
+                    "names the table {}, which source.exclude_columns names too: say which columns leave capture in one of the two",
+                    table.quoted()
+                ),
             ));
         }
         if self.dsn.trim().is_empty() {
@@ -188,21 +228,22 @@ pub enum OnSlotLost {
     Recreate,
 }
 
-/// Refuses an `exclude_columns` entry naming a table or column the source does not
-/// publish (`catalog`: the published tables with their columns): a typo would let the
-/// column's values leave capture.
-pub fn check_excluded_names(
+/// Refuses an `exclude_columns` or `include_columns` (`field`) entry naming a table or
+/// column the source does not publish (`catalog`: the published tables with their
+/// columns): a typo would let a column's values leave capture, or keep one out.
+pub fn check_column_names(
+    field: &'static str,
     entries: &[String],
-    catalog: &std::collections::BTreeMap<wal2delta_model::TableName, Vec<String>>,
+    catalog: &std::collections::BTreeMap<TableName, Vec<String>>,
 ) -> Result<(), ConfigError> {
     for spec in entries {
-        let Some((table, column)) = exclude_entry(spec) else {
+        let Some((table, column)) = column_entry(spec) else {
             continue; // validate() refused it already
         };
         match catalog.get(&table) {
             None => {
                 return Err(invalid(
-                    "source.exclude_columns",
+                    field,
                     format!(
                     "entry {spec:?} names the table {}, which is not among the published tables",
                     table.quoted()
@@ -211,7 +252,7 @@ pub fn check_excluded_names(
             }
             Some(columns) if !columns.contains(&column) => {
                 return Err(invalid(
-                    "source.exclude_columns",
+                    field,
                     format!(
                         "entry {spec:?} names a column the table {} does not have",
                         table.quoted()
@@ -224,13 +265,30 @@ pub fn check_excluded_names(
     Ok(())
 }
 
-/// An `exclude_columns` entry's table and column; `None` when it is not
-/// `schema.table.column` (parts as in [`super::path`]).
-pub fn exclude_entry(spec: &str) -> Option<(wal2delta_model::TableName, String)> {
+/// An `exclude_columns` or `include_columns` entry's table and column; `None` when it is
+/// not `schema.table.column` (parts as in [`super::path`]).
+pub fn column_entry(spec: &str) -> Option<(TableName, String)> {
     let mut parts = super::path::parse(spec, 3)?;
     let column = parts.pop()?;
-    Some((
-        wal2delta_model::TableName::new(&parts[0], &parts[1]),
-        column,
-    ))
+    Some((TableName::new(&parts[0], &parts[1]), column))
+}
+
+/// Which columns of one table leave capture (`[source] exclude_columns`,
+/// `include_columns`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ColumnFilter {
+    /// Every column but these (never a primary-key column: capture refuses it).
+    Exclude(BTreeSet<String>),
+    /// These and the primary key only; a column added later stays out.
+    Include(BTreeSet<String>),
+}
+
+impl ColumnFilter {
+    /// Whether the column leaves capture.
+    pub fn keeps(&self, column: &str, is_key: bool) -> bool {
+        match self {
+            ColumnFilter::Exclude(out) => !out.contains(column),
+            ColumnFilter::Include(kept) => is_key || kept.contains(column),
+        }
+    }
 }

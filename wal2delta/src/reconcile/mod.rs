@@ -315,8 +315,8 @@ impl Job<'_> {
                 masking.describe()
             );
         }
-        let exclude = self.config.source.excluded_columns();
-        let Some(src) = SourceTable::open(snapshot, decoder, t, masking, exclude.get(t)).await?
+        let filters = self.config.source.column_filters();
+        let Some(src) = SourceTable::open(snapshot, decoder, t, masking, filters.get(t)).await?
         else {
             bail!("the source table has no primary key; Silver only holds tables with one");
         };

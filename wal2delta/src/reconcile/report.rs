@@ -157,7 +157,7 @@ impl TableReport {
         if !self.columns_excluded.is_empty() {
             let _ = writeln!(
                 out,
-                "  columns excluded from capture ([source] exclude_columns, not compared): {}",
+                "  columns kept out of capture ([source] exclude_columns or include_columns, not compared): {}",
                 self.columns_excluded.join(", ")
             );
         }

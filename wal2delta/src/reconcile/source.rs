@@ -16,9 +16,9 @@
 //! `wal2delta_stream::avro::columns::envelope_columns` (what the bronze stage writes); and
 //! masked with the table's `[silver.mask]` policies. Values are never logged.
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use crate::config::ColumnFilter;
 use anyhow::{anyhow, Context, Result};
 use apache_avro::reader::datum::GenericDatumReader;
 use apache_avro::types::Value;
@@ -149,7 +149,7 @@ impl SourceTable {
         decoder: &mut Decoder,
         name: &TableName,
         masking: Masking,
-        exclude: Option<&BTreeSet<String>>,
+        filter: Option<&ColumnFilter>,
     ) -> Result<Option<SourceTable>> {
         let (mut decoded, pk) = table_schema(&snapshot.client, &mut snapshot.types, name).await?;
         if pk.is_empty() {
@@ -157,9 +157,9 @@ impl SourceTable {
         }
         // As capture publishes it: without the excluded columns, which are then never read.
         let mut excluded = Vec::new();
-        if let Some(exclude) = exclude {
+        if let Some(filter) = filter {
             decoded.columns.retain(|c| {
-                let out = exclude.contains(&c.name);
+                let out = !filter.keeps(&c.name, c.is_key || pk.contains(&c.name));
                 if out {
                     excluded.push(c.name.clone());
                 }
