@@ -200,6 +200,60 @@ pub struct Chunker {
     /// Their type names for literals (`int4`, `text`, `tid`...).
     key_types: Vec<String>,
     uses_ctid: bool,
+    /// Only rows matching this SQL condition are read (`snapshot --where`).
+    condition: Option<String>,
+}
+
+/// Whether `condition` stays one expression when written between parentheses into a
+/// larger query: its parentheses balance outside quoted text, and it has no `;`, comment
+/// or dollar quote there (so it cannot end the expression, the statement or the rest of
+/// the line). The database checks the rest ([`Chunker::check_condition`]).
+fn one_expression(condition: &str) -> Result<(), &'static str> {
+    let mut depth = 0i32;
+    let mut quote: Option<char> = None;
+    let mut chars = condition.chars().peekable();
+    while let Some(c) = chars.next() {
+        if let Some(q) = quote {
+            if c == q {
+                // A doubled quote stays inside the quoted text.
+                if chars.peek() == Some(&q) {
+                    chars.next();
+                } else {
+                    quote = None;
+                }
+            }
+            continue;
+        }
+        match c {
+            '\'' | '"' => quote = Some(c),
+            '(' => depth += 1,
+            ')' => {
+                depth -= 1;
+                if depth < 0 {
+                    return Err("closes a parenthesis it did not open");
+                }
+            }
+            ';' => return Err("holds a ';': write one condition, no statement after it"),
+            '$' => return Err("holds a '$': write the condition without dollar quoting"),
+            '-' if chars.peek() == Some(&'-') => {
+                return Err("holds a comment ('--'): write the condition without one")
+            }
+            '/' if chars.peek() == Some(&'*') => {
+                return Err("holds a comment ('/*'): write the condition without one")
+            }
+            _ => {}
+        }
+    }
+    if quote.is_some() {
+        return Err("leaves a quote open");
+    }
+    if depth != 0 {
+        return Err("leaves a parenthesis open");
+    }
+    if condition.trim().is_empty() {
+        return Err("is empty");
+    }
+    Ok(())
 }
 
 impl Chunker {
@@ -227,7 +281,45 @@ impl Chunker {
             key,
             key_types,
             uses_ctid,
+            condition: None,
         }
+    }
+
+    /// Reads only the rows matching `condition` (SQL over the table's columns), checked
+    /// first by [`Chunker::check_condition`].
+    pub fn with_condition(mut self, condition: Option<String>) -> Chunker {
+        self.condition = condition;
+        self
+    }
+
+    /// Refuses a condition that is not one valid SQL expression over `table`'s rows:
+    /// prepared (one statement only, so nothing can follow it), never run.
+    pub async fn check_condition(
+        client: &Client,
+        table: &TableName,
+        condition: &str,
+    ) -> Result<(), CdcError> {
+        if let Err(why) = one_expression(condition) {
+            return Err(CdcError::Check(format!(
+                "the condition {condition:?} on {table} {why}"
+            )));
+        }
+        client
+            .prepare(&format!(
+                "SELECT 1 FROM {} WHERE ({condition})",
+                table.quoted()
+            ))
+            .await
+            .map(|_| ())
+            .map_err(|e| {
+                let reason = e
+                    .as_db_error()
+                    .map(|d| d.message().to_owned())
+                    .unwrap_or_else(|| e.to_string());
+                CdcError::Check(format!(
+                    "the condition {condition:?} is not a valid SQL condition on {table}: {reason}"
+                ))
+            })
     }
 
     /// Opens a REPEATABLE READ transaction importing an exported snapshot.
@@ -309,6 +401,10 @@ impl Chunker {
                 literals.join(", ")
             );
         }
+        if let Some(condition) = &self.condition {
+            sql += if after.is_some() { " AND " } else { " WHERE " };
+            sql += &format!("({condition})");
+        }
         sql += &format!(" ORDER BY {} LIMIT {limit}", key_cols.join(", "));
         let nkey = self.key.len();
         let mut rows = Vec::new();
@@ -371,4 +467,35 @@ impl Chunker {
 
 fn key_list(cols: &[String]) -> String {
     cols.join(", ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::one_expression;
+
+    #[test]
+    fn a_condition_must_stay_one_expression() {
+        for ok in [
+            "id < 100",
+            "status = 'it''s (open'",
+            "\"Weird ) Name\" > 3 AND (a OR b)",
+            "created_at >= now() - interval '1 day'",
+            "note = 'a; b -- c /* d'",
+        ] {
+            assert_eq!(one_expression(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "true) OR (true",
+            "(id < 3",
+            "id < 3; DELETE FROM t",
+            "true -- rest",
+            "true /* x */",
+            "name = $$x$$",
+            "name = 'open",
+            "\"open",
+        ] {
+            assert!(one_expression(bad).is_err(), "{bad:?} accepted");
+        }
+    }
 }

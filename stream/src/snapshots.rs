@@ -41,6 +41,11 @@ pub struct SnapshotProgress {
     /// snapshot and for tables added later: nothing is deleted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resnapshot_from: Option<u64>,
+    /// For a re-snapshot of part of a table (`wal2delta snapshot --table T --where SQL`):
+    /// the SQL condition on the table's rows. Only matching rows are read again; no
+    /// snapshot end is sent, so nothing is deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
 }
 
 impl SnapshotProgress {

@@ -82,6 +82,10 @@ pub enum Command {
         /// The table, `schema.table`.
         #[arg(long)]
         table: String,
+        /// Only the rows matching this SQL condition on the table (e.g. `id > 1000`):
+        /// they are read again, nothing is deleted.
+        #[arg(long = "where", value_name = "SQL")]
+        condition: Option<String>,
     },
     /// Inspect and re-drive quarantined records.
     Quarantine {

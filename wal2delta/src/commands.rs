@@ -60,7 +60,9 @@ pub async fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             table,
         } => gold::replay(&config, table.as_deref()).await,
         Command::Upgrade { dry_run } => upgrade::run(&config, dry_run).await,
-        Command::Snapshot { table } => capture::request::run(&config, &table).await,
+        Command::Snapshot { table, condition } => {
+            capture::request::run(&config, &table, condition.as_deref()).await
+        }
         Command::Quarantine { action } => match action {
             QuarantineAction::List => quarantine::list(&config).await,
             QuarantineAction::Show { id } => quarantine::show(&config, &id).await,

@@ -283,6 +283,7 @@ mod tests {
             rows_estimate: 2,
             ts_ms: 0,
             resnapshot_from: None,
+            condition: None,
         }
     }
 

@@ -159,7 +159,18 @@ async fn take_requests(plan: &mut SnapshotPlan) {
         {
             continue;
         }
-        tracing::info!(table = %table, resnapshot_from = ?p.resnapshot_from.map(Lsn), "re-snapshot requested: the table is read again");
+        if p.condition.is_some()
+            && plan
+                .progress
+                .get(&table)
+                .is_some_and(|held| !held.is_done())
+        {
+            // Taking it would end the running snapshot early: rows it has not read yet
+            // would never be read. `wal2delta snapshot` refuses such a request too.
+            tracing::warn!(table = %table, "re-snapshot with a condition ignored: the table's snapshot is still running; request it again once `wal2delta status` shows it done");
+            continue;
+        }
+        tracing::info!(table = %table, resnapshot_from = ?p.resnapshot_from.map(Lsn), conditional = p.condition.is_some(), "re-snapshot requested: the table is read again");
         plan.progress.insert(table, p);
     }
 }
@@ -196,7 +207,12 @@ pub async fn run(mut plan: SnapshotPlan, out: mpsc::Sender<SnapshotChunk>) -> Re
         let pending: Vec<TableName> = tables
             .into_iter()
             .filter(|t| match plan.progress.get(&t.to_string()) {
-                Some(p) => !p.is_done() && (!plan.requested_only || p.resnapshot_from.is_some()),
+                Some(p) => {
+                    !p.is_done()
+                        && (!plan.requested_only
+                            || p.resnapshot_from.is_some()
+                            || p.condition.is_some())
+                }
                 None => !plan.requested_only,
             })
             .collect();
@@ -245,7 +261,6 @@ async fn snapshot_table(
     let params = ConnectParams::from_dsn(&plan.dsn)?;
     let (schema, pk) = table_schema(client, types, table).await?;
     let schema = Arc::new(schema);
-    let chunker = Chunker::new(schema.clone(), &pk);
     let key = table.to_string();
     let mut progress = match plan.progress.get(&key) {
         Some(p) => p.clone(),
@@ -258,13 +273,34 @@ async fn snapshot_table(
             rows_estimate: estimate_rows(client, table).await?.max(0) as u64,
             ts_ms: now_ms(),
             resnapshot_from: plan.resnapshot_from.map(|l| l.0),
+            condition: None,
         },
     };
     progress.state = "running".into();
+    if let Some(condition) = &progress.condition {
+        // Checked by `wal2delta snapshot` already; checked again here because the
+        // request travelled through a topic others may write.
+        if let Err(e) = Chunker::check_condition(client, table, condition).await {
+            tracing::warn!(table = %table, error = %e, "re-snapshot request refused: its condition is not one valid SQL condition on the table");
+            progress.state = "done".into();
+            let item = SnapshotChunk {
+                schema: schema.clone(),
+                changes: Vec::new(),
+                undecodable: Vec::new(),
+                progress: progress.clone(),
+            };
+            if out.send(item).await.is_err() {
+                return Ok(false);
+            }
+            plan.progress.insert(key, progress);
+            return Ok(true);
+        }
+    }
+    let chunker = Chunker::new(schema.clone(), &pk).with_condition(progress.condition.clone());
     if pk.is_empty() {
         tracing::warn!(table = %table, "table has no primary key: its snapshot is chunked by ctid");
     }
-    tracing::info!(table = %table, rows_estimate = progress.rows_estimate, resume_after_rows = progress.rows_done, "snapshot of table started");
+    tracing::info!(table = %table, rows_estimate = progress.rows_estimate, resume_after_rows = progress.rows_done, conditional = progress.condition.is_some(), "snapshot of table started");
     let started = Instant::now();
     let mut logged = Instant::now();
     loop {

@@ -238,6 +238,7 @@ pub(super) async fn record_new_slot(
                 // Kept across restarts, so that a resumed re-snapshot still ends with its
                 // snapshot-end event.
                 resnapshot_from: Some(wal2delta_cdc::snapshot::rows_position(point).0),
+                condition: None,
                 last_key: None,
                 last_key_sealed: None,
                 rows_done: 0,
