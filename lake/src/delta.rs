@@ -49,13 +49,24 @@ const FORMAT_LOOKBACK: usize = 16;
 /// The lake format of the latest of `table`'s last [`FORMAT_LOOKBACK`] commits that
 /// records one (`None`: none does; an earlier release's table, format 0).
 pub async fn recorded_format(name: &str, table: &DeltaTable) -> Result<Option<String>, LakeError> {
+    recorded(name, table, LAKE_FORMAT_COMMIT_KEY).await
+}
+
+/// The value of `key` in the `commitInfo` of the latest of `table`'s last
+/// [`FORMAT_LOOKBACK`] commits that records one (a string as it is, anything else as
+/// JSON), or `None`.
+pub(crate) async fn recorded(
+    name: &str,
+    table: &DeltaTable,
+    key: &str,
+) -> Result<Option<String>, LakeError> {
     if table.version().is_none() {
         return Ok(None);
     }
     let mut history = table.history(Some(FORMAT_LOOKBACK));
     while let Some(info) = history.next().await {
         let info = info.map_err(LakeError::delta(&name))?;
-        if let Some(value) = info.info.get(LAKE_FORMAT_COMMIT_KEY) {
+        if let Some(value) = info.info.get(key) {
             return Ok(Some(match value {
                 serde_json::Value::String(s) => s.clone(),
                 other => other.to_string(),

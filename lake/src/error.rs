@@ -36,6 +36,14 @@ pub enum LakeError {
         ours: u32,
         fix: &'static str,
     },
+    /// The table holds another source's rows (docs/operations.md, "Several databases,
+    /// one lake"): writing it would mix two databases in one table.
+    #[error("{table} is written by source {found:?}, and this daemon is source {ours:?}: two sources share one lake; give each its own [source] name (its tables then live under {{[lake] uri}}/{{name}}/), or its own [lake] uri")]
+    Source {
+        table: String,
+        found: String,
+        ours: String,
+    },
     /// A rules output (a Kafka topic, docs/rules.md) did not take a round: the round is
     /// not committed and is tried again (`transient`), or it needs an operator.
     #[error("rules output {output} of {table}: {reason}")]
@@ -53,7 +61,8 @@ impl LakeError {
             LakeError::Uri { .. }
             | LakeError::Policy { .. }
             | LakeError::Model { .. }
-            | LakeError::Format { .. } => ErrorClass::Operator,
+            | LakeError::Format { .. }
+            | LakeError::Source { .. } => ErrorClass::Operator,
             LakeError::Delta { .. } => ErrorClass::Transient,
             LakeError::SchemaConflict { .. } | LakeError::Rows { .. } => ErrorClass::Record,
             LakeError::Output { transient, .. } => {

@@ -36,6 +36,15 @@ pub enum StreamError {
         found: u32,
         ours: u32,
     },
+    /// Another source records its positions in this source's position log: the two
+    /// share their topics (docs/operations.md, "Several databases, one lake").
+    #[error("{topic} holds positions of source {found:?} (slot {found_slot}), and this daemon is source {ours:?}: two sources share one topic prefix")]
+    SourceConflict {
+        topic: String,
+        found: String,
+        found_slot: String,
+        ours: String,
+    },
 }
 
 impl StreamError {
@@ -49,7 +58,9 @@ impl StreamError {
                 ErrorClass::Transient
             }
             StreamError::Topic { .. } => ErrorClass::Transient,
-            StreamError::Refused { .. } | StreamError::StateFormat { .. } => ErrorClass::Operator,
+            StreamError::Refused { .. }
+            | StreamError::StateFormat { .. }
+            | StreamError::SourceConflict { .. } => ErrorClass::Operator,
         }
     }
 
@@ -59,6 +70,7 @@ impl StreamError {
             StreamError::Refused { what: "Kafka authentication", .. } => Some("check [kafka.security] username, sasl_mechanism and the password its password_env or password_file names"),
             StreamError::Refused { what: "Kafka TLS", .. } => Some("check [kafka.security] protocol and ca_file (the authority that signed the brokers' certificates) and that the broker address matches its certificate"),
             StreamError::Refused { what: "registry authentication", .. } => Some("check [schema_registry] username and the password its password_env or password_file names"),
+            StreamError::SourceConflict { .. } => Some("give each source database its own [source] name (its topic prefix, consumer group and lake directory follow it) or its own [kafka] topic_prefix and [lake] uri"),
             StreamError::StateFormat { .. } => Some("a newer release of wal2delta wrote it: run that release (or newer); this one would misread its state (docs/upgrading.md)"),
             StreamError::Refused { .. } => Some("check [schema_registry] url and ca_file (the authority that signed the registry's certificate) and that the URL's host matches its certificate"),
             _ => None,

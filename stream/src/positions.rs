@@ -25,14 +25,19 @@ pub struct PositionRecord {
     pub lsn: String,
     /// Unix milliseconds when it was written.
     pub ts_ms: i64,
+    /// The source that wrote it (`[source] name`, else `{database}/{slot}`); absent in
+    /// records of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<String>,
 }
 
 impl PositionRecord {
-    pub fn new(slot: &str, lsn: Lsn, ts_ms: i64) -> Self {
+    pub fn new(slot: &str, source: &str, lsn: Lsn, ts_ms: i64) -> Self {
         PositionRecord {
             slot: slot.to_owned(),
             lsn: lsn.to_string(),
             ts_ms,
+            source: Some(source.to_owned()),
         }
     }
 
@@ -47,10 +52,13 @@ impl PositionRecord {
 const TAIL: i64 = 10_000;
 
 /// The last position recorded for `slot`, or `None` when the log has none (first start).
+/// A record another source wrote (its `source` is not `source`) means two sources share
+/// the topics: refused with [`StreamError::SourceConflict`].
 pub fn last_position(
     connection: &crate::connection::KafkaConnection,
     topic: &str,
     slot: &str,
+    source: &str,
 ) -> Result<Option<Lsn>, StreamError> {
     let consumer: BaseConsumer = connection
         .client_config()
@@ -75,12 +83,20 @@ pub fn last_position(
     loop {
         match consumer.poll(Duration::from_millis(500)) {
             Some(Ok(m)) => {
-                if m.key() == Some(slot.as_bytes()) {
-                    let rec = match m.payload() {
-                        Some(p) => crate::state_format::from_json::<PositionRecord>(topic, p)?,
-                        None => None,
-                    };
-                    if let Some(rec) = rec {
+                let rec = match m.payload() {
+                    Some(p) => crate::state_format::from_json::<PositionRecord>(topic, p)?,
+                    None => None,
+                };
+                if let Some(rec) = rec {
+                    if let Some(other) = rec.source.as_deref().filter(|o| *o != source) {
+                        return Err(StreamError::SourceConflict {
+                            topic: topic.to_owned(),
+                            found: other.to_owned(),
+                            found_slot: rec.slot,
+                            ours: source.to_owned(),
+                        });
+                    }
+                    if m.key() == Some(slot.as_bytes()) {
                         if let Ok(lsn) = rec.lsn.parse::<Lsn>() {
                             last = Some(lsn);
                         }

@@ -55,7 +55,7 @@ mod tests {
 
     #[test]
     fn records_carry_the_format_and_a_newer_one_is_refused() {
-        let rec = PositionRecord::new("s", wal2delta_model::Lsn(42), 7);
+        let rec = PositionRecord::new("s", "db/s", wal2delta_model::Lsn(42), 7);
         let json = to_json(&rec);
         let doc: serde_json::Value = serde_json::from_slice(&json).unwrap();
         assert_eq!(doc["format"], STATE_FORMAT);

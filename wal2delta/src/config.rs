@@ -145,7 +145,7 @@ impl Config {
             table.insert(key.clone(), value);
             overridden.push((parents.join("."), key.clone(), var.clone()));
         }
-        let config: Config =
+        let mut config: Config =
             toml::Value::Table(root)
                 .try_into()
                 .map_err(|e: toml::de::Error| {
@@ -173,7 +173,24 @@ impl Config {
                     }
                 })?;
         config.validate()?;
+        config.apply_source_name();
+        config.validate()?;
         Ok(config)
+    }
+
+    /// `[source] name`: the lake's tables under `{uri}/{name}/`, and the topic prefix and
+    /// Bronze's consumer group named after it unless set to something else.
+    fn apply_source_name(&mut self) {
+        let Some(name) = self.source.name.clone() else {
+            return;
+        };
+        self.lake.namespace = Some(name.clone());
+        if self.kafka.topic_prefix == kafka::KafkaConfig::default_topic_prefix() {
+            self.kafka.topic_prefix = name.clone();
+        }
+        if self.bronze.group_id == bronze::BronzeConfig::default_group_id() {
+            self.bronze.group_id = format!("{name}-bronze");
+        }
     }
 
     /// What `wal2delta check-config` prints: the addresses and choices in effect, without
@@ -337,6 +354,35 @@ uri = "file:///tmp/lake"
         assert_eq!(c.kafka.topic_prefix, "cdc");
         assert_eq!(c.kafka.dlq_topic(), "cdc.dlq");
         assert_eq!(c.metrics.listen.to_string(), "127.0.0.1:9187");
+    }
+
+    #[test]
+    fn a_source_name_namespaces_the_lake_the_topics_and_the_group() {
+        let c = load(MINIMAL, &[]).unwrap();
+        assert_eq!(c.lake.root(), "file:///tmp/lake");
+        assert!(
+            c.source.identity().ends_with("/wal2delta"),
+            "{}",
+            c.source.identity()
+        );
+        let c = load(MINIMAL, &[("WAL2DELTA__SOURCE__NAME", "orders_db")]).unwrap();
+        assert_eq!(c.lake.root(), "file:///tmp/lake/orders_db");
+        assert_eq!(c.kafka.topic_prefix, "orders_db");
+        assert_eq!(c.kafka.positions_topic(), "orders_db.positions");
+        assert_eq!(c.bronze.group_id, "orders_db-bronze");
+        assert_eq!(c.source.identity(), "orders_db");
+        // A prefix or group set explicitly stays as set.
+        let c = load(
+            MINIMAL,
+            &[
+                ("WAL2DELTA__SOURCE__NAME", "orders_db"),
+                ("WAL2DELTA__KAFKA__TOPIC_PREFIX", "legacy"),
+            ],
+        )
+        .unwrap();
+        assert_eq!(c.kafka.topic_prefix, "legacy");
+        let err = load(MINIMAL, &[("WAL2DELTA__SOURCE__NAME", "Orders DB")]).unwrap_err();
+        assert!(err.to_string().contains("source.name"), "{err}");
     }
 
     #[test]

@@ -80,7 +80,13 @@ pub struct BronzeTable {
     url: Url,
     table: Option<DeltaTable>,
     conflicts: u64,
+    /// The source this writer appends for, recorded in its commits and compared with the
+    /// table's when it is first loaded (`None`: a reader, which checks nothing).
+    source: Option<String>,
 }
+
+/// The `commitInfo` key naming the source whose rows a Bronze commit appended.
+pub const SOURCE_COMMIT_KEY: &str = "wal2delta.source";
 
 impl BronzeTable {
     pub fn new(name: impl Into<String>, url: Url) -> Self {
@@ -89,7 +95,16 @@ impl BronzeTable {
             url,
             table: None,
             conflicts: 0,
+            source: None,
         }
+    }
+
+    /// Appends for `source`: recorded in each commit; a table whose commits record
+    /// another source is refused ([`LakeError::Source`]) instead of mixing two
+    /// databases' rows in one table.
+    pub fn with_source(mut self, source: Option<String>) -> Self {
+        self.source = source;
+        self
     }
 
     pub fn name(&self) -> &str {
@@ -107,7 +122,21 @@ impl BronzeTable {
 
     /// Loads the latest table state; `false` when the table does not exist yet.
     pub async fn refresh(&mut self) -> Result<bool, LakeError> {
-        delta::refresh(&self.name, &self.url, &mut self.table).await
+        let first = self.table.is_none();
+        let exists = delta::refresh(&self.name, &self.url, &mut self.table).await?;
+        if let (true, Some(ours), Some(t)) = (first, &self.source, &self.table) {
+            if let Some(found) = delta::recorded(&self.name, t, SOURCE_COMMIT_KEY).await? {
+                if &found != ours {
+                    self.table = None;
+                    return Err(LakeError::Source {
+                        table: self.name.clone(),
+                        found,
+                        ours: ours.clone(),
+                    });
+                }
+            }
+        }
+        Ok(exists)
     }
 
     /// The last offset stored for each of `partitions` of `topic`, at the loaded state.
@@ -206,14 +235,17 @@ impl BronzeTable {
                 .iter()
                 .map(|(p, r)| Transaction::new(app_id(&append.topic, *p), r.last))
                 .collect();
-            let props = delta::commit_metadata([
+            let mut info = vec![
                 ("wal2delta.stage".to_owned(), serde_json::json!("bronze")),
                 (
                     "wal2delta.topic".to_owned(),
                     serde_json::json!(append.topic),
                 ),
-            ])
-            .with_application_transactions(txns);
+            ];
+            if let Some(source) = &self.source {
+                info.push((SOURCE_COMMIT_KEY.to_owned(), serde_json::json!(source)));
+            }
+            let props = delta::commit_metadata(info).with_application_transactions(txns);
             let mut widened = Vec::new();
             let result = if rows == 0 {
                 self.commit_offsets_only(props, &append).await

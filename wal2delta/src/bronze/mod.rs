@@ -208,6 +208,7 @@ pub fn bronze_topics(config: &Config) -> BronzeTopics {
     BronzeTopics {
         prefix: config.kafka.topic_prefix.clone(),
         transactions: config.kafka.transactions_topic(),
+        source: Some(config.source.identity()),
     }
 }
 

@@ -24,6 +24,9 @@ pub struct BronzeTopics {
     pub prefix: String,
     /// `[kafka] transactions_topic`, stored in `bronze/_wal2delta/transactions`.
     pub transactions: String,
+    /// The source whose tables these are ([`crate::config::SourceConfig::identity`]),
+    /// recorded in every Bronze commit; a table another source writes is refused.
+    pub source: Option<String>,
 }
 
 impl BronzeTopics {
@@ -51,16 +54,16 @@ impl LakeOffsets {
     /// The Bronze table of a topic: a table topic's, or the transaction records'.
     pub fn table_for(lake: &Lake, topics: &BronzeTopics, topic: &str) -> Option<BronzeTable> {
         if topic == topics.transactions {
-            return Some(BronzeTable::new(
-                TRANSACTIONS_TABLE,
-                lake.bronze_transactions(),
-            ));
+            return Some(
+                BronzeTable::new(TRANSACTIONS_TABLE, lake.bronze_transactions())
+                    .with_source(topics.source.clone()),
+            );
         }
         let (schema, table) = table_of_topic(&topics.prefix, topic)?;
-        Some(BronzeTable::new(
-            format!("{schema}.{table}"),
-            lake.bronze(schema, table),
-        ))
+        Some(
+            BronzeTable::new(format!("{schema}.{table}"), lake.bronze(schema, table))
+                .with_source(topics.source.clone()),
+        )
     }
 }
 

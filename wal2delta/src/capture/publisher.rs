@@ -60,6 +60,9 @@ pub struct Publisher {
     open_tx: Option<OpenTransaction>,
     /// `[kafka] decimal_handling`.
     decimals: Decimals,
+    /// The source identity recorded in position records
+    /// ([`crate::config::SourceConfig::identity`]).
+    identity: String,
 }
 
 /// What the END record of the transaction being published will say.
@@ -89,10 +92,17 @@ impl Publisher {
             tables: HashMap::new(),
             open_tx: None,
             decimals: Decimals::default(),
+            identity: String::new(),
         }
     }
 
     /// Bounded numerics travel as `decimals` says (`[kafka] decimal_handling`).
+    /// The source identity its position records carry.
+    pub fn with_identity(mut self, identity: String) -> Self {
+        self.identity = identity;
+        self
+    }
+
     pub fn with_decimals(mut self, decimals: Decimals) -> Self {
         self.decimals = decimals;
         self
@@ -169,7 +179,8 @@ impl Publisher {
         lsn: wal2delta_model::Lsn,
         now_ms: i64,
     ) -> Result<(), StreamError> {
-        let record = wal2delta_stream::positions::PositionRecord::new(slot, lsn, now_ms);
+        let record =
+            wal2delta_stream::positions::PositionRecord::new(slot, &self.identity, lsn, now_ms);
         self.producer
             .send(
                 topic,

@@ -161,7 +161,8 @@ impl<'a> Setup<'a> {
                 db: params.dbname.clone(),
             },
         )
-        .with_decimals(config.kafka.decimal_handling.into());
+        .with_decimals(config.kafka.decimal_handling.into())
+        .with_identity(config.source.identity());
         publisher.ensure_dlq_topic().await?;
         publisher.ensure_transactions_topic().await?;
         let positions_topic = config.kafka.positions_topic();

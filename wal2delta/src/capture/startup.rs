@@ -72,13 +72,14 @@ pub(super) async fn recorded_position(
     config: &Config,
     topic: &str,
 ) -> Result<Option<Lsn>, SessionError> {
-    let (kafka, t, slot) = (
+    let (kafka, t, slot, source) = (
         config.kafka.connection()?,
         topic.to_owned(),
         config.source.slot.clone(),
+        config.source.identity(),
     );
     Ok(tokio::task::spawn_blocking(move || {
-        wal2delta_stream::positions::last_position(&kafka, &t, &slot)
+        wal2delta_stream::positions::last_position(&kafka, &t, &slot, &source)
     })
     .await
     .map_err(SessionError::task("position check"))??)

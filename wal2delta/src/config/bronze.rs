@@ -45,7 +45,7 @@ pub struct BronzeConfig {
 }
 
 impl BronzeConfig {
-    fn default_group_id() -> String {
+    pub(super) fn default_group_id() -> String {
         "wal2delta-bronze".into()
     }
     fn default_max_batch_ms() -> u64 {

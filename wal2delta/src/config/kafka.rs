@@ -86,7 +86,7 @@ impl From<DecimalHandling> for wal2delta_stream::avro::decimal::Decimals {
 }
 
 impl KafkaConfig {
-    fn default_topic_prefix() -> String {
+    pub(super) fn default_topic_prefix() -> String {
         "cdc".into()
     }
     fn default_partitions() -> i32 {

@@ -32,6 +32,9 @@ pub struct LakeConfig {
     /// every commit lists the whole log, so the log's length is a cost.
     #[serde(default)]
     pub log_retention_s: Option<u64>,
+    /// `[source] name`, under which this source's tables live (set after loading).
+    #[serde(skip)]
+    pub namespace: Option<String>,
 }
 
 /// Keys only: option values may be credentials.
@@ -81,7 +84,7 @@ impl LakeConfig {
     #[allow(clippy::result_large_err)] // once per stage start or command
     pub fn open(&self) -> Result<Lake, LakeError> {
         Lake::with_options(
-            &self.uri,
+            &self.root(),
             StorageOptions(self.storage_options.clone().into_iter().collect()),
         )
     }
@@ -94,9 +97,17 @@ impl LakeConfig {
         Ok(lake)
     }
 
+    /// The root of this source's tables: `uri`, or `{uri}/{[source] name}`.
+    pub fn root(&self) -> String {
+        match &self.namespace {
+            Some(name) => format!("{}/{name}", self.uri.trim_end_matches('/')),
+            None => self.uri.clone(),
+        }
+    }
+
     /// What `check-config` prints.
     pub fn summary(&self) -> String {
-        let mut s = self.uri.clone();
+        let mut s = self.root();
         if !self.storage_options.is_empty() {
             let keys: Vec<&str> = self.storage_options.keys().map(String::as_str).collect();
             s.push_str(&format!(" (storage options: {})", keys.join(", ")));

@@ -21,6 +21,13 @@ pub struct SourceConfig {
     /// A file whose first line is the password, used when the DSN has none.
     #[serde(default)]
     pub password_file: Option<PathBuf>,
+    /// A name for this source database, unique among the sources that share a lake and a
+    /// Kafka cluster (Debezium's `topic.prefix` role): the lake keeps its tables under
+    /// `{[lake] uri}/{name}/`, and `[kafka] topic_prefix` and `[bronze] group_id` default
+    /// to it (docs/operations.md, "Several databases, one lake"). Unset: one source per
+    /// lake, at the lake's root.
+    #[serde(default)]
+    pub name: Option<String>,
     #[serde(default = "SourceConfig::default_slot")]
     pub slot: String,
     #[serde(default = "SourceConfig::default_publication")]
@@ -61,6 +68,7 @@ impl std::fmt::Debug for SourceConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SourceConfig")
             .field("dsn", &"<redacted>")
+            .field("name", &self.name)
             .field("slot", &self.slot)
             .field("publication", &self.publication)
             .field("tables", &self.tables)
@@ -96,6 +104,22 @@ impl SourceConfig {
                 .map(|(t, c)| (t, ColumnFilter::Include(c))),
         );
         out
+    }
+
+    /// Who writes this deployment's lake tables and state records: `[source] name`, else
+    /// `{database}/{slot}` (the DSN's database and the slot). Recorded in every Bronze
+    /// commit and position record, so that a second source configured onto the same lake
+    /// or topics is refused instead of mixing its rows in.
+    pub fn identity(&self) -> String {
+        match &self.name {
+            Some(n) => n.clone(),
+            None => {
+                let db = ConnectParams::from_dsn(&self.dsn)
+                    .map(|p| p.dbname)
+                    .unwrap_or_default();
+                format!("{db}/{}", self.slot)
+            }
+        }
     }
 
     fn default_slot() -> String {
@@ -159,9 +183,11 @@ impl SourceConfig {
             }
             other => invalid("source.dsn", other.to_string()),
         })?;
+        let name = self.name.clone().unwrap_or_else(|| "x".into());
         for (field, name) in [
             ("source.slot", &self.slot),
             ("source.publication", &self.publication),
+            ("source.name", &name),
         ] {
             if name.is_empty()
                 || name.len() > 63
