@@ -7,9 +7,8 @@
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
-use serde_json::{json, Value as Json};
-use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{Scenario, Stack};
+use wal2delta_tests::lake::table_rows;
+use wal2delta_tests::{source_rows, Scenario, Stack};
 
 async fn published(pg: &tokio_postgres::Client, publication: &str) -> Result<Vec<String>> {
     Ok(pg
@@ -21,28 +20,6 @@ async fn published(pg: &tokio_postgres::Client, publication: &str) -> Result<Vec
         .iter()
         .map(|r| r.get(0))
         .collect())
-}
-
-async fn source(pg: &tokio_postgres::Client, table: &str) -> Result<Vec<Vec<Json>>> {
-    let rows = pg
-        .query(&format!("SELECT id, v FROM {table} ORDER BY id"), &[])
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| {
-            vec![
-                json!(r.get::<_, i32>(0)),
-                json!(r.get::<_, Option<String>>(1)),
-            ]
-        })
-        .collect())
-}
-
-fn silver_rows(silver: &std::path::Path) -> Result<Vec<Vec<Json>>> {
-    if !silver.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    duckdb(&format!("SELECT id, v FROM {} ORDER BY id", scan(silver)))
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -64,8 +41,8 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
     pg.batch_execute(&format!("INSERT INTO {s}.a VALUES (1, 'one')"))
         .await?;
     let a = d.silver("a");
-    let want = source(&pg, &format!("{s}.a")).await?;
-    run.wait_for("Silver of a", &want, || silver_rows(&a))
+    let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
+    run.wait_for("Silver of a", &want, || table_rows(&a, "id, v", "id"))
         .await?;
 
     // Created and written in one transaction, written again before capture can have
@@ -114,11 +91,13 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
     .await?;
 
     let b = d.silver("b");
-    let want = source(&pg, &format!("{s}.b")).await?;
-    run.wait_for("Silver of b equals the source", &want, || silver_rows(&b))
-        .await?;
-    let want = source(&pg, &format!("{s}.a")).await?;
-    run.wait_for("Silver of a", &want, || silver_rows(&a))
+    let want = source_rows(&pg, &format!("{s}.b"), "id, v", "id").await?;
+    run.wait_for("Silver of b equals the source", &want, || {
+        table_rows(&b, "id, v", "id")
+    })
+    .await?;
+    let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
+    run.wait_for("Silver of a", &want, || table_rows(&a, "id, v", "id"))
         .await?;
 
     let now = published(&pg, &publication).await?;
@@ -142,9 +121,11 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         "DROP TABLE {s}.c; INSERT INTO {s}.a VALUES (2, 'after drop')"
     ))
     .await?;
-    let want = source(&pg, &format!("{s}.a")).await?;
-    run.wait_for("Silver of a after the drop", &want, || silver_rows(&a))
-        .await?;
+    let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
+    run.wait_for("Silver of a after the drop", &want, || {
+        table_rows(&a, "id, v", "id")
+    })
+    .await?;
     let start = Instant::now();
     while !full_log().contains("left the publication") {
         ensure!(

@@ -4,14 +4,12 @@
 //! broker, and each Silver equals its own source. Two sources configured onto the same
 //! tables or topics are refused, naming both.
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use anyhow::{bail, ensure, Result};
-use serde_json::{json, Value as Json};
-use wal2delta_tests::daemon::{psql, Daemon};
-use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{connect, Scenario, Stack};
+use anyhow::{ensure, Result};
+use wal2delta_tests::daemon::{psql, wait_log, Daemon};
+use wal2delta_tests::lake::table_rows;
+use wal2delta_tests::{connect, source_rows, Scenario, Stack};
 
 /// A second database on the stack's server, dropped (after its slots) when the test ends.
 struct Database {
@@ -49,39 +47,6 @@ fn in_database(dsn: &str, db: &str) -> String {
         base
     } else {
         format!("{base}?{query}")
-    }
-}
-
-async fn source(pg: &tokio_postgres::Client, s: &str) -> Result<Vec<Vec<Json>>> {
-    let rows = pg
-        .query(&format!("SELECT id, v FROM {s}.orders ORDER BY id"), &[])
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| vec![json!(r.get::<_, i32>(0)), json!(r.get::<_, String>(1))])
-        .collect())
-}
-
-fn silver_rows(silver: &Path) -> Result<Vec<Vec<Json>>> {
-    if !silver.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    duckdb(&format!("SELECT id, v FROM {} ORDER BY id", scan(silver)))
-}
-
-/// Waits until the log at `path` says every one of `needles`.
-fn wait_log(path: &Path, needles: &[&str]) -> Result<String> {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if needles.iter().all(|n| text.contains(n)) {
-            return Ok(text);
-        }
-        if start.elapsed() > Duration::from_secs(90) {
-            let tail = &text[text.floor_char_boundary(text.len().saturating_sub(6_000))..];
-            bail!("{tail}\nthe log does not say all of {needles:?}");
-        }
-        std::thread::sleep(Duration::from_millis(300));
     }
 }
 
@@ -142,16 +107,16 @@ async fn two_databases_share_one_lake_and_one_broker_each_under_its_name() -> Re
     .await?;
     let silver_a = lake.join(format!("alpha/silver/{s}/orders"));
     let silver_b = lake.join(format!("beta/silver/{s}/orders"));
-    let want_a = source(&pg_a, &s).await?;
+    let want_a = source_rows(&pg_a, &format!("{s}.orders"), "id, v", "id").await?;
     run_a
         .wait_for("alpha's Silver equals its source", &want_a, || {
-            silver_rows(&silver_a)
+            table_rows(&silver_a, "id, v", "id")
         })
         .await?;
-    let want_b = source(&pg_b, &s).await?;
+    let want_b = source_rows(&pg_b, &format!("{s}.orders"), "id, v", "id").await?;
     run_b
         .wait_for("beta's Silver equals its source", &want_b, || {
-            silver_rows(&silver_b)
+            table_rows(&silver_b, "id, v", "id")
         })
         .await?;
     ensure!(
@@ -182,6 +147,7 @@ async fn two_databases_share_one_lake_and_one_broker_each_under_its_name() -> Re
     let log = wait_log(
         &b.dir.join("unnamed.log"),
         &["is written by source", "[source] name"],
+        Duration::from_secs(90),
     )?;
     ensure!(
         log.contains(&format!("{db_a}/{}", a.slot)) && log.contains(&format!("{db}/{}", b.slot)),
@@ -201,6 +167,7 @@ async fn two_databases_share_one_lake_and_one_broker_each_under_its_name() -> Re
             "holds positions of source \"alpha\"",
             "this daemon is source \"beta\"",
         ],
+        Duration::from_secs(90),
     )?;
     Ok(())
 }

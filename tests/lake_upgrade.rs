@@ -9,8 +9,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 use serde_json::{json, Value as Json};
-use wal2delta_tests::lake::{duckdb, scan};
-use wal2delta_tests::{Scenario, Stack};
+use wal2delta_tests::daemon::wait_log;
+use wal2delta_tests::lake::table_rows;
+use wal2delta_tests::{source_rows, Scenario, Stack};
 
 const KEY: &str = "wal2delta.format";
 
@@ -109,39 +110,6 @@ fn lake_files(lake: &Path) -> Result<Vec<(PathBuf, Vec<u8>)>> {
     Ok(all)
 }
 
-async fn source(pg: &tokio_postgres::Client, s: &str) -> Result<Vec<Vec<Json>>> {
-    let rows = pg
-        .query(&format!("SELECT id, v FROM {s}.t ORDER BY id"), &[])
-        .await?;
-    Ok(rows
-        .iter()
-        .map(|r| vec![json!(r.get::<_, i32>(0)), json!(r.get::<_, String>(1))])
-        .collect())
-}
-
-fn silver_rows(silver: &Path) -> Result<Vec<Vec<Json>>> {
-    if !silver.join("_delta_log").is_dir() {
-        return Ok(Vec::new());
-    }
-    duckdb(&format!("SELECT id, v FROM {} ORDER BY id", scan(silver)))
-}
-
-/// Waits until the log at `path` holds every one of `needles` (`timeout` at most).
-fn wait_log(path: &Path, needles: &[&str], timeout: Duration) -> Result<String> {
-    let start = Instant::now();
-    loop {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        if needles.iter().all(|n| text.contains(n)) {
-            return Ok(text);
-        }
-        if start.elapsed() > timeout {
-            let tail = &text[text.floor_char_boundary(text.len().saturating_sub(6_000))..];
-            bail!("{tail}\nthe log does not say all of {needles:?} within {timeout:?}");
-        }
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
 fn stdout(out: &std::process::Output) -> String {
     format!(
         "{}{}",
@@ -171,8 +139,8 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
         "INSERT INTO {s}.t SELECT g, 'a' || g FROM generate_series(1, 50) g"
     ))
     .await?;
-    let want = source(&pg, &s).await?;
-    run.wait_for("Silver", &want, || silver_rows(&silver))
+    let want = source_rows(&pg, &format!("{s}.t"), "id, v", "id").await?;
+    run.wait_for("Silver", &want, || table_rows(&silver, "id, v", "id"))
         .await?;
     ensure!(run.stop()?.success(), "{}", run.log_text());
     let silver_log = silver.join("_delta_log");
@@ -281,9 +249,11 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
     let mut run = d.spawn_stage("capture,bronze,silver", "after")?;
     pg.batch_execute(&format!("INSERT INTO {s}.t VALUES (100, 'late')"))
         .await?;
-    let want = source(&pg, &s).await?;
-    run.wait_for("Silver after the upgrade", &want, || silver_rows(&silver))
-        .await?;
+    let want = source_rows(&pg, &format!("{s}.t"), "id, v", "id").await?;
+    run.wait_for("Silver after the upgrade", &want, || {
+        table_rows(&silver, "id, v", "id")
+    })
+    .await?;
     ensure!(run.stop()?.success(), "{}", run.log_text());
 
     // A table a newer release wrote: refused by the stages and by upgrade.
@@ -310,7 +280,7 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
     )?;
     let _ = run.stop();
     ensure!(
-        !silver_rows(&silver)?.contains(&vec![json!(101), json!("newer")]),
+        !table_rows(&silver, "id, v", "id")?.contains(&vec![json!(101), json!("newer")]),
         "a newer table is not written"
     );
     Ok(())

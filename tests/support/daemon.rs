@@ -1,6 +1,6 @@
 //! Running the real `wal2delta` binary as a child process.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -517,4 +517,21 @@ fn unsafe_sigterm(pid: u32) {
         .arg("-TERM")
         .arg(pid.to_string())
         .status();
+}
+
+/// Waits until the log at `path` holds every one of `needles` (`timeout` at most) and
+/// returns it; the failure shows the log's end.
+pub fn wait_log(path: &Path, needles: &[&str], timeout: Duration) -> Result<String> {
+    let start = Instant::now();
+    loop {
+        let text = std::fs::read_to_string(path).unwrap_or_default();
+        if needles.iter().all(|n| text.contains(n)) {
+            return Ok(text);
+        }
+        if start.elapsed() > timeout {
+            let tail = &text[text.floor_char_boundary(text.len().saturating_sub(6_000))..];
+            bail!("{tail}\nthe log does not say all of {needles:?} within {timeout:?}");
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    }
 }

@@ -268,3 +268,15 @@ pub fn rule_versions(lake: &Path) -> Result<Vec<i64>> {
     ))?;
     Ok(rows.iter().filter_map(|r| r[0].as_i64()).collect())
 }
+
+/// `columns` of the Delta table at `path` in order of `order`, read by DuckDB; no rows
+/// while the table does not exist yet.
+pub fn table_rows(path: &Path, columns: &str, order: &str) -> Result<Vec<Vec<Value>>> {
+    if !path.join("_delta_log").is_dir() {
+        return Ok(Vec::new());
+    }
+    duckdb(&format!(
+        "SELECT {columns} FROM {} ORDER BY {order}",
+        scan(path)
+    ))
+}

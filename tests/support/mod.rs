@@ -309,3 +309,22 @@ pub async fn wait_confirmed(
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `columns` of the source table `table` in order of `order`, as JSON values (as PostgreSQL
+/// renders them with `json_build_array`): the rows to compare with a lake table's.
+pub async fn source_rows(
+    pg: &Client,
+    table: &str,
+    columns: &str,
+    order: &str,
+) -> Result<Vec<Vec<serde_json::Value>>> {
+    let rows = pg
+        .query(
+            &format!("SELECT json_build_array({columns})::text FROM {table} ORDER BY {order}"),
+            &[],
+        )
+        .await?;
+    rows.iter()
+        .map(|r| Ok(serde_json::from_str(r.get::<_, &str>(0))?))
+        .collect()
+}
