@@ -381,8 +381,10 @@ uri = "file:///tmp/lake"
         )
         .unwrap();
         assert_eq!(c.kafka.topic_prefix, "legacy");
-        let err = load(MINIMAL, &[("WAL2DELTA__SOURCE__NAME", "Orders DB")]).unwrap_err();
-        assert!(err.to_string().contains("source.name"), "{err}");
+        for bad in ["Orders DB", &"x".repeat(48)] {
+            let err = load(MINIMAL, &[("WAL2DELTA__SOURCE__NAME", bad)]).unwrap_err();
+            assert!(err.to_string().contains("source.name"), "{err}");
+        }
     }
 
     #[test]

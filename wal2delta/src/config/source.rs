@@ -201,6 +201,19 @@ impl SourceConfig {
                 ));
             }
         }
+        if self
+            .name
+            .as_ref()
+            .is_some_and(|n| n.len() > wal2delta_model::names::MAX_TOPIC_PREFIX)
+        {
+            return Err(invalid(
+                "source.name",
+                format!(
+                    "must be at most {} characters: it becomes the topic prefix, and every table topic must fit Kafka's 249",
+                    wal2delta_model::names::MAX_TOPIC_PREFIX
+                ),
+            ));
+        }
         if self.tables.is_empty() {
             return Err(invalid(
                 "source.tables",
