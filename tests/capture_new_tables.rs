@@ -2,7 +2,8 @@
 //! item 1, docs/capture.md "Tables created later"): capture adds a table matching
 //! `[source] tables` to the publication, snapshots the rows committed before the add
 //! (the creating transaction's among them) and streams every change after it; a table
-//! matching `[source] exclude_tables` is left out; a dropped table is said to be gone.
+//! created again under a captured name replaces the old one's rows; a table matching
+//! `[source] exclude_tables` is left out; a dropped table is said to be gone.
 
 use std::time::{Duration, Instant};
 
@@ -115,6 +116,19 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         log.contains("added to the publication") && log.contains(&format!("{s}.b")),
         "the log says which table was added: {log}"
     );
+
+    // Dropped and created again under the same name: the new table's rows and none of
+    // the old one's, whatever was written before capture added it again.
+    pg.batch_execute(&format!(
+        "DROP TABLE {s}.a; CREATE TABLE {s}.a (id int PRIMARY KEY, v text);
+         INSERT INTO {s}.a VALUES (10, 'new'), (11, 'new too')"
+    ))
+    .await?;
+    let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
+    run.wait_for("Silver of a, created again", &want, || {
+        table_rows(&a, "id, v", "id")
+    })
+    .await?;
 
     // A dropped table is said to be gone; the daemon goes on.
     pg.batch_execute(&format!(

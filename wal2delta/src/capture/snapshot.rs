@@ -88,16 +88,16 @@ impl Follow {
         }
     }
 
-    /// Adds the new matching tables. A catalog that cannot be read is looked at again
-    /// next time (the stream goes on meanwhile).
-    async fn look(&mut self, client: &tokio_postgres::Client, publication: &str) {
+    /// Adds the new matching tables and returns them. A catalog that cannot be read is
+    /// looked at again next time (the stream goes on meanwhile).
+    async fn look(&mut self, client: &tokio_postgres::Client, publication: &str) -> Vec<TableName> {
         let followed = match add_new_tables(client, publication, &self.patterns, &self.exclude)
             .await
         {
             Ok(f) => f,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot look for new tables to capture; looking again later");
-                return;
+                return Vec::new();
             }
         };
         for table in &followed.added {
@@ -110,7 +110,52 @@ impl Follow {
                 TableNotAddedToPublication { table, reason }.emit();
             }
         }
+        followed.added
     }
+}
+
+/// What the snapshot task does with a table capture just added: a table new to it gets
+/// its first snapshot; a table whose snapshot was done before is one dropped and created
+/// again under the same name, whose old rows Silver still holds, so it is snapshotted
+/// again as a re-snapshot from now (*P*, after the add): its rows read again and the
+/// snapshot end at *P* deleting in Silver the old table's rows (docs/capture.md, "Tables
+/// created later").
+async fn plan_added(
+    client: &tokio_postgres::Client,
+    plan: &mut SnapshotPlan,
+    added: &[TableName],
+) -> Result<(), CdcError> {
+    for table in added {
+        let key = table.to_string();
+        if plan.requested_only || !plan.progress.contains_key(&key) {
+            continue;
+        }
+        let lsn: String = client
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await?
+            .get(0);
+        let at: Lsn = lsn.parse().map_err(|_| {
+            CdcError::Check(format!(
+                "the source returned an unreadable WAL position {lsn:?}"
+            ))
+        })?;
+        tracing::info!(table = %table, resnapshot_from = %at, "a table of a name captured before was created again: it is snapshotted again, and Silver drops the old table's rows");
+        plan.progress.insert(
+            key.clone(),
+            SnapshotProgress {
+                table: key,
+                state: super::request::REQUESTED.into(),
+                last_key: None,
+                last_key_sealed: None,
+                rows_done: 0,
+                rows_estimate: estimate_rows(client, table).await?.max(0) as u64,
+                ts_ms: now_ms(),
+                resnapshot_from: Some(rows_position(at).0),
+                condition: None,
+            },
+        );
+    }
+    Ok(())
 }
 
 /// Tells of the tables that left the publication since the last look, and keeps `now`.
@@ -199,7 +244,8 @@ pub async fn run(mut plan: SnapshotPlan, out: mpsc::Sender<SnapshotChunk>) -> Re
             // in the slot's exported snapshot, taken before the add, and the changes
             // committed between the two would be in neither.
             if let Some(follow) = plan.follow.as_mut() {
-                follow.look(&client, &plan.publication).await;
+                let added = follow.look(&client, &plan.publication).await;
+                plan_added(&client, &mut plan, &added).await?;
             }
         }
         let tables = publication_tables(&client, &plan.publication).await?;
