@@ -208,11 +208,20 @@ impl Config {
             (None, None) => "off".to_owned(),
         };
         format!(
-            "config OK: {}\nsource: slot {}, publication {}, tables {:?}\nkafka: {} ({:?}), topic prefix {}\nschema registry: {}\nlake: {}\nmetrics: {}\ngold models: {gold}\nrules: {rules}\n",
+            "config OK: {}\nsource: {}slot {}, publication {}, tables {:?}{}\nkafka: {} ({:?}), topic prefix {}\nschema registry: {}\nlake: {}\nmetrics: {}\ngold models: {gold}\nrules: {rules}\n",
             path.display(),
+            self.source
+                .name
+                .as_ref()
+                .map_or(String::new(), |n| format!("name {n}, ")),
             self.source.slot,
             self.source.publication,
             self.source.tables,
+            if self.source.exclude_tables.is_empty() {
+                String::new()
+            } else {
+                format!(" less {:?}", self.source.exclude_tables)
+            },
             k.brokers,
             k.security.protocol,
             k.topic_prefix,
