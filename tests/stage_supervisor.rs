@@ -176,12 +176,32 @@ async fn a_missing_publication_is_named_with_its_fix() -> Result<()> {
         "WAL2DELTA__METRICS__LISTEN".into(),
         format!("127.0.0.1:{port}"),
     ));
+    // pgoutput looks the publication up when it decodes a change: drop it once capture
+    // streams (its slot is made at its start), then change a row. Bronze runs beside it,
+    // so the process stays up to report the stopped stage.
+    let mut run = d.spawn_stage("capture,bronze", "run")?;
+    let start = Instant::now();
+    while pg
+        .query_opt(
+            "SELECT 1 FROM pg_replication_slots WHERE slot_name = $1 AND active",
+            &[&d.slot],
+        )
+        .await?
+        .is_none()
+    {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "capture never streamed: {}",
+            run.log_text()
+        );
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
     pg.batch_execute(&format!(
         "DROP PUBLICATION \"{}\"; INSERT INTO {name}.t VALUES (1, 'a');",
         d.publication
     ))
     .await?;
-    let mut run = d.spawn_stage("capture", "run")?;
     let doc = wait_ready(port, "capture failed", |s, doc| {
         s == 503 && doc["stages"]["capture"]["state"] == "failed"
     })
