@@ -57,7 +57,9 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
          DELETE FROM {s}.b WHERE id > 240;
          CREATE TABLE {s}.skip_me (id int PRIMARY KEY, v text);
          INSERT INTO {s}.skip_me VALUES (1, 'no');
-         CREATE TABLE {s}.c (id int PRIMARY KEY, v text);"
+         CREATE TABLE {s}.c (id int PRIMARY KEY, v text);
+         CREATE TABLE {s}.nokey (id int, v text);
+         INSERT INTO {s}.nokey VALUES (1, 'no key');"
     ))
     .await?;
     let publication = d.publication.clone();
@@ -110,11 +112,41 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         !d.lake().join(format!("bronze/{s}/skip_me")).exists(),
         "nothing of an excluded table reaches the lake"
     );
+    // A table without a primary key or replica identity is not published, so that the
+    // application's UPDATEs on it keep working; once it has an identity it is added.
+    let now = published(&pg, &publication).await?;
+    ensure!(
+        !now.contains(&format!("{s}.nokey")),
+        "a table without a replica identity is not added: {now:?}"
+    );
+    pg.batch_execute(&format!(
+        "UPDATE {s}.nokey SET v = 'updated'; ALTER TABLE {s}.nokey REPLICA IDENTITY FULL"
+    ))
+    .await?;
+    let start = Instant::now();
+    while !published(&pg, &publication)
+        .await?
+        .contains(&format!("{s}.nokey"))
+    {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "nokey not added once it has an identity: {}",
+            run.log_text()
+        );
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    pg.batch_execute(&format!("UPDATE {s}.nokey SET v = 'captured'"))
+        .await?;
     let full_log = || std::fs::read_to_string(d.dir.join("run.log")).unwrap_or_default();
     let log = full_log();
     ensure!(
         log.contains("added to the publication") && log.contains(&format!("{s}.b")),
         "the log says which table was added: {log}"
+    );
+    ensure!(
+        log.contains("not captured") && log.contains("REPLICA IDENTITY FULL"),
+        "the log says why the keyless table waited and what to do: {log}"
     );
 
     // Dropped and created again under the same name: the new table's rows and none of

@@ -55,6 +55,19 @@ pub async fn add_new_tables(
                 .push((t.name.clone(), identity_misses_key(&t.name, index)));
             continue;
         }
+        // Published without a replica identity, the table would refuse its own UPDATEs
+        // and DELETEs ("cannot update table ... because it does not have a replica
+        // identity"): the application's writes would break. Left out until it has one.
+        if t.replica_identity == 'n' || (t.replica_identity == 'd' && !t.has_primary_key) {
+            out.refused.push((
+                t.name.clone(),
+                format!(
+                    "it has no primary key or replica identity, and published as it is its UPDATEs and DELETEs would fail at the source; add a primary key, or run ALTER TABLE {} REPLICA IDENTITY FULL, and capture adds it at its next look",
+                    t.name.quoted()
+                ),
+            ));
+            continue;
+        }
         let sql = format!(
             "ALTER PUBLICATION {} ADD TABLE {}",
             quote_ident(publication),
