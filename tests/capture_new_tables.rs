@@ -3,13 +3,20 @@
 //! `[source] tables` to the publication, snapshots the rows committed before the add
 //! (the creating transaction's among them) and streams every change after it; a table
 //! created again under a captured name replaces the old one's rows; a table matching
-//! `[source] exclude_tables` is left out; a dropped table is said to be gone.
+//! `[source] exclude_tables` is left out; a dropped table is said to be gone; a table
+//! that no longer matches after a config change is removed from the publication.
 
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
+use wal2delta_model::TableName;
 use wal2delta_tests::lake::table_rows;
 use wal2delta_tests::{source_rows, Scenario, Stack};
+
+/// A table name with a space, quotes, capitals and non-ASCII, as PostgreSQL spells it and
+/// quoted for SQL.
+const ODD_NAME: &str = "Pay \"Me\" ü";
+const ODD: &str = "\"Pay \"\"Me\"\" ü\"";
 
 async fn published(pg: &tokio_postgres::Client, publication: &str) -> Result<Vec<String>> {
     Ok(pg
@@ -59,7 +66,9 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
          INSERT INTO {s}.skip_me VALUES (1, 'no');
          CREATE TABLE {s}.c (id int PRIMARY KEY, v text);
          CREATE TABLE {s}.nokey (id int, v text);
-         INSERT INTO {s}.nokey VALUES (1, 'no key');"
+         INSERT INTO {s}.nokey VALUES (1, 'no key');
+         CREATE TABLE {s}.{ODD} (id int PRIMARY KEY, v text);
+         INSERT INTO {s}.{ODD} VALUES (1, 'odd'), (2, 'odder');"
     ))
     .await?;
     let publication = d.publication.clone();
@@ -74,7 +83,10 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         .await?;
         n += 1;
         let now = published(&pg, &publication).await?;
-        if now.contains(&format!("{s}.b")) && now.contains(&format!("{s}.c")) {
+        if now.contains(&format!("{s}.b"))
+            && now.contains(&format!("{s}.c"))
+            && now.contains(&format!("{s}.{ODD_NAME}"))
+        {
             break;
         }
         if start.elapsed() > Duration::from_secs(60) {
@@ -102,6 +114,13 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
     let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
     run.wait_for("Silver of a", &want, || table_rows(&a, "id, v", "id"))
         .await?;
+    // A name with a space, quotes, capitals and non-ASCII is added and captured too.
+    let odd = d.silver(&TableName::new(&s, ODD_NAME).ident_parts().1);
+    let want = source_rows(&pg, &format!("{s}.{ODD}"), "id, v", "id").await?;
+    run.wait_for("Silver of the odd name", &want, || {
+        table_rows(&odd, "id, v", "id")
+    })
+    .await?;
 
     let now = published(&pg, &publication).await?;
     ensure!(
@@ -182,6 +201,49 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         run.assert_running()?;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    ensure!(run.stop()?.success(), "{}", run.log_text());
+
+    // The config changes: b is excluded now. At its next look capture removes b from the
+    // publication, as `setup` would; b's later changes stay out of the lake, a's go on.
+    let mut d = d;
+    d.env.push((
+        "WAL2DELTA__SOURCE__EXCLUDE_TABLES".into(),
+        format!("['{s}.skip_*', '{s}.b']"),
+    ));
+    let mut run = d.spawn_stage("capture,bronze,silver", "run-2")?;
+    let start = Instant::now();
+    while published(&pg, &publication)
+        .await?
+        .contains(&format!("{s}.b"))
+    {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "b not removed from the publication: {}",
+            run.log_text()
+        );
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let before = table_rows(&b, "id, v", "id")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.b VALUES (7000, 'not captured'); INSERT INTO {s}.a VALUES (3, 'after removal')"
+    ))
+    .await?;
+    let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
+    run.wait_for("Silver of a after b's removal", &want, || {
+        table_rows(&a, "id, v", "id")
+    })
+    .await?;
+    ensure!(
+        table_rows(&b, "id, v", "id")? == before,
+        "nothing of b after its removal reaches the lake"
+    );
+    let log = std::fs::read_to_string(d.dir.join("run-2.log")).unwrap_or_default();
+    ensure!(
+        log.contains("removed from the publication") && log.contains(&format!("{s}.b")),
+        "the log says which table was removed and why: {}",
+        run.log_text()
+    );
     ensure!(run.stop()?.success(), "{}", run.log_text());
     Ok(())
 }
