@@ -43,6 +43,18 @@ pub async fn follow_tables(
     patterns: &[String],
     exclude: &[String],
 ) -> Result<Followed, CdcError> {
+    // A publication FOR ALL TABLES (made by hand) publishes every table already and can
+    // neither add nor drop one.
+    let all_tables = client
+        .query_opt(
+            "SELECT puballtables FROM pg_publication WHERE pubname = $1",
+            &[&publication],
+        )
+        .await?
+        .is_some_and(|r| r.get::<_, bool>(0));
+    if all_tables {
+        return Ok(Followed::default());
+    }
     let published: BTreeSet<TableName> = client
         .query(
             "SELECT schemaname::text, tablename::text FROM pg_publication_tables WHERE pubname = $1",
