@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use wal2delta_model::TableName;
+use wal2delta_tests::daemon::{psql, wait_log};
 use wal2delta_tests::lake::table_rows;
 use wal2delta_tests::{source_rows, Scenario, Stack};
 
@@ -98,10 +99,13 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         run.assert_running()?;
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    // After the add: streamed, in the same transactions as changes of a.
+    // After the add: streamed, in the same transactions as changes of a; then its key
+    // widened (int to bigint) right after capture added it, and a value only bigint holds.
     pg.batch_execute(&format!(
         "BEGIN; INSERT INTO {s}.b VALUES (5000, 'late'); UPDATE {s}.a SET v = 'with b'; COMMIT;
-         DELETE FROM {s}.b WHERE id = 3; UPDATE {s}.b SET v = NULL WHERE id = 1000"
+         DELETE FROM {s}.b WHERE id = 3; UPDATE {s}.b SET v = NULL WHERE id = 1000;
+         ALTER TABLE {s}.b ALTER COLUMN id TYPE bigint;
+         INSERT INTO {s}.b VALUES (5000000000, 'wide'); UPDATE {s}.b SET v = 'after widening' WHERE id = 5"
     ))
     .await?;
 
@@ -157,6 +161,47 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
     }
     pg.batch_execute(&format!("UPDATE {s}.nokey SET v = 'captured'"))
         .await?;
+
+    // A table the capture role does not own cannot be added (ALTER PUBLICATION fails):
+    // warned with the statement to run, tried again at every look, added once the role
+    // owns it, and nothing of it is lost.
+    let admin = &stack.admin_dsn;
+    ensure!(
+        psql(
+            admin,
+            &format!(
+                "CREATE TABLE {s}.theirs (id int PRIMARY KEY, v text); \
+                 INSERT INTO {s}.theirs VALUES (1, 'before'), (2, 'before')"
+            )
+        )
+        .is_some(),
+        "the admin creates a table it owns"
+    );
+    wait_log(
+        &d.dir.join("run.log"),
+        &["the capture role may not add it", &format!("{s}.theirs")],
+        Duration::from_secs(60),
+    )?;
+    ensure!(
+        !published(&pg, &publication)
+            .await?
+            .contains(&format!("{s}.theirs")),
+        "a table the role does not own is not published"
+    );
+    ensure!(
+        psql(
+            admin,
+            &format!("UPDATE {s}.theirs SET v = 'changed' WHERE id = 2; ALTER TABLE {s}.theirs OWNER TO replicator")
+        )
+        .is_some(),
+        "the owner hands the table over"
+    );
+    let theirs = d.silver("theirs");
+    let want = source_rows(&pg, &format!("{s}.theirs"), "id, v", "id").await?;
+    run.wait_for("Silver of the table added once owned", &want, || {
+        table_rows(&theirs, "id, v", "id")
+    })
+    .await?;
     let full_log = || std::fs::read_to_string(d.dir.join("run.log")).unwrap_or_default();
     let log = full_log();
     ensure!(
