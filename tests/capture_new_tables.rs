@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Result};
 use wal2delta_model::TableName;
-use wal2delta_tests::daemon::{psql, wait_log};
+use wal2delta_tests::daemon::{psql, wait_log, StageProcess};
 use wal2delta_tests::lake::table_rows;
 use wal2delta_tests::{source_rows, Scenario, Stack};
 
@@ -29,6 +29,29 @@ async fn published(pg: &tokio_postgres::Client, publication: &str) -> Result<Vec
         .iter()
         .map(|r| r.get(0))
         .collect())
+}
+
+/// Waits up to 60 s, `run` running, until `table` is in the publication (`present`) or
+/// out of it.
+async fn wait_published(
+    pg: &tokio_postgres::Client,
+    publication: &str,
+    table: &str,
+    present: bool,
+    run: &mut StageProcess,
+) -> Result<()> {
+    let start = Instant::now();
+    while published(pg, publication).await?.iter().any(|t| t == table) != present {
+        ensure!(
+            start.elapsed() < Duration::from_secs(60),
+            "{table} not {} the publication within 60 s: {}",
+            if present { "added to" } else { "removed from" },
+            run.log_text()
+        );
+        run.assert_running()?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    Ok(())
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -146,19 +169,7 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         "UPDATE {s}.nokey SET v = 'updated'; ALTER TABLE {s}.nokey REPLICA IDENTITY FULL"
     ))
     .await?;
-    let start = Instant::now();
-    while !published(&pg, &publication)
-        .await?
-        .contains(&format!("{s}.nokey"))
-    {
-        ensure!(
-            start.elapsed() < Duration::from_secs(60),
-            "nokey not added once it has an identity: {}",
-            run.log_text()
-        );
-        run.assert_running()?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_published(&pg, &publication, &format!("{s}.nokey"), true, &mut run).await?;
     pg.batch_execute(&format!("UPDATE {s}.nokey SET v = 'captured'"))
         .await?;
 
@@ -256,19 +267,7 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         format!("['{s}.skip_*', '{s}.b']"),
     ));
     let mut run = d.spawn_stage("capture,bronze,silver", "run-2")?;
-    let start = Instant::now();
-    while published(&pg, &publication)
-        .await?
-        .contains(&format!("{s}.b"))
-    {
-        ensure!(
-            start.elapsed() < Duration::from_secs(60),
-            "b not removed from the publication: {}",
-            run.log_text()
-        );
-        run.assert_running()?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_published(&pg, &publication, &format!("{s}.b"), false, &mut run).await?;
     let before = table_rows(&b, "id, v", "id")?;
     pg.batch_execute(&format!(
         "INSERT INTO {s}.b VALUES (7000, 'not captured'); INSERT INTO {s}.a VALUES (3, 'after removal')"
