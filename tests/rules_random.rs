@@ -27,8 +27,8 @@ use rand::{Rng, SeedableRng};
 use tokio_postgres::Client;
 use wal2delta_tests::chaos::{FilesAway, ReadOnlyLake};
 use wal2delta_tests::daemon::StageProcess;
-use wal2delta_tests::lake::{duckdb, exact_transitions, rule_hits, rule_versions};
-use wal2delta_tests::{Scenario, Stack};
+use wal2delta_tests::lake::{duckdb, exact_transitions, rule_hits, rule_versions, table_rows};
+use wal2delta_tests::{source_rows, Scenario, Stack};
 
 const TABLES: &str = "CREATE TABLE {s}.merchants (id bigint PRIMARY KEY, risk int NOT NULL); \
     CREATE TABLE {s}.payments (id bigint PRIMARY KEY, merchant bigint NOT NULL, amount bigint NOT NULL);";
@@ -353,6 +353,20 @@ async fn run(seed: u64) -> Result<()> {
         "rules_random: {edits} rule edits; faults: {} kills, {} failed Silver commit spells, {} unreadable lookup spells, {} unwritable hits spells",
         faults[0], faults[1], faults[2], faults[3]
     );
+    // Silver first: the model Gold is compared with is computed over Silver, so Silver
+    // must hold the source's final rows before it is (the hits alone can be final
+    // earlier, when no final rule reads what Silver still has to apply).
+    for (table, columns) in [
+        ("payments", "id, merchant, amount"),
+        ("merchants", "id, risk"),
+    ] {
+        let want = source_rows(&pg, &format!("{s}.{table}"), columns, "id").await?;
+        let silver = lake.join("silver").join(&s).join(table);
+        until(&mut worker, &format!("Silver of {table}"), &want, || {
+            table_rows(&silver, columns, "id")
+        })
+        .await?;
+    }
     let want = pg_hits(&pg, &s).await?;
     until(&mut worker, "the hits of the final rules", &want, || {
         rule_hits(&lake)
