@@ -36,6 +36,21 @@ fn logs(root: &Path) -> Result<Vec<PathBuf>> {
     Ok(found)
 }
 
+/// Per `_delta_log` under `lake`, how many of its commits are `wal2delta upgrade`'s.
+fn migrations(lake: &Path) -> Result<Vec<usize>> {
+    let mut out = Vec::new();
+    for log in logs(lake)? {
+        let mut n = 0;
+        for c in commits(&log)? {
+            if std::fs::read_to_string(&c)?.contains("\"wal2delta.upgrade\"") {
+                n += 1;
+            }
+        }
+        out.push(n);
+    }
+    Ok(out)
+}
+
 /// The commit files of a `_delta_log`, oldest first.
 fn commits(log: &Path) -> Result<Vec<PathBuf>> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(log)?
@@ -216,14 +231,40 @@ async fn an_earlier_releases_lake_is_refused_until_upgraded_then_goes_on_exactly
     );
     ensure!(lake_files(&lake)? == after, "a dry run changes nothing");
 
-    // The upgrade migrates every table, in one commit each, recording from and to.
+    // A SIGKILL during the upgrade (as soon as one table is migrated, or wherever it
+    // lands): each table is one commit, so the tables it migrated stay migrated and a
+    // second run migrates the rest, none twice.
+    let mut killed = d
+        .command_line(&["upgrade"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?;
+    let start = Instant::now();
+    while migrations(&lake)?.iter().all(|&n| n == 0)
+        && killed.try_wait()?.is_none()
+        && start.elapsed() < Duration::from_secs(60)
+    {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let _ = killed.kill();
+    let _ = killed.wait();
+    let tables = logs(&lake)?.len();
+    let done_before = migrations(&lake)?.iter().filter(|&&n| n > 0).count();
+    eprintln!("lake_upgrade: the kill landed after {done_before} of {tables} tables");
+
+    // The upgrade migrates every table left, in one commit each, recording from and to.
     let out = d.command(&["upgrade"])?;
     let text = stdout(&out);
     ensure!(out.status.success(), "upgrade: {text}");
-    let tables = logs(&lake)?.len();
     ensure!(
-        text.contains(&format!("migrated {tables} table(s)")),
-        "every one of the {tables} tables is migrated: {text}"
+        text.contains(&format!("migrated {} table(s)", tables - done_before)),
+        "the {} tables the killed run left are migrated: {text}",
+        tables - done_before
+    );
+    ensure!(
+        migrations(&lake)?.iter().all(|&n| n == 1),
+        "every table migrated exactly once: {:?}",
+        migrations(&lake)?
     );
     let formats = recorded(&silver_log)?;
     ensure!(
