@@ -196,6 +196,7 @@ pub const SOURCE_MARKER: &str = "_wal2delta/source.json";
 pub async fn claim_source(root: &Url, ours: &str) -> Result<String, LakeError> {
     let store = store(root).map_err(failed(root))?;
     let path = Path::from(SOURCE_MARKER);
+    let marker = format!("{}/{SOURCE_MARKER}", root.as_str().trim_end_matches('/'));
     for _ in 0..2 {
         match store.get(&path).await {
             Ok(got) => {
@@ -204,7 +205,7 @@ pub async fn claim_source(root: &Url, ours: &str) -> Result<String, LakeError> {
                     .ok()
                     .and_then(|v| v.get("source")?.as_str().map(str::to_owned))
                     .ok_or_else(|| LakeError::Uri {
-                        uri: format!("{root}{SOURCE_MARKER}"),
+                        uri: marker.clone(),
                         reason: "unreadable source marker (not JSON with a \"source\" string); it records which source writes this lake: restore it, or remove it if this lake has one source only".into(),
                     })?;
                 return Ok(found);
@@ -237,10 +238,10 @@ pub async fn claim_source(root: &Url, ours: &str) -> Result<String, LakeError> {
             Err(e) => return Err(failed(root)(e.into())),
         }
     }
-    Err(LakeError::Uri {
-        uri: format!("{root}{SOURCE_MARKER}"),
-        reason: "the source marker exists but cannot be read back; retried".into(),
-    })
+    // Created and gone again between two looks: transient, the stage tries again.
+    Err(failed(root)(DeltaTableError::Generic(format!(
+        "{marker}: the lake's source marker was created and removed meanwhile"
+    ))))
 }
 
 /// Whether the store under `root` refuses to create an object that exists
