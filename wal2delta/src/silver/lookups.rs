@@ -119,18 +119,11 @@ pub(super) fn hold(
 /// The holds of the tables whose rules look others up: since when each holds changes back,
 /// and whether it was released past the timeout.
 ///
-/// A hold measures how long a table has been stuck: it begins when the table has changes
-/// past its cap, and begins again whenever the cap rises (what it waits for moved). A
-/// table in lock-step with a busy looked-up table is capped round after round, but moves
-/// every round: that is not a stall, and releasing it would let the lookups see related
-/// rows newer than the change, which a replay would not (issue 38: a clean run's
-/// transitions differed after a 30 s stretch of lock-step under load).
-///
-/// A hold is released once: past `[rules] lookup_timeout_ms` without moving, the table
-/// applies everything its transaction records reach, round after round, until the
-/// looked-up tables catch up with the transaction records; only then can a new hold
-/// begin. (Releasing one round and holding again would advance such a table one round per
-/// timeout, falling behind without bound while a looked-up table keeps failing.)
+/// A hold is released once: past `[rules] lookup_timeout_ms` the table applies everything
+/// its transaction records reach, round after round, until the looked-up tables catch up
+/// with the transaction records; only then can a new hold begin. (Releasing one round and
+/// holding again would advance such a table one round per timeout, falling behind without
+/// bound while a looked-up table keeps failing.)
 #[derive(Debug, Default)]
 pub(super) struct Holds {
     began: HashMap<String, Began>,
@@ -138,11 +131,8 @@ pub(super) struct Holds {
 
 #[derive(Debug)]
 struct Began {
-    /// Since when the table has not moved: the hold's start, or the last rise of its cap.
     at: Instant,
     released: bool,
-    /// The cap the table was held at when `at` was set.
-    top: i64,
 }
 
 /// What a table's round may apply, as [`Holds::decide`] decided.
@@ -166,14 +156,6 @@ impl Holds {
         timeout: Duration,
         now: Instant,
     ) -> Decision {
-        // The cap rose since the last round: the table moves, and its hold starts over.
-        let top_now = cap.map(|c| c.max(before));
-        if let (Some(b), Some(top)) = (self.began.get_mut(name), top_now) {
-            if !b.released && top > b.top {
-                b.at = now;
-                b.top = top;
-            }
-        }
         let held_for = self
             .began
             .get(name)
@@ -193,7 +175,6 @@ impl Holds {
                     self.began.entry(name.to_owned()).or_insert(Began {
                         at: now,
                         released: false,
-                        top,
                     });
                 } else if !released {
                     // Nothing waits: the next wait is a new hold.
@@ -205,7 +186,6 @@ impl Holds {
                 let began = self.began.entry(name.to_owned()).or_insert(Began {
                     at: now,
                     released: false,
-                    top: top_now.unwrap_or(before),
                 });
                 let first = !began.released;
                 began.released = true;
@@ -329,57 +309,6 @@ mod tests {
             (d.counts.top, d.released_after),
             (400, Some(Duration::from_secs(30)))
         );
-    }
-
-    /// A table in lock-step with a busy looked-up table is capped every round but moves
-    /// every round: however long that lasts, it is never released (a release would let
-    /// its lookups see related rows newer than its changes).
-    #[test]
-    fn a_table_that_moves_in_lock_step_is_never_released() {
-        let timeout = Duration::from_secs(30);
-        let t0 = Instant::now();
-        let mut holds = Holds::default();
-        // Every 5 s the looked-up table applies one more change; this table always has
-        // changes past the cap (waiting) and follows it.
-        for step in 0..20i64 {
-            let cap = 100 + step * 10;
-            let c = counts(10_000, &[cap + 5, 9_000]);
-            let d = holds.decide(
-                "s.orders",
-                Some(cap),
-                cap - 10,
-                c,
-                timeout,
-                t0 + Duration::from_secs(5 * step as u64),
-            );
-            assert_eq!(
-                d.counts.top, cap,
-                "step {step}: held at the cap, in lock-step"
-            );
-            assert_eq!(d.released_after, None, "step {step}: never released");
-        }
-        // Then the looked-up table stops: 30 s later the hold is released, once.
-        let c = counts(10_000, &[300, 9_000]);
-        let last = t0 + Duration::from_secs(95);
-        let d = holds.decide(
-            "s.orders",
-            Some(290),
-            290,
-            c.clone(),
-            timeout,
-            last + Duration::from_secs(29),
-        );
-        assert_eq!(d.counts.top, 290);
-        let d = holds.decide(
-            "s.orders",
-            Some(290),
-            290,
-            c,
-            timeout,
-            last + Duration::from_secs(30),
-        );
-        assert_eq!(d.counts.top, 10_000);
-        assert!(d.released_after.is_some());
     }
 
     #[test]
