@@ -146,7 +146,7 @@ listen = "127.0.0.1:0"
             .args(extra);
         clear_overrides(&mut cmd);
         cmd.envs(self.env.iter().cloned());
-        cmd.env("RUST_LOG", "info")
+        cmd.env("RUST_LOG", crate::daemon_log_filter())
             .stdout(Stdio::null())
             .stderr(file);
         Ok(StageProcess {

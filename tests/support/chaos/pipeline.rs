@@ -86,7 +86,7 @@ impl Pipeline {
             .create(true)
             .append(true)
             .open(&p.log)?;
-        cmd.env("RUST_LOG", "info")
+        cmd.env("RUST_LOG", crate::daemon_log_filter())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(file);

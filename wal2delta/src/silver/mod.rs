@@ -395,14 +395,13 @@ impl Stage<'_> {
                 .into_iter()
                 .flatten()
                 .filter_map(|t| self.watermarks.get(t).copied());
-            let cap = [
-                hold,
+            let (lookup, looked_up) = (
                 lookups::lookup_cap(related),
                 lookups::looked_up_cap(counts_all.get(name.as_str()), readers),
-            ]
-            .into_iter()
-            .flatten()
-            .min();
+            );
+            // What holds a table back, for an operator asking why it does not move.
+            tracing::debug!(table = %name, watermark, records_top = asked, edit_stop = stop, rules_table_at = ?hold, lookup_cap = ?lookup, looked_up_cap = ?looked_up, "round caps");
+            let cap = [hold, lookup, looked_up].into_iter().flatten().min();
             let counts = self.hold_for_lookups(&name, counts, cap);
             self.apply(&name, &counts).await;
             self.go_on_if_stopped(&name, watermark, stop.min(counts.top), asked);
