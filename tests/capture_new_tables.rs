@@ -3,7 +3,8 @@
 //! `[source] tables` to the publication, snapshots the rows committed before the add
 //! (the creating transaction's among them) and streams every change after it; a table
 //! created again under a captured name replaces the old one's rows; a table matching
-//! `[source] exclude_tables` is left out; a dropped table is said to be gone.
+//! `[source] exclude_tables` is left out; a dropped table is said to be gone; a table
+//! that no longer matches after a config change is removed from the publication.
 
 use std::time::{Duration, Instant};
 
@@ -256,6 +257,37 @@ async fn a_table_created_while_the_daemon_runs_is_captured_without_setup() -> Re
         run.assert_running()?;
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
+    ensure!(run.stop()?.success(), "{}", run.log_text());
+
+    // The config changes: b is excluded now. At its next look capture removes b from the
+    // publication, as `setup` would; b's later changes stay out of the lake, a's go on.
+    let mut d = d;
+    d.env.push((
+        "WAL2DELTA__SOURCE__EXCLUDE_TABLES".into(),
+        format!("['{s}.skip_*', '{s}.b']"),
+    ));
+    let mut run = d.spawn_stage("capture,bronze,silver", "run-2")?;
+    wait_published(&pg, &publication, &format!("{s}.b"), false, &mut run).await?;
+    let before = table_rows(&b, "id, v", "id")?;
+    pg.batch_execute(&format!(
+        "INSERT INTO {s}.b VALUES (7000, 'not captured'); INSERT INTO {s}.a VALUES (3, 'after removal')"
+    ))
+    .await?;
+    let want = source_rows(&pg, &format!("{s}.a"), "id, v", "id").await?;
+    run.wait_for("Silver of a after b's removal", &want, || {
+        table_rows(&a, "id, v", "id")
+    })
+    .await?;
+    ensure!(
+        table_rows(&b, "id, v", "id")? == before,
+        "nothing of b after its removal reaches the lake"
+    );
+    let log = std::fs::read_to_string(d.dir.join("run-2.log")).unwrap_or_default();
+    ensure!(
+        log.contains("removed from the publication") && log.contains(&format!("{s}.b")),
+        "the log says which table was removed and why: {}",
+        run.log_text()
+    );
     ensure!(run.stop()?.success(), "{}", run.log_text());
     Ok(())
 }

@@ -293,6 +293,32 @@ impl InternalEvent for TableNotAddedToPublication<'_> {
     }
 }
 
+/// A table in the publication no longer matches `[source] tables` (or now matches
+/// `[source] exclude_tables`): capture removed it, as `setup` would.
+pub struct TableRemovedFromPublication<'a> {
+    pub table: &'a TableName,
+    pub publication: &'a str,
+}
+
+impl InternalEvent for TableRemovedFromPublication<'_> {
+    fn emit(self) {
+        tracing::info!(table = %self.table, publication = self.publication, "a table no longer matches [source] tables (or matches exclude_tables): removed from the publication; its changes are no longer captured, its lake tables stay");
+    }
+}
+
+/// A table that no longer matches could not be removed from the publication (told once
+/// per table and process; tried again at every look).
+pub struct TableNotRemovedFromPublication<'a> {
+    pub table: &'a TableName,
+    pub reason: &'a str,
+}
+
+impl InternalEvent for TableNotRemovedFromPublication<'_> {
+    fn emit(self) {
+        tracing::warn!(table = %self.table, reason = self.reason, "a table no longer matching [source] tables is still captured: it could not be removed from the publication");
+    }
+}
+
 /// A table left the publication while capture ran (dropped, or removed by hand).
 pub struct TableLeftPublication<'a> {
     pub table: &'a TableName,

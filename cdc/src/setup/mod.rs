@@ -10,7 +10,7 @@ use crate::CdcError;
 mod follow;
 mod privileges;
 
-pub use follow::{add_new_tables, Followed};
+pub use follow::{follow_tables, Followed};
 
 /// What setup found and did.
 #[derive(Debug, Default)]

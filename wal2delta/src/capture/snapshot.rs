@@ -22,7 +22,7 @@ use wal2delta_model::clock::unix_ms as now_ms;
 use tokio::sync::{mpsc, oneshot};
 use wal2delta_cdc::catalog::TypeCatalog;
 use wal2delta_cdc::replication::ConnectParams;
-use wal2delta_cdc::setup::add_new_tables;
+use wal2delta_cdc::setup::follow_tables;
 use wal2delta_cdc::snapshot::{estimate_rows, rows_position, table_schema, Chunker};
 use wal2delta_cdc::{source, CdcError};
 use wal2delta_model::{Change, ChangeOp, Lsn, Row, TableName, TableSchema, TxPosition};
@@ -30,6 +30,7 @@ use wal2delta_stream::snapshots::SnapshotProgress;
 
 use crate::events::{
     InternalEvent, TableAddedToPublication, TableLeftPublication, TableNotAddedToPublication,
+    TableNotRemovedFromPublication, TableRemovedFromPublication,
 };
 use crate::metrics as m;
 
@@ -64,12 +65,12 @@ pub struct SnapshotPlan {
     /// Where requests arrive (the snapshots topic), looked at every [`RECHECK`].
     pub requests: Option<(wal2delta_stream::connection::KafkaConnection, String)>,
     /// `[source] add_new_tables`: the patterns whose new tables are added to the
-    /// publication at every [`RECHECK`].
+    /// publication (and whose tables no longer matching are removed) at every [`RECHECK`].
     pub follow: Option<Follow>,
 }
 
-/// Tables created after `setup` that capture adds to the publication
-/// (`wal2delta_cdc::setup::add_new_tables`).
+/// Tables created after `setup` that capture adds to the publication, and tables that no
+/// longer match the patterns, which it removes (`wal2delta_cdc::setup::follow_tables`).
 pub struct Follow {
     /// `[source] tables`.
     pub patterns: Vec<String>,
@@ -91,8 +92,7 @@ impl Follow {
     /// Adds the new matching tables and returns them. A catalog that cannot be read is
     /// looked at again next time (the stream goes on meanwhile).
     async fn look(&mut self, client: &tokio_postgres::Client, publication: &str) -> Vec<TableName> {
-        let followed = match add_new_tables(client, publication, &self.patterns, &self.exclude)
-            .await
+        let followed = match follow_tables(client, publication, &self.patterns, &self.exclude).await
         {
             Ok(f) => f,
             Err(e) => {
@@ -103,6 +103,14 @@ impl Follow {
         for table in &followed.added {
             self.told.remove(table);
             TableAddedToPublication { table, publication }.emit();
+        }
+        for table in &followed.removed {
+            TableRemovedFromPublication { table, publication }.emit();
+        }
+        for (table, reason) in &followed.not_removed {
+            if self.told.insert(table.clone()) {
+                TableNotRemovedFromPublication { table, reason }.emit();
+            }
         }
         metrics::gauge!(m::CAPTURE_TABLES_NOT_ADDED).set(followed.refused.len() as f64);
         for (table, reason) in &followed.refused {
