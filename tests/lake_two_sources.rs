@@ -153,7 +153,25 @@ async fn two_databases_share_one_lake_and_one_broker_each_under_its_name() -> Re
         log.contains(&format!("{db_a}/{}", a.slot)) && log.contains(&format!("{db}/{}", b.slot)),
         "both sources are named: {log}"
     );
+    // Refused at start, by the source the lake's root records, before any table.
+    ensure!(
+        log.contains("the lake at") && shared.join("_wal2delta/source.json").is_file(),
+        "the refusal comes from the lake's source marker: {log}"
+    );
     drop(_second);
+    // A lake shared before the marker existed: each Bronze table's own record refuses.
+    std::fs::remove_file(shared.join("_wal2delta/source.json"))?;
+    let _again = b.spawn_stage("bronze", "unnamed-2")?;
+    let log = wait_log(
+        &b.dir.join("unnamed-2.log"),
+        &["is written by source", &format!("{db_a}/{}", a.slot)],
+        Duration::from_secs(90),
+    )?;
+    ensure!(
+        log.contains(&format!("bronze/{s}/orders")) || log.contains(&format!("{s}.orders")),
+        "the table is named: {log}"
+    );
+    drop(_again);
 
     // Two sources on the same topics: beta's capture with alpha's topic prefix.
     b.env

@@ -60,26 +60,45 @@ pub(crate) async fn recorded(
     table: &DeltaTable,
     key: &str,
 ) -> Result<Option<String>, LakeError> {
+    Ok(recorded_keys(name, table, &[key]).await?.pop().flatten())
+}
+
+/// [`recorded`] for each of `keys`, in one read of the history.
+pub(crate) async fn recorded_keys(
+    name: &str,
+    table: &DeltaTable,
+    keys: &[&str],
+) -> Result<Vec<Option<String>>, LakeError> {
+    let mut out = vec![None; keys.len()];
     if table.version().is_none() {
-        return Ok(None);
+        return Ok(out);
     }
     let mut history = table.history(Some(FORMAT_LOOKBACK));
     while let Some(info) = history.next().await {
         let info = info.map_err(LakeError::delta(&name))?;
-        if let Some(value) = info.info.get(key) {
-            return Ok(Some(match value {
-                serde_json::Value::String(s) => s.clone(),
-                other => other.to_string(),
-            }));
+        for (key, slot) in keys.iter().zip(out.iter_mut()) {
+            if slot.is_none() {
+                *slot = info.info.get(*key).map(|value| match value {
+                    serde_json::Value::String(s) => s.clone(),
+                    other => other.to_string(),
+                });
+            }
+        }
+        if out.iter().all(Option::is_some) {
+            break;
         }
     }
-    Ok(None)
+    Ok(out)
 }
 
 /// Refuses a table this binary must not write: one of a newer lake format, or of an older
 /// one not yet migrated by `wal2delta upgrade` (docs/upgrading.md, "Format versions").
 pub(crate) async fn check_format(name: &str, table: &DeltaTable) -> Result<(), LakeError> {
-    let recorded = recorded_format(name, table).await?;
+    check_recorded_format(name, recorded_format(name, table).await?)
+}
+
+/// [`check_format`] of a format already read.
+fn check_recorded_format(name: &str, recorded: Option<String>) -> Result<(), LakeError> {
     let fix = match check_lake(recorded.as_deref()) {
         FormatCheck::Current => return Ok(()),
         FormatCheck::Older(_) => {
@@ -117,6 +136,22 @@ pub(crate) async fn open(name: &str, url: &Url) -> Result<Option<DeltaTable>, La
         check_format(name, t).await?;
     }
     Ok(t)
+}
+
+/// [`open`], also returning the value the latest commits record for `key` (read with the
+/// format in one pass over the history).
+pub(crate) async fn open_with_recorded(
+    name: &str,
+    url: &Url,
+    key: &str,
+) -> Result<Option<(DeltaTable, Option<String>)>, LakeError> {
+    let Some(t) = open_unchecked(name, url).await? else {
+        return Ok(None);
+    };
+    let mut found = recorded_keys(name, &t, &[LAKE_FORMAT_COMMIT_KEY, key]).await?;
+    let value = found.pop().flatten();
+    check_recorded_format(name, found.pop().flatten())?;
+    Ok(Some((t, value)))
 }
 
 /// [`open`] without the format check: for `wal2delta upgrade`, which reads every format.

@@ -88,6 +88,23 @@ impl Lake {
         &self.root
     }
 
+    /// Refuses to write a lake another source writes (docs/operations.md, "Several
+    /// databases, one lake"): the first Bronze writer records its source at the lake root
+    /// ([`storage::SOURCE_MARKER`]), and a start with another source is refused with
+    /// both named, before anything is read or written. (Each Bronze commit records its
+    /// source too, which catches a lake shared before the marker existed.)
+    pub async fn claim_source(&self, ours: &str) -> Result<(), LakeError> {
+        let found = storage::claim_source(&self.root, ours).await?;
+        if found != ours {
+            return Err(LakeError::Source {
+                table: format!("the lake at {}", self.root),
+                found,
+                ours: ours.to_owned(),
+            });
+        }
+        Ok(())
+    }
+
     /// Refuses a store on which two writers committing the same table version could both
     /// succeed (see [`storage`](crate::storage)), unless the operator declared this the
     /// only writer of the lake (`single_writer`).

@@ -186,6 +186,64 @@ pub(crate) async fn last_checkpoint(store: &dyn ObjectStore) -> Option<u64> {
         .as_u64()
 }
 
+/// Where a lake records the source that writes it, relative to the lake root.
+pub const SOURCE_MARKER: &str = "_wal2delta/source.json";
+
+/// The source recorded at `root` ([`SOURCE_MARKER`]), recording `ours` when none is: the
+/// first Bronze writer of a lake claims it, and every later start compares. Created with
+/// `If-None-Match: *`, so of two sources starting at once on an empty lake one claims it
+/// and the other reads the claim. Returns the source found (`ours` once claimed).
+pub async fn claim_source(root: &Url, ours: &str) -> Result<String, LakeError> {
+    let store = store(root).map_err(failed(root))?;
+    let path = Path::from(SOURCE_MARKER);
+    let marker = format!("{}/{SOURCE_MARKER}", root.as_str().trim_end_matches('/'));
+    for _ in 0..2 {
+        match store.get(&path).await {
+            Ok(got) => {
+                let bytes = got.bytes().await.map_err(|e| failed(root)(e.into()))?;
+                let found = serde_json::from_slice::<serde_json::Value>(&bytes)
+                    .ok()
+                    .and_then(|v| v.get("source")?.as_str().map(str::to_owned))
+                    .ok_or_else(|| LakeError::Uri {
+                        uri: marker.clone(),
+                        reason: "unreadable source marker (not JSON with a \"source\" string); it records which source writes this lake: restore it, or remove it if this lake has one source only".into(),
+                    })?;
+                return Ok(found);
+            }
+            Err(object_store::Error::NotFound { .. }) => {}
+            Err(e) => return Err(failed(root)(e.into())),
+        }
+        let body = serde_json::json!({
+            "source": ours,
+            "claimed_at_ms": SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or(0),
+        });
+        let create = PutOptions {
+            mode: PutMode::Create,
+            ..PutOptions::default()
+        };
+        match store
+            .put_opts(
+                &path,
+                PutPayload::from(body.to_string().into_bytes()),
+                create,
+            )
+            .await
+        {
+            Ok(_) => return Ok(ours.to_owned()),
+            // Another source claimed it meanwhile: read its claim.
+            Err(object_store::Error::AlreadyExists { .. }) => continue,
+            Err(e) => return Err(failed(root)(e.into())),
+        }
+    }
+    // Created and gone again between two looks: transient, the stage tries again.
+    Err(failed(root)(DeltaTableError::Generic(format!(
+        "{marker}: the lake's source marker was created and removed meanwhile"
+    ))))
+}
+
 /// Whether the store under `root` refuses to create an object that exists
 /// (`If-None-Match: *`), the guarantee concurrent Delta commits rest on (module docs).
 /// Writes and removes one probe object under `_wal2delta/`.
@@ -231,6 +289,44 @@ pub async fn probe_conditional_put(root: &Url) -> Result<bool, LakeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_first_source_claims_a_lake_and_another_is_refused() {
+        let dir = std::env::temp_dir().join(format!("w2d-claim-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        for uri in [
+            format!("file://{}/", dir.display()),
+            "memory:///claim-test/".to_owned(),
+        ] {
+            let lake = crate::Lake::new(&uri).unwrap();
+            lake.claim_source("app/wal2delta").await.unwrap();
+            // Again, as every start does: the same source passes.
+            lake.claim_source("app/wal2delta").await.unwrap();
+            let e = lake.claim_source("billing/wal2delta").await.unwrap_err();
+            let text = e.to_string();
+            assert!(
+                matches!(e, LakeError::Source { .. })
+                    && text.contains("app/wal2delta")
+                    && text.contains("billing/wal2delta"),
+                "{uri}: {text}"
+            );
+            assert_eq!(
+                claim_source(lake.root(), "other").await.unwrap(),
+                "app/wal2delta"
+            );
+        }
+        // A marker that cannot be read is named, not taken as a claim.
+        std::fs::write(dir.join(SOURCE_MARKER), b"garbage").unwrap();
+        let lake = crate::Lake::new(&format!("file://{}/", dir.display())).unwrap();
+        let text = lake
+            .claim_source("app/wal2delta")
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(text.contains("source marker"), "{text}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[tokio::test]
     async fn memory_lakes_share_one_store_and_list_their_directories() {

@@ -122,21 +122,24 @@ impl BronzeTable {
 
     /// Loads the latest table state; `false` when the table does not exist yet.
     pub async fn refresh(&mut self) -> Result<bool, LakeError> {
-        let first = self.table.is_none();
-        let exists = delta::refresh(&self.name, &self.url, &mut self.table).await?;
-        if let (true, Some(ours), Some(t)) = (first, &self.source, &self.table) {
-            if let Some(found) = delta::recorded(&self.name, t, SOURCE_COMMIT_KEY).await? {
-                if &found != ours {
-                    self.table = None;
-                    return Err(LakeError::Source {
-                        table: self.name.clone(),
-                        found,
-                        ours: ours.clone(),
-                    });
-                }
-            }
+        let Some(ours) = self.source.as_ref().filter(|_| self.table.is_none()) else {
+            return delta::refresh(&self.name, &self.url, &mut self.table).await;
+        };
+        // The first open reads the format and the source in one pass over the history.
+        let Some((t, found)) =
+            delta::open_with_recorded(&self.name, &self.url, SOURCE_COMMIT_KEY).await?
+        else {
+            return Ok(false);
+        };
+        if let Some(found) = found.filter(|f| f != ours) {
+            return Err(LakeError::Source {
+                table: self.name.clone(),
+                found,
+                ours: ours.clone(),
+            });
         }
-        Ok(exists)
+        self.table = Some(t);
+        Ok(true)
     }
 
     /// The last offset stored for each of `partitions` of `topic`, at the loaded state.

@@ -220,6 +220,10 @@ async fn session(
 ) -> Result<(), SessionError> {
     let b = &config.bronze;
     let topics = bronze_topics(config);
+    // Another source's lake is refused at start, before anything is consumed.
+    if let Some(source) = &topics.source {
+        lake.claim_source(source).await?;
+    }
     let assignment = if b.assignment == crate::config::Assignment::Group {
         Assignment::Group
     } else {
