@@ -36,14 +36,14 @@ pub fn tests_dir() -> PathBuf {
 }
 
 /// The root of the checkout being tested (see [`tests_dir`]).
+pub fn repo_root() -> PathBuf {
+    tests_dir().join("..")
+}
+
 /// The daemon's `RUST_LOG` in tests: `info`, or `WAL2DELTA_TEST_LOG` when set (for
 /// example `info,wal2delta::silver=debug` to see why a table is held).
 pub fn daemon_log_filter() -> String {
     std::env::var("WAL2DELTA_TEST_LOG").unwrap_or_else(|_| "info".to_owned())
-}
-
-pub fn repo_root() -> PathBuf {
-    tests_dir().join("..")
 }
 
 /// Addresses of the running stack.
