@@ -28,7 +28,8 @@ pub const CAPTURE_TABLES_ADDED: &str = "wal2delta_capture_tables_added_total";
 /// Tables matching `[source] tables` that capture could not add to the publication, at its
 /// last look.
 pub const CAPTURE_TABLES_NOT_ADDED: &str = "wal2delta_capture_tables_not_added";
-/// Tables that left the publication (dropped, or removed by hand) while capture ran.
+/// Tables that left the publication while capture ran: dropped, removed by hand, or removed
+/// by capture because they no longer match `[source] tables`.
 pub const CAPTURE_TABLES_REMOVED: &str = "wal2delta_capture_tables_removed_total";
 /// Tables the publication holds, as capture last saw it.
 pub const CAPTURE_TABLES: &str = "wal2delta_capture_tables";
