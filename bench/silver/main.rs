@@ -958,7 +958,7 @@ async fn aggregates(dir: &Path) -> anyhow::Result<Vec<String>> {
             "SELECT count(*) AS n, count(DISTINCT id) AS keys, sum(id) AS ids, \
              sum(_commit_lsn) AS lsns, sum(_ordinal) AS ordinals, \
              sum(character_length(note)) AS notes, sum(character_length(status)) AS statuses, \
-             sum(CAST(replace(amount, '.', '') AS BIGINT)) AS cents, sum(account_id) AS accounts FROM s",
+             sum(CAST(CAST(amount AS DECIMAL(18, 2)) * 100 AS BIGINT)) AS cents, sum(account_id) AS accounts FROM s",
         )
         .await?
         .collect()

@@ -14,9 +14,9 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Context};
 use wal2delta_lake::bronze::{bronze_batch, KafkaCoordinates};
 use wal2delta_lake::deltalake::arrow::array::{
-    new_null_array, Array, ArrayRef, BooleanArray, Int32Array, Int64Array, Int64Builder, ListArray,
-    RecordBatch, StringArray, StringBuilder, StructArray, TimestampMicrosecondArray,
-    TimestampMicrosecondBuilder,
+    new_null_array, Array, ArrayRef, BooleanArray, Decimal128Builder, Int32Array, Int64Array,
+    Int64Builder, ListArray, RecordBatch, StringArray, StringBuilder, StructArray,
+    TimestampMicrosecondArray, TimestampMicrosecondBuilder,
 };
 use wal2delta_lake::deltalake::arrow::buffer::{NullBuffer, OffsetBuffer};
 use wal2delta_lake::deltalake::arrow::datatypes::{DataType, Fields, SchemaRef};
@@ -181,6 +181,12 @@ pub struct Payment {
 }
 
 impl Payment {
+    /// `amount` in hundredths, as a `Decimal128(18, 2)` holds it.
+    fn amount_cents(&self) -> i128 {
+        let (units, hundredths) = self.amount.split_once('.').unwrap_or((&self.amount, "0"));
+        units.parse::<i128>().unwrap_or(0) * 100 + hundredths.parse::<i128>().unwrap_or(0)
+    }
+
     pub fn of(id: i64, version: u32) -> Self {
         const CURRENCIES: [&str; 5] = ["EUR", "USD", "GBP", "CHF", "PLN"];
         const STATUSES: [&str; 5] = ["authorized", "captured", "settled", "refunded", "failed"];
@@ -299,6 +305,14 @@ impl Synth {
                 _ if before => new_null_array(f.data_type(), n),
                 "account_id" => ints(&|p| p.account_id),
                 "merchant_id" => ints(&|p| p.merchant_id),
+                // numeric(18,2): a decimal in Bronze (issue 40), from the text form.
+                "amount" if matches!(f.data_type(), DataType::Decimal128(..)) => {
+                    let mut b = Decimal128Builder::with_capacity(n);
+                    for r in &rows {
+                        b.append_option(r.as_ref().map(|p| p.amount_cents()));
+                    }
+                    Arc::new(b.finish().with_data_type(f.data_type().clone()))
+                }
                 "amount" => texts(&|p| &p.amount),
                 "currency" => texts(&|p| p.currency),
                 "status" => texts(&|p| p.status),
