@@ -285,11 +285,12 @@ async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Resu
     })
     .await?;
 
-    // From here `shops` cannot commit. A change of it comes first: the orders after it
-    // must wait until shops applies it (they go in lock-step, docs/rules.md "Lookups"; a
-    // shops without pending changes would hold nothing, its rows being as of any later
-    // commit already).
-    let frozen = ReadOnlyLake::set(shops.join("_delta_log"))?;
+    // From here shops' changes cannot reach Bronze (its Bronze table cannot commit). A
+    // change of it comes first: the orders after it must wait until it is known, or a
+    // lookup would not see shops as of the order's commit (docs/rules.md, "Lookups"). A
+    // shops that merely cannot commit its Silver rows holds nothing: its unapplied
+    // changes are read from Bronze.
+    let frozen = ReadOnlyLake::set(lake.join(format!("bronze/{s}/shops/_delta_log")))?;
     pg.batch_execute(&format!("INSERT INTO {s}.shops VALUES (3, 'toys')"))
         .await?;
     let started = std::time::Instant::now();

@@ -49,7 +49,14 @@ impl TableRules {
             ..RulesReport::default()
         };
         let mut fresh = self
-            .evaluate_all(silver, to_eval, &schema, keys, &mut report)
+            .evaluate_all(
+                silver,
+                to_eval,
+                &schema,
+                keys,
+                before.watermark,
+                &mut report,
+            )
             .await?;
         let state = self.state.as_mut().expect("loaded in start");
         // Per key: the hits of the rules re-evaluated or removed are replaced.
@@ -158,13 +165,16 @@ impl TableRules {
         Ok(report)
     }
 
-    /// The hits of `to_eval` on every Silver row, per key, with the row's commit time.
+    /// The hits of `to_eval` on every Silver row, per key, with the row's commit time;
+    /// lookups see the related tables as of `at` (Silver's watermark: the position the
+    /// backfill stands for).
     async fn evaluate_all(
         &mut self,
         silver: &DeltaTable,
         to_eval: Vec<CompiledRule>,
         schema: &deltalake::arrow::datatypes::SchemaRef,
         keys: &[String],
+        at: i64,
         report: &mut RulesReport,
     ) -> Result<HashMap<String, (KeyHits, Option<i64>)>, LakeError> {
         let mut fresh: HashMap<String, (KeyHits, Option<i64>)> = HashMap::new();
@@ -174,7 +184,9 @@ impl TableRules {
         let ev = Evaluator::new(to_eval, schema);
         for b in delta::query(&self.name, silver, "SELECT * FROM t").await? {
             report.rows += b.num_rows();
-            let row_hits = self.evaluate_rows(&ev, &b, schema, report).await?;
+            let row_hits = self
+                .evaluate_rows(&ev, &b, schema, report, Some(at))
+                .await?;
             let keys_json = key_json(&b, keys).map_err(|e| self.error(e))?;
             let ts = b
                 .column_by_name(COMMIT_TS)
@@ -365,6 +377,84 @@ mod tests {
             .await
             .unwrap();
         assert!(!loaded.backfill_pending, "nothing left to backfill");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// Issue 38 (rules_random): a process that starts with the table at an edit's
+    /// position, before the edit's backfill, evaluates only the rules the edit changed, as
+    /// a run without the restart does; all of them again would tag rows whose streamed
+    /// hits differ from a fresh evaluation (a lookup's related row changed since).
+    #[tokio::test]
+    async fn a_restart_at_an_edit_backfills_only_what_the_edit_changed() {
+        let dir = std::env::temp_dir().join(format!("w2d-restart-edit-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let lake = Lake::new(dir.to_str().unwrap()).unwrap();
+        let silver_url = lake.silver("s", "t");
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let rows = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, true),
+                Field::new("amount", DataType::Int64, true),
+                Field::new(COMMIT_LSN, DataType::Int64, true),
+                Field::new(ORDINAL, DataType::Int64, true),
+                Field::new(COMMIT_TS, utc, true),
+            ])),
+            vec![
+                Arc::new(Int64Array::from(vec![1, 2, 3])),
+                Arc::new(Int64Array::from(vec![5, 50, 500])),
+                Arc::new(Int64Array::from(vec![8; 3])),
+                Arc::new(Int64Array::from(vec![0, 1, 2])),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; 3])
+                        .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap();
+        delta::handle("s.t", &silver_url)
+            .unwrap()
+            .write(vec![rows])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(delta::commit_properties())
+            .await
+            .unwrap();
+        let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
+        let keys = vec!["id".to_owned()];
+        let small = |version: i64, when: &str| Rule {
+            id: "small".into(),
+            when: when.into(),
+            version,
+            ..rule(1)
+        };
+        // An edit at 10 changes `small` and leaves `big` as it was.
+        let source = RuleSource::with_history(&[
+            (0, vec![rule(1), small(1, "amount < 10")]),
+            (10, vec![rule(1), small(2, "amount < 100")]),
+        ]);
+        let at = |watermark: i64| Progress {
+            watermark,
+            ..Progress::default()
+        };
+        let mut rules = TableRules::new(&lake, "s.t", source.clone());
+        let start = rules.start(Some(&silver), &at(9), &keys).await.unwrap();
+        assert_eq!(
+            start.report.map(|r| r.rules),
+            Some(2),
+            "the first load: all"
+        );
+        let silver = silver_commit(&silver_url, &rules).await;
+        drop(rules);
+
+        // The process dies; the table reaches the edit's position; a new process starts.
+        let mut rules = TableRules::new(&lake, "s.t", source);
+        let start = rules.start(Some(&silver), &at(10), &keys).await.unwrap();
+        let report = start.report.expect("the edit's backfill");
+        assert_eq!(report.rules, 1, "only the rule the edit changed");
+        assert_eq!(
+            report.transitions.values().sum::<usize>(),
+            1,
+            "small entered for id 2, nothing else"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -15,14 +15,11 @@ use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
 use super::walk::{rule_id, KeyHits};
 use super::{evaluate, CompiledRule, Evaluator};
 use crate::conditions::without_values;
-use crate::delta::{self, ident, literal};
 use crate::silver::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED};
 use crate::LakeError;
 
 impl TableRules {
-    /// Fills the values versions left unchanged (TOAST) from the Silver row before the
-    /// round, and drops the versions Silver will not apply: older than the Silver row, or
-    /// than a tombstone (a snapshot row arriving after later changes).
+    /// [`crate::silver::settle`] for this table.
     pub(super) async fn settle(
         &self,
         batch: RecordBatch,
@@ -31,84 +28,29 @@ impl TableRules {
         keys: &[String],
         reads: bool,
     ) -> Result<RecordBatch, LakeError> {
-        let unchanged = batch
-            .column_by_name(UNCHANGED)
-            .and_then(|a| a.as_list_opt::<i32>().map(|l| !l.values().is_empty()))
-            .unwrap_or(false);
-        let mut batch = batch;
-        if reads {
-            let kept = tombstones.filter(keys, batch.clone()).await?;
-            batch = deltalake::arrow::compute::concat_batches(&batch.schema(), &kept)
-                .map_err(|e| self.error(e))?;
-        }
-        let Some(silver) = silver else {
-            return Ok(batch);
-        };
-        if !(unchanged || reads) || batch.num_rows() == 0 {
-            return Ok(batch);
-        }
-        let have = delta::arrow_schema(&self.name, silver)?;
-        let schema = batch.schema();
-        let moved = |k: &str| schema.field_with_name(&format!("{MOVED_FROM}{k}")).is_ok();
-        let columns: Vec<String> = schema
-            .fields()
-            .iter()
-            .map(|f| {
-                let n = f.name();
-                let q = ident(n);
-                if n.starts_with('_') || keys.contains(n) || have.field_with_name(n).is_err() {
-                    format!("s.{q}")
-                } else {
-                    format!(
-                        "CASE WHEN array_has(s.{UNCHANGED}, {}) THEN f.{q} ELSE s.{q} END AS {q}",
-                        literal(n)
-                    )
-                }
+        crate::silver::settle(&self.name, batch, silver, tombstones, keys, reads)
+            .await
+            .map_err(|e| match e {
+                LakeError::Rows { table, reason } => LakeError::Rows {
+                    table,
+                    reason: format!("rules: {reason}"),
+                },
+                other => other,
             })
-            .collect();
-        let own = crate::silver::keys_equal(keys, "s", "m");
-        let fill = keys
-            .iter()
-            .map(|k| {
-                let q = ident(k);
-                if moved(k) {
-                    format!(
-                        "f.{q} = COALESCE(s.{}, s.{q})",
-                        ident(&format!("{MOVED_FROM}{k}"))
-                    )
-                } else {
-                    format!("f.{q} = s.{q}")
-                }
-            })
-            .collect::<Vec<_>>()
-            .join(" AND ");
-        let sql = format!(
-            "SELECT {} FROM s LEFT JOIN m ON {own} LEFT JOIN m f ON {fill} WHERE s.{OP} = 'd' OR m.{l} IS NULL OR {newer}",
-            columns.join(", "),
-            l = COMMIT_LSN,
-            newer = crate::silver::newer("s", "m"),
-        );
-        let err = |e: deltalake::datafusion::error::DataFusionError| {
-            LakeError::delta(&self.name)(e.into())
-        };
-        let ctx = delta::session();
-        ctx.register_batch("s", batch.clone()).map_err(err)?;
-        ctx.register_table("m", silver.table_provider().await.map_err(err)?)
-            .map_err(err)?;
-        let out = delta::collect(&self.name, &ctx, &sql).await?;
-        deltalake::arrow::compute::concat_batches(&schema, &out).map_err(|e| self.error(e))
     }
 
     /// Every rule of `ev` over `batch` as `schema` (the schema the rules were compiled
     /// against): the rules each row matches. A rule that fails on the batch is evaluated
     /// row by row; each failing row is quarantined for that rule and counts as no hit.
-    /// Rules with lookups finish with their related rows ([`super::lookup`]).
+    /// Rules with lookups finish with their related rows ([`super::lookup`]), as of each
+    /// row's commit or as of `as_of` (a backfill's position).
     pub(super) async fn evaluate_rows(
         &self,
         ev: &Evaluator,
         batch: &RecordBatch,
         schema: &SchemaRef,
         report: &mut RulesReport,
+        as_of: Option<i64>,
     ) -> Result<Vec<KeyHits>, LakeError> {
         let input = conform(batch, schema).map_err(|e| self.error(e))?;
         let mut hits = vec![KeyHits::new(); input.num_rows()];
@@ -146,7 +88,7 @@ impl TableRules {
                 hits[i].insert(id.clone(), rule.rule.version);
             }
         }
-        self.look_up(ev, &input, &mut hits, report).await?;
+        self.look_up(ev, &input, &mut hits, report, as_of).await?;
         Ok(hits)
     }
 

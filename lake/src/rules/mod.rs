@@ -25,6 +25,7 @@ pub use budget::DEFAULT_MAX_EVAL_PER_ROW;
 pub use compile::{compile, compile_with, evaluate, lake_name, CompiledRule, Related, RuleError};
 pub use evaluate::key_json;
 pub use hook::{RulesObserver, Untagged};
+pub use lookup::UnappliedTables;
 pub use output::{FilterEvent, RulesOutput, RulesRound};
 pub use shared::Evaluator;
 pub use source::{RuleSource, FROM_THE_START};

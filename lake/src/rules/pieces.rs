@@ -65,7 +65,7 @@ impl TableRules {
         .await?;
         for b in rows {
             let hits = self
-                .evaluate_rows(&compiled, &b, &schema, &mut report)
+                .evaluate_rows(&compiled, &b, &schema, &mut report, None)
                 .await?;
             if commit_ts.is_none() {
                 commit_ts = b

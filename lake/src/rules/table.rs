@@ -148,6 +148,9 @@ pub struct TableRules {
     compiled: Option<Compiled>,
     /// The Silver tables the rules look up, kept open between rounds.
     pub(super) related: super::related::RelatedTables,
+    /// The looked-up tables' unapplied changes, as the silver stage reads them
+    /// ([`super::lookup::UnappliedTables`]).
+    pub(super) unapplied: super::lookup::UnappliedTables,
     /// Where each round is published before its commits ([`super::output`]).
     pub(super) output: Option<Arc<dyn RulesOutput>>,
     /// Told what each round did ([`super::hook`]).
@@ -204,6 +207,7 @@ impl TableRules {
             force_backfill: false,
             compiled: None,
             related: Default::default(),
+            unapplied: Default::default(),
             output: None,
             observer: None,
             keys: Vec::new(),
@@ -215,6 +219,13 @@ impl TableRules {
             committing: None,
             budget: Default::default(),
         }
+    }
+
+    /// Has the lookups see the looked-up tables' unapplied changes in `unapplied` (the
+    /// silver stage's; without it a lookup sees the related Silver rows alone).
+    pub fn with_unapplied(mut self, unapplied: super::lookup::UnappliedTables) -> Self {
+        self.unapplied = unapplied;
+        self
     }
 
     /// Disables a rule whose condition costs more than `per_row` per row
@@ -468,13 +479,25 @@ impl TableRules {
         if !in_sync {
             // Silver was rebuilt (its commits lost the seq): compare everything.
             self.installed = None;
-        } else if self.installed.is_none()
-            && !self.force_backfill
-            && self.state.as_ref().and_then(|s| s.ruleset)
-                == Some(self.budget.fingerprint(&desired))
-        {
-            // A restart with the rules the hits were built with: no backfill needed.
-            self.installed = Some(desired.clone());
+        } else if self.installed.is_none() && !self.force_backfill {
+            let built = self.state.as_ref().and_then(|s| s.ruleset);
+            // The rules in effect just below the watermark: those of the edit before, when
+            // the table stands at an edit's position.
+            let previous = self
+                .source
+                .at(&self.name, before.watermark.saturating_sub(1));
+            if built == Some(self.budget.fingerprint(&desired)) {
+                // A restart with the rules the hits were built with: no backfill needed.
+                self.installed = Some(desired.clone());
+            } else if built == Some(self.budget.fingerprint(&previous)) {
+                // A restart at an edit's position, before its backfill: the hits were
+                // built with the rules before the edit, so the backfill evaluates only the
+                // rules the edit changed, as a run without the restart does. Evaluating
+                // the others again would compare their hits, streamed as of each row's
+                // own commit, with lookups as of the edit's position, and tag every row
+                // whose related row changed since (transitions a replay does not have).
+                self.installed = Some(previous);
+            }
         }
         if before.partial.is_some()
             && self.installed.is_some()
@@ -739,7 +762,7 @@ impl TableRules {
         report.rows = batch.num_rows();
         report.steps.compile = clock.lap();
         let row_hits = self
-            .evaluate_rows(&compiled, batch, &schema, report)
+            .evaluate_rows(&compiled, batch, &schema, report, None)
             .await?;
         report.disabled = self.judge_budget(report);
         report.steps.evaluate = clock.lap();

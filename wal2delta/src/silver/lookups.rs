@@ -1,11 +1,21 @@
 //! The silver stage's side of rule lookups (docs/rules.md, "Lookups"): a table whose rules
-//! look up another is applied after it, and the two go in lock-step: the table applies its
-//! changes only up to just below the looked-up table's next change ([`lookup_cap`]), and
-//! the looked-up table applies a change only once every table looking it up applied all
-//! below it ([`looked_up_cap`]). So a lookup sees the related rows exactly as of the
-//! change's commit (a related row changed in the change's own transaction included), never
-//! older, never newer, and a replay gives the same lookups. Each change of a looked-up
-//! table costs the tables looking it up one round (taken at once).
+//! look up another is applied after it, and sees it as of each change's commit:
+//!
+//! - the looked-up table applies a change only once every table looking it up applied all
+//!   below it ([`looked_up_cap`]), so its Silver rows are never newer than a reader's next
+//!   change;
+//! - right after its round, the stage reads its unapplied changes
+//!   (`wal2delta_lake::silver::Unapplied`: what its next round will apply, whole
+//!   transactions up to a `reach`), and a table looking it up applies everything up to
+//!   that reach in one round, its lookups seeing those changes over the Silver rows
+//!   ([`lookup_cap`]);
+//! - when they are not known (the looked-up table failed, or is in the middle of a
+//!   transaction applied in pieces), a table looking it up applies only up to just below
+//!   its next change, in lock-step with it: one looked-up change per round.
+//!
+//! So a lookup sees the related rows exactly as of the change's commit (a related row
+//! changed in the change's own transaction included), never older, never newer, and a
+//! replay gives the same lookups.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::{Duration, Instant};
@@ -44,18 +54,20 @@ fn next_change(counts: Option<&TransactionCounts>, after: i64) -> Option<i64> {
         .map(|(l, _)| *l)
 }
 
-/// How far a table whose rules look up the tables `related` ((name, watermark, their
-/// transaction records)) may apply in lock-step with them: up to just below the first
-/// change of a looked-up table above its watermark (`None`: no limit). Until that change
-/// is applied the looked-up table's Silver rows are exactly its state as of every change
-/// below it, so a lookup sees the related rows as of the change's own commit.
+/// How far a table whose rules look up the tables `related` ((watermark, transaction
+/// records, the reach of their unapplied changes read this round)) may apply: up to the
+/// reach of each one's unapplied changes, or, when they are not known, in lock-step with
+/// it: up to just below its first change above its watermark (`None`: no limit). Either
+/// way every related change at or below the cap is known, so a lookup sees the related
+/// rows as of the change's own commit.
 pub(super) fn lookup_cap<'c>(
-    related: impl IntoIterator<Item = (i64, Option<&'c TransactionCounts>)>,
+    related: impl IntoIterator<Item = (i64, Option<&'c TransactionCounts>, Option<i64>)>,
 ) -> Option<i64> {
     related
         .into_iter()
-        .map(|(watermark, counts)| {
-            next_change(counts, watermark).map_or(i64::MAX, |l| l.saturating_sub(1))
+        .map(|(watermark, counts, reach)| match reach {
+            Some(r) => next_change(counts, r).map_or(i64::MAX, |_| r),
+            None => next_change(counts, watermark).map_or(i64::MAX, |l| l.saturating_sub(1)),
         })
         .min()
         .filter(|c| *c < i64::MAX)
@@ -317,21 +329,42 @@ mod tests {
         let m = counts(300, &[100, 200]);
         // payments (at 0) may go up to just below merchants' next change above merchants'
         // watermark; merchants may apply a change only once payments is below it.
-        assert_eq!(lookup_cap([(0, Some(&m))]), Some(99));
+        assert_eq!(lookup_cap([(0, Some(&m), None)]), Some(99));
         assert_eq!(looked_up_cap(Some(&m), [0]), Some(99));
         // payments reached 99: merchants applies 100, not 200.
         assert_eq!(looked_up_cap(Some(&m), [99]), Some(199));
         // merchants at 199 (holds 100): payments goes up to 199.
-        assert_eq!(lookup_cap([(199, Some(&m))]), Some(199));
+        assert_eq!(lookup_cap([(199, Some(&m), None)]), Some(199));
         assert_eq!(looked_up_cap(Some(&m), [199]), None);
-        assert_eq!(lookup_cap([(300, Some(&m))]), None);
+        assert_eq!(lookup_cap([(300, Some(&m), None)]), None);
         // Several: the lowest.
         assert_eq!(looked_up_cap(Some(&m), [199, 40]), Some(99));
-        assert_eq!(lookup_cap([(300, Some(&m)), (0, Some(&m))]), Some(99));
         assert_eq!(
-            lookup_cap([(0, None)]),
+            lookup_cap([(300, Some(&m), None), (0, Some(&m), None)]),
+            Some(99)
+        );
+        assert_eq!(
+            lookup_cap([(0, None, None)]),
             None,
             "no records: no change to wait for"
+        );
+    }
+
+    #[test]
+    fn unapplied_changes_let_a_table_pass_the_looked_up_tables_changes() {
+        // merchants (at 0) change at 100 and 200; their unapplied changes read this
+        // round reach 250: payments goes up to 250 in one round, past both changes.
+        let m = counts(300, &[100, 200]);
+        assert_eq!(lookup_cap([(0, Some(&m), Some(250))]), Some(250));
+        // Reaching the records' top with no change beyond: no limit.
+        assert_eq!(lookup_cap([(0, Some(&m), Some(300))]), None);
+        assert_eq!(lookup_cap([(0, Some(&m), Some(200))]), None);
+        // Reaching only to 150 (the change at 200 not whole in Bronze yet): up to 150.
+        assert_eq!(lookup_cap([(0, Some(&m), Some(150))]), Some(150));
+        // Not known for one of two looked-up tables: lock-step with that one.
+        assert_eq!(
+            lookup_cap([(0, Some(&m), Some(250)), (0, Some(&m), None)]),
+            Some(99)
         );
     }
 

@@ -17,7 +17,7 @@ mod rules_edits;
 mod rules_report;
 
 use tokio::sync::watch;
-use wal2delta_lake::rules::{RuleSource, RulesOutput, TableRules, Untagged};
+use wal2delta_lake::rules::{RuleSource, RulesOutput, TableRules, UnappliedTables, Untagged};
 use wal2delta_lake::silver::{SilverTable, TransactionCounts, TransactionLog};
 use wal2delta_lake::{Lake, LakeError};
 
@@ -84,6 +84,7 @@ pub async fn run(
         // tables go on.
         failing: TableRetries::new(OperatorErrors::HoldTheTable),
         held: lookups::Holds::default(),
+        unapplied: UnappliedTables::default(),
         listed: None,
         transactions: TransactionLog::default(),
         more: false,
@@ -162,6 +163,9 @@ struct Stage<'a> {
     failing: TableRetries,
     /// Tables held for the tables their rules look up ([`lookups::Holds`]).
     held: lookups::Holds,
+    /// The looked-up tables' unapplied changes, read after each one's round this round
+    /// (what their readers' lookups see beyond their Silver rows).
+    unapplied: UnappliedTables,
     /// The Bronze tables as last listed, and when ([`LIST_EVERY`]).
     listed: Option<(Instant, Vec<BronzeTable>)>,
     /// The transaction records, kept open between rounds.
@@ -383,30 +387,63 @@ impl Stage<'_> {
                 _ => (counts, None),
             };
             let stop = counts.top;
-            // In lock-step with the tables its rules look up, and with those looking it up.
+            // As far as the tables its rules look up have their changes known (applied, or
+            // read unapplied this round), and the tables looking it up have applied its
+            // changes' positions.
+            let unapplied = &self.unapplied;
             let related = targets
                 .get(&name)
                 .into_iter()
                 .flatten()
                 .filter(|t| **t != name)
-                .filter_map(|t| Some((*self.watermarks.get(t)?, counts_all.get(t.as_str()))));
-            let readers = readers
-                .get(&name)
+                .filter_map(|t| {
+                    let watermark = *self.watermarks.get(t)?;
+                    let reach = unapplied
+                        .get(t)
+                        .filter(|u| u.from == watermark)
+                        .map(|u| u.reach);
+                    Some((watermark, counts_all.get(t.as_str()), reach))
+                });
+            let looked_up_by = readers.get(&name);
+            let reader_watermarks = looked_up_by
                 .into_iter()
                 .flatten()
                 .filter_map(|t| self.watermarks.get(t).copied());
             let (lookup, looked_up) = (
                 lookups::lookup_cap(related),
-                lookups::looked_up_cap(counts_all.get(name.as_str()), readers),
+                lookups::looked_up_cap(counts_all.get(name.as_str()), reader_watermarks),
             );
+            let looked_up_by = looked_up_by.is_some();
             // What holds a table back, for an operator asking why it does not move.
             tracing::debug!(table = %name, watermark, records_top = asked, edit_stop = stop, rules_table_at = ?hold, lookup_cap = ?lookup, looked_up_cap = ?looked_up, "round caps");
             let cap = [hold, lookup, looked_up].into_iter().flatten().min();
             let counts = self.hold_for_lookups(&name, counts, cap);
             self.apply(&name, &counts).await;
             self.go_on_if_stopped(&name, watermark, stop.min(counts.top), asked);
+            if looked_up_by {
+                self.read_unapplied(&name, counts_all.get(name.as_str()))
+                    .await;
+            }
         }
         Ok(())
+    }
+
+    /// Reads looked-up table `name`'s unapplied changes for the tables looking it up,
+    /// which follow it in this round ([`wal2delta_lake::silver::Unapplied`]). When they
+    /// cannot be read, those tables go in lock-step with it (one of its changes a round).
+    async fn read_unapplied(&mut self, name: &str, counts: Option<&TransactionCounts>) {
+        let Some(t) = self.tables.get_mut(name) else {
+            self.unapplied.set(name, None);
+            return;
+        };
+        let counts = counts.cloned().unwrap_or_default();
+        match t.table.unapplied(&counts).await {
+            Ok(u) => self.unapplied.set(name, u),
+            Err(e) => {
+                tracing::debug!(table = %name, error = %e, "cannot read the unapplied changes of a looked-up table; the tables looking it up go in lock-step with it this round");
+                self.unapplied.set(name, None);
+            }
+        }
     }
 
     /// A table stopped at `stop` below the records' top `asked` (at an edit of the rules,
@@ -509,7 +546,8 @@ impl Stage<'_> {
                     let mut r = TableRules::new(self.lake, name, rules.clone())
                         .with_hits_interval(self.config.rules.hits_interval())
                         .with_eval_budget(self.config.rules.max_eval_per_row())
-                        .with_observer(rules_report::observer());
+                        .with_observer(rules_report::observer())
+                        .with_unapplied(self.unapplied.clone());
                     if let Some(o) = &self.output {
                         r = r.with_output(o.clone());
                     }
