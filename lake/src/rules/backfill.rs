@@ -259,6 +259,41 @@ mod tests {
             .value(0) as usize
     }
 
+    /// Silver table `s.t` at `url` created with rows of ids 1, 2, ... and `amounts`,
+    /// committed at `lsn` (an empty table when `amounts` is).
+    async fn silver_rows(url: &url::Url, amounts: &[i64], lsn: i64) -> deltalake::DeltaTable {
+        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
+        let n = amounts.len();
+        let rows = RecordBatch::try_new(
+            Arc::new(Schema::new(vec![
+                Field::new("id", DataType::Int64, true),
+                Field::new("amount", DataType::Int64, true),
+                Field::new(COMMIT_LSN, DataType::Int64, true),
+                Field::new(ORDINAL, DataType::Int64, true),
+                Field::new(COMMIT_TS, utc, true),
+            ])),
+            vec![
+                Arc::new(Int64Array::from_iter_values(1..=n as i64)),
+                Arc::new(Int64Array::from(amounts.to_vec())),
+                Arc::new(Int64Array::from(vec![lsn; n])),
+                Arc::new(Int64Array::from_iter_values(0..n as i64)),
+                Arc::new(
+                    TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; n])
+                        .with_timezone("UTC"),
+                ),
+            ],
+        )
+        .unwrap();
+        delta::handle("s.t", url)
+            .unwrap()
+            .write(vec![rows])
+            .with_save_mode(SaveMode::Append)
+            .with_commit_properties(delta::commit_properties())
+            .await
+            .unwrap();
+        delta::open("s.t", url).await.unwrap().unwrap()
+    }
+
     /// What the Silver commit of the round does: records the rules seq the hook gives.
     async fn silver_commit(url: &url::Url, rules: &TableRules) -> deltalake::DeltaTable {
         use crate::silver::hook::RoundHook;
@@ -302,35 +337,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let lake = Lake::new(dir.to_str().unwrap()).unwrap();
         let silver_url = lake.silver("s", "t");
-        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
-        let rows = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![
-                Field::new("id", DataType::Int64, true),
-                Field::new("amount", DataType::Int64, true),
-                Field::new(COMMIT_LSN, DataType::Int64, true),
-                Field::new(ORDINAL, DataType::Int64, true),
-                Field::new(COMMIT_TS, utc, true),
-            ])),
-            vec![
-                Arc::new(Int64Array::from(vec![1, 2, 3, 4])),
-                Arc::new(Int64Array::from(vec![5, 50, 500, 5000])),
-                Arc::new(Int64Array::from(vec![10; 4])),
-                Arc::new(Int64Array::from(vec![0, 1, 2, 3])),
-                Arc::new(
-                    TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; 4])
-                        .with_timezone("UTC"),
-                ),
-            ],
-        )
-        .unwrap();
-        delta::handle("s.t", &silver_url)
-            .unwrap()
-            .write(vec![rows])
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(delta::commit_properties())
-            .await
-            .unwrap();
-        let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
+        let silver = silver_rows(&silver_url, &[5, 50, 500, 5000], 10).await;
         let before = Progress {
             watermark: 10,
             ..Progress::default()
@@ -390,35 +397,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let lake = Lake::new(dir.to_str().unwrap()).unwrap();
         let silver_url = lake.silver("s", "t");
-        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
-        let rows = RecordBatch::try_new(
-            Arc::new(Schema::new(vec![
-                Field::new("id", DataType::Int64, true),
-                Field::new("amount", DataType::Int64, true),
-                Field::new(COMMIT_LSN, DataType::Int64, true),
-                Field::new(ORDINAL, DataType::Int64, true),
-                Field::new(COMMIT_TS, utc, true),
-            ])),
-            vec![
-                Arc::new(Int64Array::from(vec![1, 2, 3])),
-                Arc::new(Int64Array::from(vec![5, 50, 500])),
-                Arc::new(Int64Array::from(vec![8; 3])),
-                Arc::new(Int64Array::from(vec![0, 1, 2])),
-                Arc::new(
-                    TimestampMicrosecondArray::from(vec![1_700_000_000_000_000; 3])
-                        .with_timezone("UTC"),
-                ),
-            ],
-        )
-        .unwrap();
-        delta::handle("s.t", &silver_url)
-            .unwrap()
-            .write(vec![rows])
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(delta::commit_properties())
-            .await
-            .unwrap();
-        let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
+        let silver = silver_rows(&silver_url, &[5, 50, 500], 8).await;
         let keys = vec!["id".to_owned()];
         let small = |version: i64, when: &str| Rule {
             id: "small".into(),
@@ -470,22 +449,7 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
         let lake = Lake::new(dir.to_str().unwrap()).unwrap();
         let silver_url = lake.silver("s", "t");
-        let utc = DataType::Timestamp(TimeUnit::Microsecond, Some("UTC".into()));
-        let schema = Arc::new(Schema::new(vec![
-            Field::new("id", DataType::Int64, true),
-            Field::new("amount", DataType::Int64, true),
-            Field::new(COMMIT_LSN, DataType::Int64, true),
-            Field::new(ORDINAL, DataType::Int64, true),
-            Field::new(COMMIT_TS, utc, true),
-        ]));
-        delta::handle("s.t", &silver_url)
-            .unwrap()
-            .write(vec![RecordBatch::new_empty(schema)])
-            .with_save_mode(SaveMode::Append)
-            .with_commit_properties(delta::commit_properties())
-            .await
-            .unwrap();
-        let silver = delta::open("s.t", &silver_url).await.unwrap().unwrap();
+        let silver = silver_rows(&silver_url, &[], 0).await;
         let source = RuleSource::new(&[rule(1)]);
         // What the killed round appended: two keys entered, as seq 1, covering watermark 10.
         let entered = |id: i64| Transition {

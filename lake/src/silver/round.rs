@@ -81,7 +81,7 @@ impl SilverTable {
 
     /// Opens Silver (and loads its progress) and Bronze, and reads Bronze's rows after the
     /// cursors; `None` when Bronze has no table yet.
-    async fn read(
+    pub(super) async fn read(
         &mut self,
         clock: &mut Stopwatch,
         steps: &mut Steps,

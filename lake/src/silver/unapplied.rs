@@ -17,8 +17,10 @@ use deltalake::arrow::array::RecordBatch;
 use deltalake::arrow::compute::filter_record_batch;
 use wal2delta_model::ChangeOp;
 
-use super::table::SilverTable;
-use super::{plan, settle, versions, Pieces, Progress, TransactionCounts};
+use super::round::Read;
+use super::table::{SilverTable, Steps};
+use super::{plan, settle, versions, Pieces, TransactionCounts};
+use crate::stopwatch::Stopwatch;
 use crate::LakeError;
 
 /// See the module docs.
@@ -47,21 +49,18 @@ impl SilverTable {
         &mut self,
         counts: &TransactionCounts,
     ) -> Result<Option<Unapplied>, LakeError> {
-        let Some(silver) = self.kept.silver.latest(&self.name, &self.url).await? else {
-            return Ok(None);
-        };
-        let before = Progress::load(&self.name, &silver).await?;
-        if before.partial.is_some() {
-            return Ok(None);
-        }
-        let Some(bronze) = self
-            .kept
-            .bronze_latest(&self.name, &self.bronze_url)
-            .await?
+        let mut clock = Stopwatch::start();
+        let Some(Read {
+            silver: Some(silver),
+            before,
+            rows,
+        }) = self.read(&mut clock, &mut Steps::default()).await?
         else {
             return Ok(None);
         };
-        let rows = self.read_bronze(&bronze, &before, Some(&silver)).await?;
+        if before.partial.is_some() {
+            return Ok(None);
+        }
         let pieces = Pieces {
             limit: self.atomic_limit,
             complete: None,
