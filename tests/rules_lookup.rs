@@ -10,8 +10,11 @@
 //! - A related row missing, a rule leaving by its own condition without a lookup.
 //! - Invalid lookups and a cycle of lookups are refused by `rules validate`, naming the
 //!   rule.
-//! - `[rules] lookup_timeout_ms`: a related table that cannot commit holds the changes
-//!   that look it up for the timeout and no longer, counted as timeouts and stale lookups.
+//! - A looked-up table changing in every transaction costs no round per change: its
+//!   unapplied changes are looked up over its Silver rows.
+//! - `[rules] lookup_timeout_ms`: a related table whose changes Bronze cannot hold holds
+//!   the changes that look it up for the timeout and no longer, counted as timeouts and
+//!   stale lookups.
 
 use anyhow::{ensure, Result};
 use wal2delta_tests::chaos::{FilesAway, ReadOnlyLake};
@@ -254,6 +257,77 @@ lookup.o = {{ table = "{s}.orders", on = {{ id = "shop_id" }} }}
 /// `[rules] lookup_timeout_ms`: a related table whose Silver cannot commit (its log made
 /// immutable) holds the changes of the table that looks it up, for the timeout and no
 /// longer; then they are tagged against the related rows as they are, counted as stale.
+/// The commits of the Delta table at `path` that added data files (progress-only commits
+/// add none).
+fn data_commits(path: &std::path::Path) -> Result<usize> {
+    let mut n = 0;
+    for entry in std::fs::read_dir(path.join("_delta_log"))? {
+        let p = entry?.path();
+        if p.extension().is_some_and(|e| e == "json")
+            && std::fs::read_to_string(&p)?.contains("\"add\":")
+        {
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// A looked-up table that changes in every transaction of the table looking it up costs
+/// no round per change (issue 38): `orders` applies the looked-up `shops`' unapplied
+/// changes over its Silver rows, and every lookup is still as of its own commit. Each of
+/// 300 transactions flips shop 1's category and inserts an order of it; the orders
+/// inserted with `gambling` enter `risky`, the others do not. In lock-step this took one
+/// `orders` round (a data commit) per transaction.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_busy_looked_up_table_costs_no_round_per_change() -> Result<()> {
+    const TRANSACTIONS: i64 = 300;
+    let Running {
+        s,
+        pg,
+        d: _d,
+        mut run,
+        lake,
+        port: _,
+    } = running(
+        "rulesbusy",
+        &[],
+        "INSERT INTO {s}.shops VALUES (1, 'toys')",
+        1,
+    )
+    .await?;
+    let orders = lake.join(format!("silver/{s}/orders"));
+    for i in 1..=TRANSACTIONS {
+        let category = if i % 2 == 0 { "gambling" } else { "toys" };
+        pg.batch_execute(&format!(
+            "BEGIN; UPDATE {s}.shops SET category = '{category}' WHERE id = 1; \
+             INSERT INTO {s}.orders VALUES ({i}, 1, 500); COMMIT"
+        ))
+        .await?;
+    }
+    let want: Vec<_> = (1..=TRANSACTIONS)
+        .filter(|i| i % 2 == 0)
+        .map(|i| tr(i, "risky", "entered"))
+        .collect();
+    run.wait_for("every order tagged as of its own commit", &want, || {
+        transitions(&lake, "stream")
+    })
+    .await?;
+    run.wait_for("every order in Silver", &TRANSACTIONS, || rows_of(&orders))
+        .await?;
+    let commits = data_commits(&orders)?;
+    ensure!(
+        commits < TRANSACTIONS as usize / 3,
+        "orders took {commits} data commits for {TRANSACTIONS} transactions: one round per change of shops"
+    );
+    ensure!(
+        !run.log_text().contains("lookup_timeout_ms"),
+        "no hold released: {}",
+        run.log_text()
+    );
+    run.assert_running()?;
+    Ok(())
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_lookup_waits_for_a_related_table_behind_at_most_the_timeout() -> Result<()> {
     const TIMEOUT_MS: u64 = 4_000;

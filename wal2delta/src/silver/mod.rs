@@ -405,10 +405,26 @@ impl Stage<'_> {
                     Some((watermark, counts_all.get(t.as_str()), reach))
                 });
             let looked_up_by = readers.get(&name);
+            // A table looking this one up that is not open yet (its Bronze table not
+            // listed yet) while the records hold changes of it has applied none of them:
+            // this table waits where it is, or the reader's first lookups would see
+            // related rows newer than their commits. The Bronze tables are listed again
+            // at once.
+            let unopened = looked_up_by.into_iter().flatten().any(|t| {
+                !self.watermarks.contains_key(t)
+                    && !self.keyless.contains_key(t)
+                    && counts_all
+                        .get(t.as_str())
+                        .is_some_and(|c| !c.events.is_empty())
+            });
+            if unopened {
+                self.listed = None;
+            }
             let reader_watermarks = looked_up_by
                 .into_iter()
                 .flatten()
-                .filter_map(|t| self.watermarks.get(t).copied());
+                .filter_map(|t| self.watermarks.get(t).copied())
+                .chain(unopened.then(|| watermark.saturating_sub(1)));
             let (lookup, looked_up) = (
                 lookups::lookup_cap(related),
                 lookups::looked_up_cap(counts_all.get(name.as_str()), reader_watermarks),
