@@ -352,13 +352,14 @@ mod tests {
 
     #[test]
     fn unapplied_changes_let_a_table_pass_the_looked_up_tables_changes() {
-        // merchants (at 0) change at 100 and 200; their unapplied changes read this
-        // round reach 250: payments goes up to 250 in one round, past both changes.
-        let m = counts(300, &[100, 200]);
+        // merchants (at 0) change at 100, 200 and 280; their unapplied changes read this
+        // round reach 250: payments goes up to 250 in one round, past two changes, and
+        // stops below the change at 280 it does not know yet.
+        let m = counts(300, &[100, 200, 280]);
         assert_eq!(lookup_cap([(0, Some(&m), Some(250))]), Some(250));
-        // Reaching the records' top with no change beyond: no limit.
+        // Reaching the last change of the records (or their top): no limit.
+        assert_eq!(lookup_cap([(0, Some(&m), Some(280))]), None);
         assert_eq!(lookup_cap([(0, Some(&m), Some(300))]), None);
-        assert_eq!(lookup_cap([(0, Some(&m), Some(200))]), None);
         // Reaching only to 150 (the change at 200 not whole in Bronze yet): up to 150.
         assert_eq!(lookup_cap([(0, Some(&m), Some(150))]), Some(150));
         // Not known for one of two looked-up tables: lock-step with that one.
