@@ -98,6 +98,9 @@ listen = "127.0.0.1:0"
         let mut cmd = Command::new(binary());
         cmd.arg("--config").arg(&self.config).args(args);
         clear_overrides(&mut cmd);
+        // Scratch (the default spill directory, `$TMPDIR/wal2delta-{slot}`) stays in the
+        // test's directory under the stack, not in /tmp.
+        cmd.env("TMPDIR", &self.dir);
         cmd.envs(self.env.iter().cloned());
         cmd
     }
@@ -145,6 +148,7 @@ listen = "127.0.0.1:0"
             .args(["run", "--stage", stages])
             .args(extra);
         clear_overrides(&mut cmd);
+        cmd.env("TMPDIR", &self.dir);
         cmd.envs(self.env.iter().cloned());
         cmd.env("RUST_LOG", crate::daemon_log_filter())
             .stdout(Stdio::null())

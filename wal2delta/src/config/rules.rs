@@ -268,13 +268,32 @@ mod tests {
 
     use crate::config::{Config, ConfigError};
 
+    /// A scratch file, removed when dropped (also when the test fails); unique per call,
+    /// as the tests of one process run in parallel.
+    struct Scratch(std::path::PathBuf);
+
+    impl Scratch {
+        fn new(name: &str, contents: &str) -> Scratch {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path =
+                std::env::temp_dir().join(format!("wal2delta-{name}-{}-{n}", std::process::id()));
+            std::fs::write(&path, contents).expect("scratch file");
+            Scratch(path)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
     fn load(rules: &str) -> Result<Config, ConfigError> {
-        let file =
-            std::env::temp_dir().join(format!("wal2delta-rules-{}.toml", std::process::id()));
-        std::fs::write(&file, "").expect("temp file");
+        let file = Scratch::new("rules", "");
         let text = format!(
             "[source]\ndsn = \"postgres://r@127.0.0.1:5432/app\"\n[kafka]\nbrokers = \"127.0.0.1:9092\"\n[schema_registry]\nurl = \"http://127.0.0.1:8081\"\n[lake]\nuri = \"file:///tmp/lake\"\n[rules]\n{}",
-            rules.replace("{file}", &file.display().to_string())
+            rules.replace("{file}", &file.0.display().to_string())
         );
         Config::from_sources(Path::new("t.toml"), &text, std::iter::empty())
     }
@@ -416,11 +435,10 @@ mod tests {
             );
         };
         masked("[silver.mask]\n\"app.rules.when\" = \"redact\"\n");
-        let key = std::env::temp_dir().join(format!("wal2delta-rules-key-{}", std::process::id()));
-        std::fs::write(&key, "0123456789abcdef0123456789abcdef").expect("temp key");
+        let key = Scratch::new("rules-key", "0123456789abcdef0123456789abcdef");
         masked(&format!(
             "[tokenize]\ncolumns = [\"app.rules.id:last4\"]\nkey_file = \"{}\"\n",
-            key.display()
+            key.0.display()
         ));
         // A policy on another table, or on another column of the rules table, is fine.
         assert!(load("table = \"app.rules\"\n[silver.mask]\n\"app.pay.when\" = \"redact\"\n\"app.rules.note\" = \"redact\"\n").is_ok());
