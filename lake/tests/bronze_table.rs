@@ -136,6 +136,84 @@ async fn offsets_commit_with_rows_and_stale_batches_are_refused() {
 }
 
 #[tokio::test]
+async fn a_writer_not_refreshed_since_its_commit_meets_another_writers_commits() {
+    // A writer keeps the state of its own last commit and does not refresh before the
+    // next one: what another writer committed since reaches it through the commit's
+    // conflict check (lake/src/bronze/table.rs, module docs).
+    let (lake, dir) = lake();
+    let topic = "cdc.public.t".to_owned();
+    let append = |p: i32, first: i64, last: i64, fields: Vec<(&'static str, DataType)>| {
+        let offsets: Vec<i64> = (first..=last).collect();
+        Append {
+            topic: topic.clone(),
+            batches: vec![batch(fields, &offsets)],
+            ranges: ranges(p, first, last),
+        }
+    };
+    let id = || vec![("id", DataType::Int64)];
+    let mut a = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    let mut b = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    let out = a.append(append(0, 0, 2, id())).await.unwrap();
+    assert!(
+        matches!(out, AppendOutcome::Committed { version: 0, .. }),
+        "{out:?}"
+    );
+    // b stores partition 1, then takes partition 0 over and stores 3..4 of it.
+    for (p, first, last) in [(1, 0, 1), (0, 3, 4)] {
+        let out = b.append(append(p, first, last, id())).await.unwrap();
+        assert!(matches!(out, AppendOutcome::Committed { .. }), "{out:?}");
+    }
+    // a, still at version 0, replays 3..5 of partition 0: b's commit of the same
+    // partition is a conflict, a loads the table and finds the batch stale.
+    let out = a.append(append(0, 3, 5, id())).await.unwrap();
+    assert_eq!(
+        out,
+        AppendOutcome::Stale {
+            stored: BTreeMap::from([(0, Some(4))])
+        }
+    );
+    assert_eq!(
+        a.conflicts(),
+        1,
+        "the other writer's commit was met at commit time"
+    );
+    // b adds a column; a, behind again, appends partition 2 with the old shape: the
+    // schema change is a conflict too, and a's rows go in under the new schema.
+    let note = || vec![("id", DataType::Int64), ("note", DataType::Utf8)];
+    let out = b.append(append(1, 2, 2, note())).await.unwrap();
+    assert!(
+        matches!(
+            out,
+            AppendOutcome::Committed {
+                schema_changed: true,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    let out = a.append(append(2, 0, 1, id())).await.unwrap();
+    assert!(
+        matches!(
+            out,
+            AppendOutcome::Committed {
+                version: 4,
+                rows: 2,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    assert_eq!(a.conflicts(), 2);
+    assert_eq!(
+        a.stored_offsets(&topic, &[0, 1, 2]).await.unwrap(),
+        BTreeMap::from([(0, Some(4)), (1, Some(2)), (2, Some(1))])
+    );
+    // Every offset once: 0..4 of partition 0, 0..2 of 1, 0..1 of 2.
+    assert_eq!(single_i64(&rows(&a, "select count(*) from t").await), 10);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn added_columns_merge_and_a_type_change_is_a_schema_conflict() {
     let (lake, dir) = lake();
     let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));

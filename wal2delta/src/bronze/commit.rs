@@ -90,7 +90,9 @@ impl Session<'_> {
                     None => continue, // not a table topic; the subscription excludes these
                 },
             };
-            if let Err(e) = table.refresh().await {
+            // Loaded when new or behind only: a refresh costs in proportion to the table's
+            // files (lake/src/bronze/table.rs, module docs).
+            if let Err(e) = table.load().await {
                 let name = table.name().to_owned();
                 self.tables.insert(topic.clone(), table);
                 self.table_failed(&topic, &name, e.into())?;
