@@ -11,16 +11,6 @@
 //! both commits carry the same app id), and the check runs again on the new snapshot. A
 //! writer killed between writing Parquet files and committing leaves files no commit
 //! references: readers never see them, and `vacuum` removes them.
-//!
-//! **Why the snapshot is not refreshed before each commit.** After its own commit a
-//! writer's loaded state is the table as of that commit. Anything another writer commits
-//! later is checked by delta-rs against ours when we commit: a commit that stored one of
-//! our partitions (the same `txn` app id), changed the schema or the protocol is a
-//! conflict, and then the state is loaded again and the offsets checked anew; any other
-//! (another writer's partitions, a compaction) is committed after. So the table is loaded
-//! only when this handle has no state, or after a conflict or a failure ([`BronzeTable::load`]):
-//! refreshing a table costs in proportion to the files it holds (docs/benchmarks.md),
-//! and at four micro-batches a second that was most of Bronze's CPU.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -90,9 +80,6 @@ pub struct BronzeTable {
     url: Url,
     table: Option<DeltaTable>,
     conflicts: u64,
-    /// Whether the loaded state may lack a commit this writer must see before its next
-    /// one: set after a conflict or a failure, cleared by a refresh ([`Self::load`]).
-    behind: bool,
     /// The source this writer appends for, recorded in its commits and compared with the
     /// table's when it is first loaded (`None`: a reader, which checks nothing).
     source: Option<String>,
@@ -108,7 +95,6 @@ impl BronzeTable {
             url,
             table: None,
             conflicts: 0,
-            behind: false,
             source: None,
         }
     }
@@ -132,18 +118,6 @@ impl BronzeTable {
     /// Commits refused because another writer committed first, since this handle was made.
     pub fn conflicts(&self) -> u64 {
         self.conflicts
-    }
-
-    /// The state to write on: loaded when this handle has none or may be behind (after a
-    /// conflict or a failure), else kept as of this writer's last commit (module docs);
-    /// `false` when the table does not exist yet.
-    pub async fn load(&mut self) -> Result<bool, LakeError> {
-        if self.table.is_some() && !self.behind {
-            return Ok(true);
-        }
-        let exists = self.refresh().await?;
-        self.behind = false;
-        Ok(exists)
     }
 
     /// Loads the latest table state; `false` when the table does not exist yet.
@@ -240,18 +214,9 @@ impl BronzeTable {
 
     /// Appends `append` exactly once (see the module docs).
     pub async fn append(&mut self, append: Append) -> Result<AppendOutcome, LakeError> {
-        let outcome = self.try_append(append).await;
-        if outcome.is_err() {
-            // Whatever failed, a commit may have landed or the state may be half updated.
-            self.behind = true;
-        }
-        outcome
-    }
-
-    async fn try_append(&mut self, append: Append) -> Result<AppendOutcome, LakeError> {
         let rows: usize = append.batches.iter().map(RecordBatch::num_rows).sum();
         for _ in 0..CONFLICT_RETRIES {
-            let exists = self.load().await?;
+            let exists = self.refresh().await?;
             let stored = self
                 .stored_at_loaded(&append.topic, append.ranges.keys().copied())
                 .await?;
@@ -312,7 +277,6 @@ impl BronzeTable {
                 }
                 Err(e) if delta::is_conflict(&e) => {
                     self.conflicts += 1;
-                    self.behind = true;
                     tracing::info!(table = %self.name, "commit conflict with another writer; re-checking offsets");
                     continue;
                 }

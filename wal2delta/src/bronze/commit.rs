@@ -90,9 +90,7 @@ impl Session<'_> {
                     None => continue, // not a table topic; the subscription excludes these
                 },
             };
-            // Loaded when new or behind only: a refresh costs in proportion to the table's
-            // files (lake/src/bronze/table.rs, module docs).
-            if let Err(e) = table.load().await {
+            if let Err(e) = table.refresh().await {
                 let name = table.name().to_owned();
                 self.tables.insert(topic.clone(), table);
                 self.table_failed(&topic, &name, e.into())?;
