@@ -333,6 +333,30 @@ fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
 }
 
 #[cfg(test)]
+pub(crate) mod scratch {
+    /// A scratch file, removed when dropped (also when the test fails); unique per call,
+    /// as the tests of one process run in parallel.
+    pub(crate) struct Scratch(pub(crate) std::path::PathBuf);
+
+    impl Scratch {
+        pub(crate) fn new(name: &str, contents: &str) -> Scratch {
+            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let path =
+                std::env::temp_dir().join(format!("wal2delta-{name}-{}-{n}", std::process::id()));
+            std::fs::write(&path, contents).expect("scratch file");
+            Scratch(path)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+}
+
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -560,22 +584,21 @@ uri = "file:///tmp/lake"
         assert!(err.to_string().contains("W2D_TEST_UNSET_KEY"), "{err}");
         let err = load(&with("key = \"inline\""), &[]).unwrap_err();
         assert!(err.to_string().contains("key"), "{err}");
-        let dir = std::env::temp_dir().join(format!("w2d-key-{}", std::process::id()));
-        std::fs::write(&dir, "short\n").unwrap();
+        let key = scratch::Scratch::new("key", "short\n");
+        let dir = &key.0;
         let err = load(
             &with(&format!("key_file = {:?}", dir.display().to_string())),
             &[],
         )
         .unwrap_err();
         assert!(err.to_string().contains("at least 16 bytes"), "{err}");
-        std::fs::write(&dir, "0123456789abcdef0123\n").unwrap();
+        std::fs::write(dir, "0123456789abcdef0123\n").unwrap();
         let c = load(
             &with(&format!("key_file = {:?}", dir.display().to_string())),
             &[],
         )
         .unwrap();
         assert_eq!(c.tokenize.load_key().unwrap(), b"0123456789abcdef0123");
-        let _ = std::fs::remove_file(dir);
     }
 
     #[test]
@@ -742,8 +765,8 @@ uri = "file:///tmp/lake"
 
     #[test]
     fn a_password_file_keeps_the_dsn_tls_parameters() {
-        let dir = std::env::temp_dir().join(format!("w2d-pw-{}", std::process::id()));
-        std::fs::write(&dir, "pa ss'word\n").unwrap();
+        let password = scratch::Scratch::new("pw", "pa ss'word\n");
+        let dir = &password.0;
         for dsn in [
             "postgres://replicator@127.0.0.1:5432/app?sslmode=require&options=-c%20x%3D1",
             "host=127.0.0.1 user=replicator dbname=app sslmode=require options='-c x=1'",
@@ -771,6 +794,5 @@ uri = "file:///tmp/lake"
             );
             assert_eq!(params.options.as_deref(), Some("-c x=1"), "{dsn}");
         }
-        let _ = std::fs::remove_file(dir);
     }
 }

@@ -266,28 +266,8 @@ fn check_topic(field: &str, topic: &str, kafka: &KafkaConfig) -> Result<(), Conf
 mod tests {
     use std::path::Path;
 
+    use crate::config::scratch::Scratch;
     use crate::config::{Config, ConfigError};
-
-    /// A scratch file, removed when dropped (also when the test fails); unique per call,
-    /// as the tests of one process run in parallel.
-    struct Scratch(std::path::PathBuf);
-
-    impl Scratch {
-        fn new(name: &str, contents: &str) -> Scratch {
-            static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-            let path =
-                std::env::temp_dir().join(format!("wal2delta-{name}-{}-{n}", std::process::id()));
-            std::fs::write(&path, contents).expect("scratch file");
-            Scratch(path)
-        }
-    }
-
-    impl Drop for Scratch {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-        }
-    }
 
     fn load(rules: &str) -> Result<Config, ConfigError> {
         let file = Scratch::new("rules", "");
