@@ -41,6 +41,20 @@ pub(crate) fn commit_metadata(
         .with_metadata(metadata.into_iter().chain(std::iter::once(format)))
 }
 
+/// The `commitInfo` entries [`commit_metadata`] records, for a commit written without
+/// delta-rs' `CommitBuilder` (lake/src/bronze/direct.rs).
+pub(crate) fn commit_info(
+    metadata: impl IntoIterator<Item = (String, serde_json::Value)>,
+) -> std::collections::HashMap<String, serde_json::Value> {
+    metadata
+        .into_iter()
+        .chain(std::iter::once((
+            LAKE_FORMAT_COMMIT_KEY.to_owned(),
+            serde_json::json!(LAKE_FORMAT),
+        )))
+        .collect()
+}
+
 /// How many of a table's latest commits [`recorded_format`] looks through. A commit not
 /// made by wal2delta (another tool's OPTIMIZE, a VACUUM's start and end) records no
 /// format, so the latest commit that does is the table's format.

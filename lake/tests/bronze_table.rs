@@ -136,6 +136,165 @@ async fn offsets_commit_with_rows_and_stale_batches_are_refused() {
 }
 
 #[tokio::test]
+async fn a_writer_not_refreshed_since_its_commit_meets_another_writers_commits() {
+    // A writer keeps the state of its own last commit and does not refresh before the
+    // next one: what another writer committed since reaches it through the commit's
+    // conflict check (lake/src/bronze/table.rs, module docs).
+    let (lake, dir) = lake();
+    let topic = "cdc.public.t".to_owned();
+    let append = |p: i32, first: i64, last: i64, fields: Vec<(&'static str, DataType)>| {
+        let offsets: Vec<i64> = (first..=last).collect();
+        Append {
+            topic: topic.clone(),
+            batches: vec![batch(fields, &offsets)],
+            ranges: ranges(p, first, last),
+        }
+    };
+    let id = || vec![("id", DataType::Int64)];
+    let mut a = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    let mut b = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    let out = a.append(append(0, 0, 2, id())).await.unwrap();
+    assert!(
+        matches!(out, AppendOutcome::Committed { version: 0, .. }),
+        "{out:?}"
+    );
+    // b stores partition 1, then takes partition 0 over and stores 3..4 of it.
+    for (p, first, last) in [(1, 0, 1), (0, 3, 4)] {
+        let out = b.append(append(p, first, last, id())).await.unwrap();
+        assert!(matches!(out, AppendOutcome::Committed { .. }), "{out:?}");
+    }
+    // a, still at version 0, replays 3..5 of partition 0: b's commit of the same
+    // partition is a conflict, a loads the table and finds the batch stale.
+    let out = a.append(append(0, 3, 5, id())).await.unwrap();
+    assert_eq!(
+        out,
+        AppendOutcome::Stale {
+            stored: BTreeMap::from([(0, Some(4))])
+        }
+    );
+    assert_eq!(
+        a.conflicts(),
+        1,
+        "the other writer's commit was met at commit time"
+    );
+    // b adds a column; a, behind again, appends partition 2 with the old shape: the
+    // schema change is a conflict too, and a's rows go in under the new schema.
+    let note = || vec![("id", DataType::Int64), ("note", DataType::Utf8)];
+    let out = b.append(append(1, 2, 2, note())).await.unwrap();
+    assert!(
+        matches!(
+            out,
+            AppendOutcome::Committed {
+                schema_changed: true,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    let out = a.append(append(2, 0, 1, id())).await.unwrap();
+    assert!(
+        matches!(
+            out,
+            AppendOutcome::Committed {
+                version: 4,
+                rows: 2,
+                ..
+            }
+        ),
+        "{out:?}"
+    );
+    assert_eq!(a.conflicts(), 2);
+    assert_eq!(
+        a.stored_offsets(&topic, &[0, 1, 2]).await.unwrap(),
+        BTreeMap::from([(0, Some(4)), (1, Some(2)), (2, Some(1))])
+    );
+    // Every offset once: 0..4 of partition 0, 0..2 of 1, 0..1 of 2.
+    assert_eq!(single_i64(&rows(&a, "select count(*) from t").await), 10);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The actions of commit `version` of the table at `url` (a local path), one JSON value
+/// per line.
+fn log_entry(table: &BronzeTable, version: u64) -> Vec<serde_json::Value> {
+    let path = table
+        .url()
+        .to_file_path()
+        .unwrap()
+        .join(format!("_delta_log/{version:020}.json"));
+    std::fs::read_to_string(&path)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn direct_commits_carry_offsets_statistics_and_checkpoints() {
+    // After its first commit a writer commits directly (lake/src/bronze/direct.rs): the
+    // log entries must be what delta-rs would have written.
+    let (lake, dir) = lake();
+    let topic = "cdc.public.t".to_owned();
+    let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    for (first, last) in [(0, 2), (3, 5)] {
+        let offsets: Vec<i64> = (first..=last).collect();
+        let out = t
+            .append(Append {
+                topic: topic.clone(),
+                batches: vec![batch(vec![("id", DataType::Int64)], &offsets)],
+                ranges: ranges(0, first, last),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, AppendOutcome::Committed { rows: 3, .. }), "{out:?}");
+    }
+    let entry = log_entry(&t, 1);
+    let txn = entry.iter().find_map(|a| a.get("txn")).expect("a txn action");
+    assert_eq!(txn["appId"], "wal2delta-bronze/cdc.public.t/0");
+    assert_eq!(txn["version"], 5);
+    let add = entry.iter().find_map(|a| a.get("add")).expect("an add action");
+    assert_eq!(add["dataChange"], true);
+    let stats: serde_json::Value =
+        serde_json::from_str(add["stats"].as_str().expect("statistics")).unwrap();
+    assert_eq!(stats["numRecords"], 3);
+    assert_eq!(stats["minValues"][bronze::KAFKA_OFFSET], 3);
+    assert_eq!(stats["maxValues"][bronze::KAFKA_OFFSET], 5);
+    let info = entry
+        .iter()
+        .find_map(|a| a.get("commitInfo"))
+        .expect("commit info");
+    assert_eq!(info["wal2delta.topic"], "cdc.public.t");
+    assert!(info.get("wal2delta.format").is_some(), "{info}");
+    // Offsets only (every event of a range quarantined), up to a checkpoint's version.
+    let mut last = 5;
+    for _ in 2..=100 {
+        let out = t
+            .append(Append {
+                topic: topic.clone(),
+                batches: vec![],
+                ranges: ranges(0, last + 1, last + 2),
+            })
+            .await
+            .unwrap();
+        assert!(matches!(out, AppendOutcome::Committed { rows: 0, .. }), "{out:?}");
+        last += 2;
+    }
+    let log = t.url().to_file_path().unwrap().join("_delta_log");
+    assert!(
+        log.join(format!("{:020}.checkpoint.parquet", 100)).exists(),
+        "a checkpoint at version 100, as delta-rs writes one"
+    );
+    // A reader loading the table afresh sees every row and the last offset.
+    let mut reader = BronzeTable::new("public.t", lake.bronze("public", "t"));
+    assert_eq!(
+        reader.stored_offsets(&topic, &[0]).await.unwrap(),
+        BTreeMap::from([(0, Some(last))])
+    );
+    assert_eq!(single_i64(&rows(&reader, "select count(*) from t").await), 6);
+    assert_eq!(reader.version(), Some(100));
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test]
 async fn added_columns_merge_and_a_type_change_is_a_schema_conflict() {
     let (lake, dir) = lake();
     let mut t = BronzeTable::new("public.t", lake.bronze("public", "t"));

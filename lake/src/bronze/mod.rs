@@ -2,6 +2,7 @@
 //! table at `bronze/{schema}/{table}`, partitioned by ingestion date, with the Kafka offsets
 //! it holds recorded in the same commits (see [`table`]).
 
+mod direct;
 mod rows;
 mod schema;
 mod table;

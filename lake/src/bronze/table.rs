@@ -11,6 +11,17 @@
 //! both commits carry the same app id), and the check runs again on the new snapshot. A
 //! writer killed between writing Parquet files and committing leaves files no commit
 //! references: readers never see them, and `vacuum` removes them.
+//!
+//! **Why the snapshot is not loaded before every commit.** Loading a table costs in
+//! proportion to the files it holds (delta-rs rebuilds its file list), and at four
+//! micro-batches a second that was most of Bronze's CPU (docs/benchmarks.md). After its
+//! own commit at version *v* a writer knows the table as of *v*; when the next batch only
+//! adds rows, it checks the offsets at *v* and commits at *v + 1* directly, by
+//! put-if-absent ([`super::direct`]). If another writer took *v + 1*, nothing is committed,
+//! and the table is loaded and the offsets checked again. Every other commit (the first,
+//! a schema change, a widening, after a failure, or a table whose protocol or log store
+//! the direct path does not serve) goes through delta-rs on a freshly loaded state, as
+//! above.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -25,6 +36,7 @@ use deltalake::protocol::SaveMode;
 use deltalake::{DeltaTable, DeltaTableError};
 use url::Url;
 
+use super::direct::{self, Ahead, Direct};
 use super::rows::PARTITION_COLUMN;
 use super::schema::{
     adds_nothing, decimals_into_text, merge_schemas, text_decimals, TEXT_DECIMAL_PROPERTY,
@@ -74,12 +86,23 @@ pub enum AppendOutcome {
 /// How many times a commit refused for a conflict is re-checked and retried.
 const CONFLICT_RETRIES: usize = 8;
 
-/// A Bronze table handle; the Delta state is loaded lazily and refreshed before each use.
+/// A Bronze table handle; the Delta state is loaded lazily (module docs: when it is loaded
+/// again).
 pub struct BronzeTable {
     name: String,
     url: Url,
     table: Option<DeltaTable>,
     conflicts: u64,
+    /// Whether the loaded state may lack a commit this writer must see before its next
+    /// one: set after a conflict or a failure, cleared by a refresh ([`Self::load`]).
+    behind: bool,
+    /// Commits this writer wrote directly past the loaded state ([`direct`]), until the
+    /// table is loaded again.
+    ahead: Option<Ahead>,
+    /// Whether the state was loaded within this append and nothing committed since:
+    /// delta-rs' path commits only on such a state (its update after the commit reads the log from the state's
+    /// version on, and maintenance may have removed those entries since).
+    loaded: bool,
     /// The source this writer appends for, recorded in its commits and compared with the
     /// table's when it is first loaded (`None`: a reader, which checks nothing).
     source: Option<String>,
@@ -95,6 +118,9 @@ impl BronzeTable {
             url,
             table: None,
             conflicts: 0,
+            behind: false,
+            ahead: None,
+            loaded: false,
             source: None,
         }
     }
@@ -120,8 +146,29 @@ impl BronzeTable {
         self.conflicts
     }
 
+    /// Brings the state to write on up to date: kept as of this writer's last commit when
+    /// the next may be committed directly ([`direct`], module docs), else loaded; `false`
+    /// when the table does not exist yet. A writer calls this, not [`Self::refresh`],
+    /// before preparing a batch against [`Self::arrow_schema`].
+    pub async fn load(&mut self) -> Result<bool, LakeError> {
+        if self.direct_next().is_some() {
+            return Ok(true);
+        }
+        self.refresh().await
+    }
+
     /// Loads the latest table state; `false` when the table does not exist yet.
     pub async fn refresh(&mut self) -> Result<bool, LakeError> {
+        let loaded = self.load_latest().await;
+        // The latest state holds this writer's direct commits; after a failure the state
+        // may be half updated.
+        self.ahead = None;
+        self.behind = loaded.is_err();
+        self.loaded = loaded.is_ok();
+        loaded
+    }
+
+    async fn load_latest(&mut self) -> Result<bool, LakeError> {
         let Some(ours) = self.source.as_ref().filter(|_| self.table.is_none()) else {
             return delta::refresh(&self.name, &self.url, &mut self.table).await;
         };
@@ -150,9 +197,11 @@ impl BronzeTable {
     ) -> Result<BTreeMap<i32, Option<i64>>, LakeError> {
         let mut out = BTreeMap::new();
         for p in partitions {
-            let v = match &self.table {
-                Some(t) => delta::txn_version(&self.name, t, app_id(topic, p)).await?,
-                None => None,
+            let id = app_id(topic, p);
+            let v = match (&self.table, self.ahead.as_ref().and_then(|a| a.txns.get(&id))) {
+                (_, Some(v)) => Some(*v),
+                (Some(t), None) => delta::txn_version(&self.name, t, id).await?,
+                (None, None) => None,
             };
             out.insert(p, v);
         }
@@ -207,16 +256,30 @@ impl BronzeTable {
             .ok()
     }
 
-    /// The loaded table version.
+    /// The table version this handle knows: its last direct commit, or the loaded state's.
     pub fn version(&self) -> Option<u64> {
-        self.table.as_ref().and_then(DeltaTable::version)
+        match &self.ahead {
+            Some(a) => Some(a.version),
+            None => self.table.as_ref().and_then(DeltaTable::version),
+        }
     }
 
     /// Appends `append` exactly once (see the module docs).
     pub async fn append(&mut self, append: Append) -> Result<AppendOutcome, LakeError> {
+        let outcome = self.try_append(append).await;
+        if outcome.is_err() {
+            // Whatever failed, a commit may have landed or the state may be half updated.
+            self.behind = true;
+        }
+        outcome
+    }
+
+    async fn try_append(&mut self, append: Append) -> Result<AppendOutcome, LakeError> {
         let rows: usize = append.batches.iter().map(RecordBatch::num_rows).sum();
+        // delta-rs' path below commits only on a state loaded within this append.
+        self.loaded = false;
         for _ in 0..CONFLICT_RETRIES {
-            let exists = self.refresh().await?;
+            let exists = self.load().await?;
             let stored = self
                 .stored_at_loaded(&append.topic, append.ranges.keys().copied())
                 .await?;
@@ -248,22 +311,82 @@ impl BronzeTable {
             if let Some(source) = &self.source {
                 info.push((SOURCE_COMMIT_KEY.to_owned(), serde_json::json!(source)));
             }
+            let conformed = if rows == 0 {
+                None
+            } else {
+                Some(self.conform(&append.batches)?)
+            };
+            let plain = match &conformed {
+                None => true,
+                Some((batches, schema_changed)) => {
+                    !schema_changed && self.adds_only(&append.batches, batches)
+                }
+            };
+            if plain {
+                if let Some(next) = self.direct_next() {
+                    let batches = conformed.as_ref().map(|c| c.0.clone()).unwrap_or_default();
+                    let outcome = direct::append(
+                        self.table.as_ref().expect("direct_next: loaded"),
+                        next,
+                        batches,
+                        txns.clone(),
+                        delta::commit_info(info.clone()),
+                        PARTITION_COLUMN,
+                    )
+                    .await;
+                    match outcome {
+                        Ok(Direct::Committed(version)) => {
+                            self.committed_ahead(version, &txns).await?;
+                            return Ok(AppendOutcome::Committed {
+                                version,
+                                rows,
+                                schema_changed: false,
+                                widened: Vec::new(),
+                            });
+                        }
+                        Ok(Direct::Taken) => {
+                            // Another writer committed that version: load the table and
+                            // check the offsets again.
+                            self.conflicts += 1;
+                            self.behind = true;
+                            tracing::info!(table = %self.name, version = next, "another writer committed first; re-checking offsets");
+                            continue;
+                        }
+                        Err(e) => {
+                            // Nothing was committed (files of the attempt are referenced by
+                            // no commit): delta-rs' path writes the batch instead, and
+                            // reports the error if it is not the direct path's own.
+                            tracing::debug!(table = %self.name, error = %e, "direct append failed; appending through delta-rs");
+                        }
+                    }
+                }
+            }
+            if !self.loaded {
+                // delta-rs' path commits on a state it brings up to date afterwards by
+                // reading the log from that state on, which may lack this writer's direct
+                // commits or log entries maintenance has removed since: load the table
+                // first, and check the offsets against it.
+                self.behind = true;
+                continue;
+            }
+            // Whatever happens below, the state is no longer the one loaded.
+            self.loaded = false;
             let props = delta::commit_metadata(info).with_application_transactions(txns);
             let mut widened = Vec::new();
-            let result = if rows == 0 {
-                self.commit_offsets_only(props, &append).await
-            } else {
-                let (batches, schema_changed) = self.conform(&append.batches)?;
-                let before_rows = match self.record_text_decimals(&append.batches).await {
-                    Ok(()) => self.widen_for(&batches).await,
-                    Err(e) => Err(e),
-                };
-                match before_rows {
-                    Ok(w) => {
-                        widened = w;
-                        self.write_rows(props, batches, schema_changed).await
+            let result = match conformed {
+                None => self.commit_offsets_only(props, &append).await,
+                Some((batches, schema_changed)) => {
+                    let before_rows = match self.record_text_decimals(&append.batches).await {
+                        Ok(()) => self.widen_for(&batches).await,
+                        Err(e) => Err(e),
+                    };
+                    match before_rows {
+                        Ok(w) => {
+                            widened = w;
+                            self.write_rows(props, batches, schema_changed).await
+                        }
+                        Err(e) => Err(e),
                     }
-                    Err(e) => Err(e),
                 }
             };
             match result {
@@ -277,6 +400,7 @@ impl BronzeTable {
                 }
                 Err(e) if delta::is_conflict(&e) => {
                     self.conflicts += 1;
+                    self.behind = true;
                     tracing::info!(table = %self.name, "commit conflict with another writer; re-checking offsets");
                     continue;
                 }
@@ -317,6 +441,60 @@ impl BronzeTable {
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| conflict(e.to_string()))?;
         Ok((cast, changed))
+    }
+
+    /// Whether `conformed` (cast from `batches`, adding no column) only adds rows: no
+    /// column of the table widens and no decimal arrives for a text column an earlier
+    /// release wrote (those commit a change of the table first).
+    fn adds_only(&self, batches: &[RecordBatch], conformed: &[RecordBatch]) -> bool {
+        let Some(schema) = self.arrow_schema() else {
+            return false;
+        };
+        let widens = conformed
+            .first()
+            .is_some_and(|b| crate::widen::widened(&schema, b.schema().fields()).is_some());
+        let text_decimals = batches
+            .iter()
+            .any(|b| !decimals_into_text(&schema, &b.schema()).is_empty());
+        !widens && !text_decimals
+    }
+
+    /// The version a direct commit takes ([`direct`]): the one after this writer's last
+    /// commit, when the table is loaded, not behind, and eligible.
+    fn direct_next(&self) -> Option<u64> {
+        let table = self.table.as_ref()?;
+        if self.behind || !direct::eligible(table) {
+            return None;
+        }
+        Some(self.version()? + 1)
+    }
+
+    /// Records a direct commit at `version`: its `txn` versions answer the offset checks
+    /// until the table is loaded again, which it is for a checkpoint when one is due.
+    async fn committed_ahead(
+        &mut self,
+        version: u64,
+        txns: &[Transaction],
+    ) -> Result<(), LakeError> {
+        self.loaded = false;
+        let ahead = self.ahead.get_or_insert_with(Default::default);
+        ahead.version = version;
+        for t in txns {
+            ahead.txns.insert(t.app_id.clone(), t.version);
+        }
+        let due = self
+            .table
+            .as_ref()
+            .is_some_and(|t| direct::checkpoint_due(t, version));
+        if due {
+            self.refresh().await?;
+            if let Some(t) = &self.table {
+                deltalake::checkpoints::create_checkpoint(t, None)
+                    .await
+                    .map_err(LakeError::delta(&self.name))?;
+            }
+        }
+        Ok(())
     }
 
     /// Records in the table's properties the decimal type of the bounded numerics that
@@ -441,6 +619,8 @@ impl BronzeTable {
         };
         let epoch = append.ranges.values().map(|r| r.last).max().unwrap_or(0);
         let version = delta::commit_progress_only(table, props, "wal2delta-bronze", epoch).await?;
+        // The loaded state does not hold this commit.
+        self.behind = true;
         Ok((version, false))
     }
 }

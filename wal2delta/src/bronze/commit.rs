@@ -90,7 +90,7 @@ impl Session<'_> {
                     None => continue, // not a table topic; the subscription excludes these
                 },
             };
-            if let Err(e) = table.refresh().await {
+            if let Err(e) = table.load().await {
                 let name = table.name().to_owned();
                 self.tables.insert(topic.clone(), table);
                 self.table_failed(&topic, &name, e.into())?;
