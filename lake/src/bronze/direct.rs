@@ -58,7 +58,8 @@ pub(super) struct Ahead {
 /// Whether appends to `table` (loaded) may be committed directly.
 pub(super) fn eligible(table: &DeltaTable) -> bool {
     if table.log_store().name() != "DefaultLogStore" {
-        // Log stores that commit through a temporary file and a lock (S3 with DynamoDB).
+        // A log store that commits another way than put-if-absent of the entry (one a
+        // deployment registers itself): its own commit path is the one to use.
         return false;
     }
     let Ok(state) = table.snapshot() else {
