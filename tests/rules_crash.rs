@@ -236,12 +236,52 @@ async fn survive_kills(
             break;
         }
         if start.elapsed() > Duration::from_secs(300) {
+            // Where it went wrong: the differing keys' rows in the source and in Silver.
+            let keys: Vec<String> = want
+                .iter()
+                .filter(|h| !got.contains(h))
+                .chain(got.iter().filter(|h| !want.contains(h)))
+                .filter_map(|(k, _)| {
+                    k.trim_start_matches("{\"id\":")
+                        .trim_end_matches('}')
+                        .parse::<i64>()
+                        .ok()
+                })
+                .map(|id| id.to_string())
+                .collect();
+            let ids = if keys.is_empty() {
+                "NULL".to_owned()
+            } else {
+                keys.join(",")
+            };
+            let columns = "id, amount, currency, length(doc)";
+            let source: Vec<String> = pg
+                .query(
+                    &format!("SELECT {columns} FROM {s}.acct WHERE id IN ({ids}) ORDER BY id"),
+                    &[],
+                )
+                .await?
+                .iter()
+                .map(|r| {
+                    format!(
+                        "{:?} {:?} {:?} {:?}",
+                        r.get::<_, i64>(0),
+                        r.get::<_, i64>(1),
+                        r.get::<_, String>(2),
+                        r.get::<_, Option<i32>>(3)
+                    )
+                })
+                .collect();
+            let silver_rows = duckdb(&format!(
+                "SELECT {columns} FROM delta_scan('{}') WHERE id IN ({ids}) ORDER BY id",
+                lake.join("silver").join(&s).join("acct").display()
+            ));
             bail!(
-                "after {kills} kills the hits are not the rules on the source rows:\nwant {} {:?}\ngot  {} {:?}\n{}",
+                "after {kills} kills the hits are not the rules on the source rows: want {}, got {}\nmissing {:?}\nextra   {:?}\nsource rows {source:?}\nSilver rows {silver_rows:?}\n{}",
                 want.len(),
-                want.iter().take(10).collect::<Vec<_>>(),
                 got.len(),
-                got.iter().take(10).collect::<Vec<_>>(),
+                want.iter().filter(|h| !got.contains(h)).take(20).collect::<Vec<_>>(),
+                got.iter().filter(|h| !want.contains(h)).take(20).collect::<Vec<_>>(),
                 silver.log_text()
             );
         }

@@ -245,13 +245,22 @@ async fn direct_commits_carry_offsets_statistics_and_checkpoints() {
             })
             .await
             .unwrap();
-        assert!(matches!(out, AppendOutcome::Committed { rows: 3, .. }), "{out:?}");
+        assert!(
+            matches!(out, AppendOutcome::Committed { rows: 3, .. }),
+            "{out:?}"
+        );
     }
     let entry = log_entry(&t, 1);
-    let txn = entry.iter().find_map(|a| a.get("txn")).expect("a txn action");
+    let txn = entry
+        .iter()
+        .find_map(|a| a.get("txn"))
+        .expect("a txn action");
     assert_eq!(txn["appId"], "wal2delta-bronze/cdc.public.t/0");
     assert_eq!(txn["version"], 5);
-    let add = entry.iter().find_map(|a| a.get("add")).expect("an add action");
+    let add = entry
+        .iter()
+        .find_map(|a| a.get("add"))
+        .expect("an add action");
     assert_eq!(add["dataChange"], true);
     let stats: serde_json::Value =
         serde_json::from_str(add["stats"].as_str().expect("statistics")).unwrap();
@@ -275,7 +284,10 @@ async fn direct_commits_carry_offsets_statistics_and_checkpoints() {
             })
             .await
             .unwrap();
-        assert!(matches!(out, AppendOutcome::Committed { rows: 0, .. }), "{out:?}");
+        assert!(
+            matches!(out, AppendOutcome::Committed { rows: 0, .. }),
+            "{out:?}"
+        );
         last += 2;
     }
     let log = t.url().to_file_path().unwrap().join("_delta_log");
@@ -289,7 +301,10 @@ async fn direct_commits_carry_offsets_statistics_and_checkpoints() {
         reader.stored_offsets(&topic, &[0]).await.unwrap(),
         BTreeMap::from([(0, Some(last))])
     );
-    assert_eq!(single_i64(&rows(&reader, "select count(*) from t").await), 6);
+    assert_eq!(
+        single_i64(&rows(&reader, "select count(*) from t").await),
+        6
+    );
     assert_eq!(reader.version(), Some(100));
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -198,7 +198,10 @@ impl BronzeTable {
         let mut out = BTreeMap::new();
         for p in partitions {
             let id = app_id(topic, p);
-            let v = match (&self.table, self.ahead.as_ref().and_then(|a| a.txns.get(&id))) {
+            let v = match (
+                &self.table,
+                self.ahead.as_ref().and_then(|a| a.txns.get(&id)),
+            ) {
                 (_, Some(v)) => Some(*v),
                 (Some(t), None) => delta::txn_version(&self.name, t, id).await?,
                 (None, None) => None,
