@@ -325,42 +325,41 @@ impl BronzeTable {
                     !schema_changed && self.adds_only(&append.batches, batches)
                 }
             };
-            if plain {
-                if let Some(next) = self.direct_next() {
-                    let batches = conformed.as_ref().map(|c| c.0.clone()).unwrap_or_default();
-                    let outcome = direct::append(
-                        self.table.as_ref().expect("direct_next: loaded"),
-                        next,
-                        batches,
-                        txns.clone(),
-                        delta::commit_info(info.clone()),
-                        PARTITION_COLUMN,
-                    )
-                    .await;
-                    match outcome {
-                        Ok(Direct::Committed(version)) => {
-                            self.committed_ahead(version, &txns).await?;
-                            return Ok(AppendOutcome::Committed {
-                                version,
-                                rows,
-                                schema_changed: false,
-                                widened: Vec::new(),
-                            });
-                        }
-                        Ok(Direct::Taken) => {
-                            // Another writer committed that version: load the table and
-                            // check the offsets again.
-                            self.conflicts += 1;
-                            self.behind = true;
-                            tracing::info!(table = %self.name, version = next, "another writer committed first; re-checking offsets");
-                            continue;
-                        }
-                        Err(e) => {
-                            // Nothing was committed (files of the attempt are referenced by
-                            // no commit): delta-rs' path writes the batch instead, and
-                            // reports the error if it is not the direct path's own.
-                            tracing::debug!(table = %self.name, error = %e, "direct append failed; appending through delta-rs");
-                        }
+            if let (true, Some(next), Some(table)) = (plain, self.direct_next(), &self.table) {
+                let batches = conformed.as_ref().map(|c| c.0.clone()).unwrap_or_default();
+                let outcome = direct::append(
+                    table,
+                    next,
+                    batches,
+                    txns.clone(),
+                    delta::commit_info(info.clone()),
+                    PARTITION_COLUMN,
+                )
+                .await;
+                match outcome {
+                    Ok(Direct::Committed(version)) => {
+                        self.committed_ahead(version, &txns).await;
+                        return Ok(AppendOutcome::Committed {
+                            version,
+                            rows,
+                            schema_changed: false,
+                            widened: Vec::new(),
+                        });
+                    }
+                    Ok(Direct::Taken) => {
+                        // Another writer committed that version: load the table and
+                        // check the offsets again.
+                        self.conflicts += 1;
+                        self.behind = true;
+                        tracing::info!(table = %self.name, version = next, "another writer committed first; re-checking offsets");
+                        continue;
+                    }
+                    Err(e) => {
+                        // delta-rs' path writes the batch instead, and reports the error
+                        // if it is not the direct path's own. Should the entry have
+                        // landed despite the error, that path's conflict check or the
+                        // offsets check after the next load finds it: stored once.
+                        tracing::debug!(table = %self.name, error = %e, "direct append failed; appending through delta-rs");
                     }
                 }
             }
@@ -474,11 +473,7 @@ impl BronzeTable {
 
     /// Records a direct commit at `version`: its `txn` versions answer the offset checks
     /// until the table is loaded again, which it is for a checkpoint when one is due.
-    async fn committed_ahead(
-        &mut self,
-        version: u64,
-        txns: &[Transaction],
-    ) -> Result<(), LakeError> {
+    async fn committed_ahead(&mut self, version: u64, txns: &[Transaction]) {
         self.loaded = false;
         let ahead = self.ahead.get_or_insert_with(Default::default);
         ahead.version = version;
@@ -490,14 +485,22 @@ impl BronzeTable {
             .as_ref()
             .is_some_and(|t| direct::checkpoint_due(t, version));
         if due {
-            self.refresh().await?;
-            if let Some(t) = &self.table {
-                deltalake::checkpoints::create_checkpoint(t, None)
-                    .await
-                    .map_err(LakeError::delta(&self.name))?;
+            // The commit stands whatever happens here: a checkpoint that cannot be written
+            // now only makes loading the table slower until the next one (maintenance
+            // writes them too).
+            let checkpoint = match self.refresh().await {
+                Ok(_) => match &self.table {
+                    Some(t) => deltalake::checkpoints::create_checkpoint(t, None)
+                        .await
+                        .map_err(LakeError::delta(&self.name)),
+                    None => Ok(()),
+                },
+                Err(e) => Err(e),
+            };
+            if let Err(e) = checkpoint {
+                tracing::warn!(table = %self.name, version, error = %e, "could not write the table's checkpoint; the next is due in delta.checkpointInterval versions");
             }
         }
-        Ok(())
     }
 
     /// Records in the table's properties the decimal type of the bounded numerics that
