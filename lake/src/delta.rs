@@ -31,27 +31,24 @@ pub(crate) fn commit_properties() -> CommitProperties {
 pub(crate) fn commit_metadata(
     metadata: impl IntoIterator<Item = (String, serde_json::Value)>,
 ) -> CommitProperties {
+    CommitProperties::default()
+        .with_cleanup_expired_logs(Some(false))
+        .with_metadata(commit_info(metadata))
+}
+
+/// The `commitInfo` entries [`commit_metadata`] records: `metadata` and the format; also
+/// for a commit written without delta-rs' `CommitBuilder` (lake/src/bronze/direct.rs).
+pub(crate) fn commit_info(
+    metadata: impl IntoIterator<Item = (String, serde_json::Value)>,
+) -> std::collections::HashMap<String, serde_json::Value> {
     let format = (
         LAKE_FORMAT_COMMIT_KEY.to_owned(),
         serde_json::json!(LAKE_FORMAT),
     );
-    CommitProperties::default()
-        .with_cleanup_expired_logs(Some(false))
-        // The format last: it wins over a value carried from an older commit.
-        .with_metadata(metadata.into_iter().chain(std::iter::once(format)))
-}
-
-/// The `commitInfo` entries [`commit_metadata`] records, for a commit written without
-/// delta-rs' `CommitBuilder` (lake/src/bronze/direct.rs).
-pub(crate) fn commit_info(
-    metadata: impl IntoIterator<Item = (String, serde_json::Value)>,
-) -> std::collections::HashMap<String, serde_json::Value> {
+    // The format last: it wins over a value carried from an older commit.
     metadata
         .into_iter()
-        .chain(std::iter::once((
-            LAKE_FORMAT_COMMIT_KEY.to_owned(),
-            serde_json::json!(LAKE_FORMAT),
-        )))
+        .chain(std::iter::once(format))
         .collect()
 }
 

@@ -14,8 +14,8 @@
 //! guarantee every Delta commit rests on). **Why this is exactly once:** the commit is
 //! written at `v + 1` where `v` is the version the writer's offsets were checked at; if
 //! another writer took `v + 1` first, the entry is refused, nothing is committed, and
-//! the append goes through delta-rs' full path on a freshly loaded table, which checks
-//! the other writer's commits against ours (lake/src/bronze/table.rs, module docs). The
+//! the table is loaded and the offsets checked again before the next attempt
+//! (lake/src/bronze/table.rs, module docs). The
 //! files written for the refused entry are referenced by no commit: readers never see
 //! them and `vacuum` removes them.
 //!
