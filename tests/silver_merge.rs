@@ -397,3 +397,69 @@ async fn a_key_change_is_a_delete_a_tombstone_and_a_create_naming_the_old_key() 
     run.stop()?;
     Ok(())
 }
+
+/// The copy-on-write cost is counted: an update of one row of a 100-row file rewrites
+/// that file, copying its 99 other rows, and a round of inserts alone copies nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_merge_counts_the_files_it_rewrites_and_the_rows_it_copies() -> Result<()> {
+    use wal2delta_tests::metrics::{free_port, of_table, text};
+    let stack = Stack::from_env();
+    let port = free_port()?;
+    let World { name, pg, d, .. } = Scenario::new(
+        &stack,
+        "slvcopy",
+        "CREATE TABLE {s}.acct (id int PRIMARY KEY, balance bigint);",
+    )
+    .toml(TOML)
+    .env("WAL2DELTA__METRICS__LISTEN", &format!("127.0.0.1:{port}"))
+    .build()
+    .await?;
+    let mut run = d.spawn_stage("capture,bronze,silver", "run")?;
+    let silver = d.silver("acct");
+    let rows = |sql: &str| -> Result<i64> {
+        if !silver.join("_delta_log").is_dir() {
+            return Ok(0);
+        }
+        Ok(duckdb_i64(&format!(
+            "{sql} FROM delta_scan('{}')",
+            silver.display()
+        ))?)
+    };
+    pg.batch_execute(&format!(
+        "INSERT INTO {name}.acct SELECT g, g FROM generate_series(1, 100) g"
+    ))
+    .await?;
+    run.wait_for("the 100 rows in Silver", &100, || rows("SELECT count(*)"))
+        .await?;
+    let table = format!("{name}.acct");
+    let counters = |body: &str| {
+        (
+            of_table(body, "wal2delta_silver_files_rewritten_total", &table),
+            of_table(body, "wal2delta_silver_rows_copied_total", &table),
+        )
+    };
+    // (The counters move right after the Silver commit the rows were read from.)
+    let settled = |want: (Option<f64>, Option<f64>)| async move {
+        let mut got = (None, None);
+        for _ in 0..40 {
+            got = counters(&text(port).await?);
+            if got == want {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        anyhow::Ok(got)
+    };
+    let got = settled((Some(0.0), Some(0.0))).await?;
+    assert_eq!(got, (Some(0.0), Some(0.0)), "inserts alone");
+
+    pg.batch_execute(&format!(
+        "UPDATE {name}.acct SET balance = -1 WHERE id = 50"
+    ))
+    .await?;
+    run.wait_for("the update in Silver", &-1, || rows("SELECT min(balance)"))
+        .await?;
+    let got = settled((Some(1.0), Some(99.0))).await?;
+    assert_eq!(got, (Some(1.0), Some(99.0)), "{}", run.log_text());
+    Ok(())
+}

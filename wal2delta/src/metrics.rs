@@ -80,6 +80,12 @@ pub const CAPTURE_HEARTBEATS: &str = "wal2delta_capture_heartbeats_total";
 pub const SILVER_UPSERTS: &str = "wal2delta_silver_upserts_total";
 /// Keys deleted from Silver, per table.
 pub const SILVER_DELETES: &str = "wal2delta_silver_deletes_total";
+/// Rows a Silver MERGE copied unchanged into new files, per table: a MERGE rewrites every
+/// data file holding a changed key (copy-on-write), so this over the upserts and deletes
+/// is what a change costs beyond itself (docs/silver.md, "Metrics").
+pub const SILVER_ROWS_COPIED: &str = "wal2delta_silver_rows_copied_total";
+/// Data files a Silver MERGE rewrote, per table.
+pub const SILVER_FILES_REWRITTEN: &str = "wal2delta_silver_files_rewritten_total";
 /// Silver's watermark per table: every source transaction at or below it is applied.
 pub const SILVER_WATERMARK_LSN: &str = "wal2delta_silver_watermark_lsn";
 /// Source transactions read from Bronze but not yet whole there, per table.

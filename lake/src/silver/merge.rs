@@ -24,6 +24,23 @@ use crate::LakeError;
 /// The Delta table property delta-rs' writers size their files by.
 const FILE_SIZE_PROPERTY: &str = "delta.targetFileSize";
 
+/// What one Silver MERGE did.
+pub(super) struct Merged {
+    pub(super) version: u64,
+    /// Silver rows inserted, updated or deleted.
+    pub(super) touched: usize,
+    pub(super) rewritten: Rewritten,
+}
+
+/// The copy-on-write cost of a round: the data files a MERGE replaced because they held a
+/// changed key, and the rows it copied unchanged from them into new files. Copies per
+/// change is what makes a round cost more than its changes (docs/silver.md, "Metrics").
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Rewritten {
+    pub files: usize,
+    pub copied: usize,
+}
+
 impl SilverTable {
     /// Fills the unchanged values of moved rows (`_moved_from_{k}` set by the fold) from
     /// Silver's row under the old key, read before this round's MERGE deletes it; the
@@ -193,7 +210,7 @@ impl SilverTable {
         unchanged: &BTreeSet<String>,
         truncate: Option<Position>,
         props: CommitProperties,
-    ) -> Result<(u64, usize), LakeError> {
+    ) -> Result<Merged, LakeError> {
         let err = LakeError::delta(&self.name);
         let ctx = delta::session();
         let newer = newer("source", "target");
@@ -288,7 +305,14 @@ impl SilverTable {
             + metrics.num_target_rows_updated
             + metrics.num_target_rows_deleted;
         let version = self.committed(read_version, table, kept).await?;
-        Ok((version, touched))
+        Ok(Merged {
+            version,
+            touched,
+            rewritten: Rewritten {
+                files: metrics.num_target_files_removed,
+                copied: metrics.num_target_rows_copied,
+            },
+        })
     }
 
     /// The version `table` is at after an operation that started from `read_version`

@@ -51,6 +51,7 @@ pub use columns::{
 };
 pub use counts::{transaction_counts, TransactionLog};
 pub use fold::{fold, versions, FoldError, Folded, Versions};
+pub use merge::Rewritten;
 pub use progress::{plan, Pieces, Plan, Progress, TransactionCounts};
 pub use rebuild::RebuildReport;
 pub use rows::{BronzeError, BronzeRows};

@@ -309,6 +309,7 @@ impl SilverTable {
         report.upserts = written.upserts;
         report.version = Some(written.version);
         report.widened = written.widened;
+        report.rewritten = written.rewritten;
         Ok(())
     }
 }

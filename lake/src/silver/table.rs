@@ -62,6 +62,8 @@ pub struct ApplyReport {
     pub widened: Vec<String>,
     /// Where the round's time went.
     pub steps: Steps,
+    /// What the round's MERGE rewrote.
+    pub rewritten: super::merge::Rewritten,
 }
 
 /// How long each step of a round took: what an operator (or a benchmark) reads to tell
@@ -93,6 +95,7 @@ pub(super) struct Written {
     pub(super) deletes: usize,
     /// Silver rows inserted, updated or deleted.
     pub(super) touched: usize,
+    pub(super) rewritten: super::merge::Rewritten,
     /// Columns whose type widened: Silver was rewritten under the wider types first.
     pub(super) widened: Vec<String>,
 }
@@ -415,7 +418,7 @@ impl SilverTable {
             true,
         ));
         let target = self.ensure_columns(silver, &target_fields).await?;
-        let (version, touched) = self
+        let merged = self
             .merge(
                 target,
                 source,
@@ -427,10 +430,11 @@ impl SilverTable {
             )
             .await?;
         Ok(Written {
-            version,
+            version: merged.version,
             upserts,
             deletes,
-            touched,
+            touched: merged.touched,
+            rewritten: merged.rewritten,
             widened,
         })
     }

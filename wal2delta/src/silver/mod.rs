@@ -654,6 +654,10 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     let name = name.to_owned();
     metrics::counter!(m::SILVER_UPSERTS, "table" => name.clone()).increment(r.upserts as u64);
     metrics::counter!(m::SILVER_DELETES, "table" => name.clone()).increment(r.deletes as u64);
+    metrics::counter!(m::SILVER_ROWS_COPIED, "table" => name.clone())
+        .increment(r.rewritten.copied as u64);
+    metrics::counter!(m::SILVER_FILES_REWRITTEN, "table" => name.clone())
+        .increment(r.rewritten.files as u64);
     metrics::gauge!(m::SILVER_WATERMARK_LSN, "table" => name.clone()).set(r.watermark as f64);
     metrics::gauge!(m::SILVER_WAITING_TRANSACTIONS, "table" => name.clone()).set(r.waiting as f64);
     metrics::counter!(m::SILVER_DUPLICATES, "table" => name.clone()).increment(r.stale as u64);
@@ -673,6 +677,7 @@ fn report_applied(name: &str, r: &wal2delta_lake::silver::ApplyReport, started: 
     if let Some(v) = r.version {
         let s = &r.steps;
         tracing::debug!(table = %name, version = v, read = r.read, upserts = r.upserts, deletes = r.deletes, waiting = r.waiting, watermark = r.watermark,
+            files_rewritten = r.rewritten.files, rows_copied = r.rewritten.copied,
             open_ms = s.open.as_millis() as u64, progress_ms = s.progress.as_millis() as u64, bronze_ms = s.bronze.as_millis() as u64, read_ms = s.read.as_millis() as u64, plan_ms = s.plan.as_millis() as u64,
             screen_ms = s.screen.as_millis() as u64, hooks_ms = s.hooks.as_millis() as u64, write_ms = s.write.as_millis() as u64, "silver commit");
     }
