@@ -70,6 +70,7 @@ pub(super) async fn affected_keys(
 ) -> Result<Result<Vec<RecordBatch>, Whole>, DataFusionError> {
     let ctx = session();
     let mut parts: Vec<DataFrame> = Vec::new();
+    let mut load = std::time::Duration::ZERO;
     for (i, o) in opened.iter().enumerate() {
         if last["data"][&o.label].as_str() == Some(data_fingerprint(&o.table).as_str()) {
             continue;
@@ -83,6 +84,7 @@ pub(super) async fn affected_keys(
         let Some(base) = last["inputs"][&o.label].as_i64() else {
             return Ok(Err(format!("no recorded version of {}", o.label)));
         };
+        let loading = std::time::Instant::now();
         let Some(then) = at_version(o, base).await else {
             return Ok(Err(format!(
                 "version {base} of {} cannot be read any more",
@@ -104,6 +106,7 @@ pub(super) async fn affected_keys(
         if partitioned {
             return Ok(Err(format!("{} is partitioned", o.label)));
         }
+        load += loading.elapsed();
         let before = files(&then);
         let now = files(&o.table);
         let removed: Vec<String> = before.difference(&now).cloned().collect();
@@ -131,8 +134,10 @@ pub(super) async fn affected_keys(
         return Ok(Ok(Vec::new()));
     };
     let all = parts.into_iter().try_fold(first, |acc, p| acc.union(p))?;
+    let diffing = std::time::Instant::now();
     let keys = all.distinct()?.collect().await?;
-    tracing::debug!(model = %model.name, keys = keys.iter().map(RecordBatch::num_rows).sum::<usize>(), "gold keys affected");
+    tracing::debug!(model = %model.name, keys = keys.iter().map(RecordBatch::num_rows).sum::<usize>(),
+        load_ms = load.as_millis() as u64, diff_ms = diffing.elapsed().as_millis() as u64, "gold keys affected");
     Ok(Ok(keys))
 }
 
