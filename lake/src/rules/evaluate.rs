@@ -12,7 +12,7 @@ use deltalake::DeltaTable;
 use wal2delta_quarantine::{QuarantineRecord, Stage};
 
 use super::table::{RulesReport, TableRules, RULE_FAILED, SOURCE};
-use super::walk::{rule_id, KeyHits};
+use super::walk::{rule_id, KeyHits, RuleId};
 use super::{evaluate, CompiledRule, Evaluator};
 use crate::conditions::without_values;
 use crate::silver::{COMMIT_LSN, COMMIT_TS, MOVED_FROM, OP, ORDINAL, UNCHANGED, UNRESOLVED};
@@ -54,6 +54,9 @@ impl TableRules {
     ) -> Result<Vec<KeyHits>, LakeError> {
         let input = conform(batch, schema).map_err(|e| self.error(e))?;
         let mut hits = vec![KeyHits::new(); input.num_rows()];
+        // Each rule's matches, added to the rows' hits in rule id order below: every
+        // hit then appends to its row's sorted hits instead of searching them.
+        let mut matched: Vec<(RuleId, i64, BooleanArray)> = Vec::with_capacity(ev.rules().len());
         for (rule, (result, took)) in ev.rules().iter().zip(ev.evaluate_timed(&input)) {
             *report.rule_time.entry(rule.rule.id.clone()).or_default() += took;
             *report
@@ -83,9 +86,12 @@ impl TableRules {
                     BooleanArray::from(bits)
                 }
             };
-            let id = rule_id(&rule.rule.id);
+            matched.push((rule_id(&rule.rule.id), rule.rule.version, bits));
+        }
+        matched.sort_by(|a, b| a.0.cmp(&b.0));
+        for (id, version, bits) in matched {
             for i in bits.values().set_indices() {
-                hits[i].insert(id.clone(), rule.rule.version);
+                hits[i].push_in_order(id.clone(), version);
             }
         }
         self.look_up(ev, &input, &mut hits, report, as_of).await?;

@@ -91,6 +91,32 @@ impl KeyHits {
         self.0.iter().map(|(r, _)| r)
     }
 
+    /// Records rule `id` at `version` where the caller adds rules in id order: appended
+    /// without a search when it sorts after every rule held (else [`Self::insert`]).
+    pub fn push_in_order(&mut self, id: RuleId, version: i64) {
+        match self.0.last() {
+            Some((last, _)) if last.as_ref() >= id.as_ref() => self.insert(id, version),
+            _ => self.0.push((id, version)),
+        }
+    }
+
+    /// The (rule id, version) of `self` whose rule `other` does not hold, in id order: one
+    /// pass over both sorted vectors instead of a search per rule.
+    pub fn only_in_self<'a>(
+        &'a self,
+        other: &'a KeyHits,
+    ) -> impl Iterator<Item = (&'a RuleId, i64)> + 'a {
+        let mut j = 0;
+        self.0.iter().filter_map(move |(r, v)| {
+            while j < other.0.len() && other.0[j].0.as_ref() < r.as_ref() {
+                j += 1;
+            }
+            let held = j < other.0.len()
+                && (Arc::ptr_eq(&other.0[j].0, r) || other.0[j].0.as_ref() == r.as_ref());
+            (!held).then_some((r, *v))
+        })
+    }
+
     /// Keeps the rules for which `keep` is true.
     pub fn retain(&mut self, mut keep: impl FnMut(&str) -> bool) {
         self.0.retain(|(r, _)| keep(r));
@@ -175,29 +201,28 @@ pub fn diff(
 ) {
     let empty = KeyHits::new();
     let (before, after) = (before.unwrap_or(&empty), after.unwrap_or(&empty));
-    for (rule, version) in before.iter() {
-        if !after.contains_key(rule) {
-            out.push(Transition {
-                lsn,
-                key: key.to_owned(),
-                rule_id: rule.to_string(),
-                entered: false,
-                rule_version: version,
-                commit_ts,
-            });
-        }
+    if before == after {
+        return;
     }
-    for (rule, version) in after.iter() {
-        if !before.contains_key(rule) {
-            out.push(Transition {
-                lsn,
-                key: key.to_owned(),
-                rule_id: rule.to_string(),
-                entered: true,
-                rule_version: version,
-                commit_ts,
-            });
-        }
+    for (rule, version) in before.only_in_self(after) {
+        out.push(Transition {
+            lsn,
+            key: key.to_owned(),
+            rule_id: rule.to_string(),
+            entered: false,
+            rule_version: version,
+            commit_ts,
+        });
+    }
+    for (rule, version) in after.only_in_self(before) {
+        out.push(Transition {
+            lsn,
+            key: key.to_owned(),
+            rule_id: rule.to_string(),
+            entered: true,
+            rule_version: version,
+            commit_ts,
+        });
     }
 }
 
@@ -499,6 +524,43 @@ mod tests {
             assert_eq!(h, one);
             assert!(open.is_none());
         }
+    }
+
+    #[test]
+    fn hits_added_in_order_or_not_stay_sorted_and_diff_in_one_pass() {
+        let ids = |h: &KeyHits| h.keys().map(|r| r.to_string()).collect::<Vec<_>>();
+        let mut h = KeyHits::new();
+        for (r, v) in [("a", 1), ("c", 1), ("b", 2), ("c", 5), ("d", 1)] {
+            h.push_in_order(rule_id(r), v);
+        }
+        assert_eq!(ids(&h), ["a", "b", "c", "d"]);
+        assert_eq!(h.get("c"), Some(5));
+        let other: KeyHits = [("b", 1), ("d", 1), ("e", 3)]
+            .into_iter()
+            .map(|(r, v)| (rule_id(r), v))
+            .collect();
+        let only = |x: &KeyHits, y: &KeyHits| {
+            x.only_in_self(y)
+                .map(|(r, v)| (r.to_string(), v))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(only(&h, &other), [("a".into(), 1), ("c".into(), 5)]);
+        assert_eq!(only(&other, &h), [("e".to_string(), 3)]);
+        assert!(only(&h, &h).is_empty());
+        assert_eq!(only(&h, &KeyHits::new()).len(), 4);
+        let mut out = Vec::new();
+        diff("k", Some(&h), Some(&other), 7, None, &mut out);
+        let got: Vec<(String, bool)> = out.iter().map(|t| (t.rule_id.clone(), t.entered)).collect();
+        assert_eq!(
+            got,
+            [("a".into(), false), ("c".into(), false), ("e".into(), true)]
+        );
+        // The same rules at another version: no transition.
+        let mut bumped = h.clone();
+        bumped.insert(rule_id("a"), 9);
+        out.clear();
+        diff("k", Some(&h), Some(&bumped), 7, None, &mut out);
+        assert!(out.is_empty());
     }
 
     #[test]
