@@ -707,3 +707,69 @@ async fn scheduled_compaction_of_silver_and_gold_keeps_incremental_refresh_exact
     ensure!(run.stop()?.success());
     Ok(())
 }
+
+/// A keyed model over a table of at least 10,000 rows: changes of new keys (Silver adds
+/// files, rewrites none) are merged for the affected keys; a change that makes Silver
+/// rewrite the table's file is rebuilt from instead (finding the keys would read the
+/// table twice), and says why. Exact either way.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_keyed_model_is_rebuilt_when_silver_rewrote_more_rows_than_its_input_holds() -> Result<()>
+{
+    let stack = Stack::from_env();
+    let World {
+        name, pg, mut d, ..
+    } = Scenario::new(&stack, "goldcost", TABLES).build().await?;
+    let models = d.lake().join("../models-cost");
+    std::fs::create_dir_all(&models)?;
+    std::fs::write(
+        models.join("settlement.sql"),
+        format!("-- key: merchant_id, currency\n-- key of {name}.transactions: merchant_id, currency\nSELECT merchant_id, currency, sum(amount_cents) AS settled_cents, count(*) AS payments\nFROM {name}.transactions WHERE status <> 'declined'\nGROUP BY merchant_id, currency"),
+    )?;
+    for (k, v) in [
+        ("WAL2DELTA__GOLD__MODELS_DIR", models.display().to_string()),
+        ("WAL2DELTA__GOLD__INTERVAL_MS", "300".into()),
+        ("WAL2DELTA__SILVER__INTERVAL_MS", "300".into()),
+    ] {
+        d.env.push((k.into(), v));
+    }
+    let mut run = d.spawn_stage("capture,bronze,silver,gold", "run")?;
+    let settlement = d.lake().join("gold/settlement");
+    let steps = [
+        // One Silver file of 12,000 rows; the model's first version is written whole.
+        ("preload", format!("INSERT INTO {name}.transactions SELECT g, g % 50, (ARRAY['EUR','USD'])[1 + g % 2], 'settled', g, now() FROM generate_series(1, 12000) g")),
+        // New keys only: Silver adds a file and rewrites none.
+        ("new keys", format!("INSERT INTO {name}.transactions SELECT g, 100 + g % 3, 'EUR', 'settled', g, now() FROM generate_series(20001, 20010) g")),
+        // One row of the big file: Silver rewrites its 12,000 rows.
+        ("update", format!("UPDATE {name}.transactions SET amount_cents = amount_cents + 7, status = 'declined' WHERE id = 4321")),
+    ];
+    let mut ops_after = Vec::new();
+    for (what, sql) in &steps {
+        pg.batch_execute(sql).await?;
+        let want = expected(&pg, &name).await?;
+        run.wait_for(what, &want, || {
+            Ok(gold_rows(&settlement).unwrap_or_default())
+        })
+        .await?;
+        ops_after.push(operations(&settlement)?);
+    }
+    let last_op = |i: usize| ops_after[i].last().cloned().unwrap_or_default();
+    ensure!(
+        last_op(1) == "MERGE",
+        "new keys are merged: {:?}",
+        ops_after[1]
+    );
+    ensure!(
+        last_op(2) == "WRITE",
+        "the update's rewrite of Silver's file rebuilds the model: {:?}",
+        ops_after[2]
+    );
+    let log = std::fs::read_to_string(&run.log)?;
+    ensure!(
+        log.contains("a rebuild reads less"),
+        "the rebuild says why: {}",
+        run.log_text()
+    );
+    run.assert_running()?;
+    ensure!(run.stop()?.success());
+    Ok(())
+}

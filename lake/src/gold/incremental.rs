@@ -21,7 +21,13 @@
 //! schema changed or that is partitioned, a base version no longer readable: the model is
 //! rewritten whole, as a model without a key. So is any failure while finding the keys:
 //! the incremental path saves work, it never decides what the rows are.
+//!
+//! **When it would cost more.** An input of [`REBUILD_FROM_ROWS`] rows or more whose files
+//! removed and added since hold more rows than it does now (a Silver MERGE rewrote most of
+//! it) is rebuilt from: the difference would read it twice before the recompute reads it
+//! again.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use deltalake::arrow::array::{AsArray, RecordBatch};
@@ -35,7 +41,7 @@ use deltalake::DeltaTable;
 use serde_json::Value;
 
 use super::model::{Model, ModelKey};
-use super::refresh::{data_fingerprint, files, session, Opened, Refreshed, GOLD_KEY};
+use super::refresh::{data_fingerprint, file_rows, session, Opened, Refreshed, GOLD_KEY};
 use crate::delta::{self, ident};
 use crate::LakeError;
 
@@ -59,6 +65,17 @@ fn key_col(j: usize) -> String {
 
 /// Why a keyed model is rewritten whole this time.
 pub(super) type Whole = String;
+
+/// Inputs of at least this many rows are rebuilt from rather than diffed when the Silver
+/// files rewritten since the model's last version hold more rows than the input does now.
+///
+/// Why: finding the keys compares every row of the files removed since with those added
+/// (all columns), and the recompute then scans the input anyway; a rebuild scans the input
+/// once. A Silver MERGE replaces every file holding a changed key, so changes spread over
+/// a table make the difference read the table twice (docs/benchmarks.md, "Where Silver's
+/// and Gold's CPU goes"). Below this size both are quick, and the MERGE of the affected
+/// keys leaves the model's other files alone.
+pub(super) const REBUILD_FROM_ROWS: usize = 10_000;
 
 /// The affected keys of `model` since its last version (`last`, its recorded
 /// `wal2delta.gold` info): `Ok(Err(why))` when they cannot be found incrementally.
@@ -107,10 +124,34 @@ pub(super) async fn affected_keys(
             return Ok(Err(format!("{} is partitioned", o.label)));
         }
         load += loading.elapsed();
-        let before = files(&then);
-        let now = files(&o.table);
-        let removed: Vec<String> = before.difference(&now).cloned().collect();
-        let added: Vec<String> = now.difference(&before).cloned().collect();
+        let (before, now) = (file_rows(&then), file_rows(&o.table));
+        let removed: Vec<String> = before
+            .keys()
+            .filter(|f| !now.contains_key(*f))
+            .cloned()
+            .collect();
+        let added: Vec<String> = now
+            .keys()
+            .filter(|f| !before.contains_key(*f))
+            .cloned()
+            .collect();
+        let rows = |of: &BTreeMap<String, Option<usize>>, files: &[String]| -> Option<usize> {
+            files.iter().map(|f| of.get(f).copied().flatten()).sum()
+        };
+        let (gone, new, total) = (
+            rows(&before, &removed),
+            rows(&now, &added),
+            now.values().copied().sum::<Option<usize>>(),
+        );
+        if let (Some(gone), Some(new), Some(total)) = (gone, new, total) {
+            if total >= REBUILD_FROM_ROWS && gone + new > total {
+                return Ok(Err(format!(
+                    "the files of {} rewritten since hold {} rows, more than its {total}: a rebuild reads less",
+                    o.label,
+                    gone + new
+                )));
+            }
+        }
         register_input_store(&ctx, o);
         let r = read_files(&ctx, removed, &schema).await?;
         let a = read_files(&ctx, added, &schema).await?;

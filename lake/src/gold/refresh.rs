@@ -244,6 +244,24 @@ pub(super) fn files(table: &DeltaTable) -> BTreeSet<String> {
         .unwrap_or_default()
 }
 
+/// The data files of `table`'s loaded version (URIs, as [`files`] gives them) with the
+/// rows their log statistics record (`None` when a file has none).
+pub(super) fn file_rows(table: &DeltaTable) -> BTreeMap<String, Option<usize>> {
+    let Ok(snapshot) = table.snapshot() else {
+        return BTreeMap::new();
+    };
+    snapshot
+        .log_data()
+        .into_iter()
+        .map(|f| {
+            (
+                table.log_store().to_uri(&f.object_store_path()),
+                f.num_records(),
+            )
+        })
+        .collect()
+}
+
 /// A fingerprint of the data files of `table`'s loaded version (FNV-1a over their sorted
 /// paths, as hex): equal exactly when the rows are.
 pub(super) fn data_fingerprint(table: &DeltaTable) -> String {
