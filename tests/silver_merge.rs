@@ -420,10 +420,7 @@ async fn the_merge_counts_the_files_it_rewrites_and_the_rows_it_copies() -> Resu
         if !silver.join("_delta_log").is_dir() {
             return Ok(0);
         }
-        Ok(duckdb_i64(&format!(
-            "{sql} FROM delta_scan('{}')",
-            silver.display()
-        ))?)
+        duckdb_i64(&format!("{sql} FROM delta_scan('{}')", silver.display()))
     };
     pg.batch_execute(&format!(
         "INSERT INTO {name}.acct SELECT g, g FROM generate_series(1, 100) g"
