@@ -27,6 +27,15 @@ fn write_models(dir: &Path, s: &str) -> Result<()> {
     Ok(())
 }
 
+/// The settlement keyed by merchant and currency (refreshed incrementally) in `dir`.
+fn write_keyed_settlement(dir: &Path, s: &str) -> Result<()> {
+    std::fs::write(
+        dir.join("settlement.sql"),
+        format!("-- key: merchant_id, currency\n-- key of {s}.transactions: merchant_id, currency\nSELECT merchant_id, currency, sum(amount_cents) AS settled_cents, count(*) AS payments\nFROM {s}.transactions WHERE status <> 'declined'\nGROUP BY merchant_id, currency"),
+    )?;
+    Ok(())
+}
+
 /// The settlement as the source says it is, sorted.
 async fn expected(pg: &tokio_postgres::Client, s: &str) -> Result<Vec<(i64, String, i64, i64)>> {
     let rows = pg
@@ -397,10 +406,7 @@ async fn keyed_models_merge_the_changed_keys_and_equal_a_full_rebuild() -> Resul
     let mut d = d;
     let models = d.lake().join("../models");
     std::fs::create_dir_all(&models)?;
-    std::fs::write(
-        models.join("settlement.sql"),
-        format!("-- key: merchant_id, currency\n-- key of {name}.transactions: merchant_id, currency\nSELECT merchant_id, currency, sum(amount_cents) AS settled_cents, count(*) AS payments\nFROM {name}.transactions WHERE status <> 'declined'\nGROUP BY merchant_id, currency"),
-    )?;
+    write_keyed_settlement(&models, &name)?;
     // A key computed from an input's column, and an input without a key (merchants).
     std::fs::write(
         models.join("daily.sql"),
@@ -628,10 +634,7 @@ async fn scheduled_compaction_of_silver_and_gold_keeps_incremental_refresh_exact
         .await?;
     let models = d.lake().join("../models-opt");
     std::fs::create_dir_all(&models)?;
-    std::fs::write(
-        models.join("settlement.sql"),
-        format!("-- key: merchant_id, currency\n-- key of {name}.transactions: merchant_id, currency\nSELECT merchant_id, currency, sum(amount_cents) AS settled_cents, count(*) AS payments\nFROM {name}.transactions WHERE status <> 'declined'\nGROUP BY merchant_id, currency"),
-    )?;
+    write_keyed_settlement(&models, &name)?;
     for (k, v) in [
         ("WAL2DELTA__GOLD__MODELS_DIR", models.display().to_string()),
         ("WAL2DELTA__GOLD__INTERVAL_MS", "400".into()),
@@ -721,10 +724,7 @@ async fn a_keyed_model_is_rebuilt_when_silver_rewrote_more_rows_than_its_input_h
     } = Scenario::new(&stack, "goldcost", TABLES).build().await?;
     let models = d.lake().join("../models-cost");
     std::fs::create_dir_all(&models)?;
-    std::fs::write(
-        models.join("settlement.sql"),
-        format!("-- key: merchant_id, currency\n-- key of {name}.transactions: merchant_id, currency\nSELECT merchant_id, currency, sum(amount_cents) AS settled_cents, count(*) AS payments\nFROM {name}.transactions WHERE status <> 'declined'\nGROUP BY merchant_id, currency"),
-    )?;
+    write_keyed_settlement(&models, &name)?;
     for (k, v) in [
         ("WAL2DELTA__GOLD__MODELS_DIR", models.display().to_string()),
         ("WAL2DELTA__GOLD__INTERVAL_MS", "300".into()),
