@@ -488,16 +488,16 @@ impl BronzeTable {
             // The commit stands whatever happens here: a checkpoint that cannot be written
             // now only makes loading the table slower until the next one (maintenance
             // writes them too).
-            let checkpoint = match self.refresh().await {
-                Ok(_) => match &self.table {
-                    Some(t) => deltalake::checkpoints::create_checkpoint(t, None)
+            let checkpoint = async {
+                self.refresh().await?;
+                if let Some(t) = &self.table {
+                    deltalake::checkpoints::create_checkpoint(t, None)
                         .await
-                        .map_err(LakeError::delta(&self.name)),
-                    None => Ok(()),
-                },
-                Err(e) => Err(e),
+                        .map_err(LakeError::delta(&self.name))?;
+                }
+                Ok::<(), LakeError>(())
             };
-            if let Err(e) = checkpoint {
+            if let Err(e) = checkpoint.await {
                 tracing::warn!(table = %self.name, version, error = %e, "could not write the table's checkpoint; the next is due in delta.checkpointInterval versions");
             }
         }
