@@ -143,6 +143,37 @@ fn target(l: &Lookup) -> Target {
     (lake_name(&l.table), l.on.clone())
 }
 
+/// For each of `rules` (in order), the rows whose phase-one hits hold it, ascending: one
+/// pass over each row's hits, both lists in rule-id order, instead of a search per row
+/// and rule. Phase two only ever removes a rule's own hit, so these stay each rule's rows
+/// while the rules are judged one after another.
+fn passed_rows(rules: &[&str], hits: &[KeyHits]) -> Vec<Vec<u32>> {
+    let mut order: Vec<usize> = (0..rules.len()).collect();
+    order.sort_by(|&a, &b| rules[a].cmp(rules[b]));
+    let mut passed = vec![Vec::new(); rules.len()];
+    for (i, h) in hits.iter().enumerate() {
+        let mut wanted = order.iter().peekable();
+        for (id, _) in h.iter() {
+            while let Some(&&k) = wanted.peek() {
+                match rules[k].cmp(&**id) {
+                    std::cmp::Ordering::Less => {
+                        wanted.next();
+                    }
+                    std::cmp::Ordering::Equal => {
+                        passed[k].push(i as u32);
+                        wanted.next();
+                    }
+                    std::cmp::Ordering::Greater => break,
+                }
+            }
+            if wanted.peek().is_none() {
+                break;
+            }
+        }
+    }
+    passed
+}
+
 /// The related tables a round read: the rows fetched per related table, and the reason
 /// per related table that could not be read.
 struct Related {
@@ -179,11 +210,22 @@ impl TableRules {
                 .column_by_name(COMMIT_LSN)
                 .and_then(|a| cast(a, &deltalake::arrow::datatypes::DataType::Int64).ok()),
         };
+        let ids: Vec<&str> = rules.iter().map(|(r, _)| r.rule.id.as_str()).collect();
+        let passed = passed_rows(&ids, hits);
         let related = self
-            .fetch_needed(&rules, input, hits, lsn.as_ref(), report)
+            .fetch_needed(&rules, &passed, input, lsn.as_ref(), report)
             .await?;
-        for (rule, plan) in rules {
-            self.judge(rule, plan, input, hits, &related, lsn.as_ref(), report)?;
+        for ((rule, plan), rows) in rules.into_iter().zip(passed) {
+            self.judge(
+                rule,
+                plan,
+                rows,
+                input,
+                hits,
+                &related,
+                lsn.as_ref(),
+                report,
+            )?;
         }
         Ok(())
     }
@@ -194,20 +236,21 @@ impl TableRules {
     async fn fetch_needed(
         &self,
         rules: &[(&CompiledRule, &Arc<LookupPlan>)],
+        passed: &[Vec<u32>],
         input: &RecordBatch,
-        hits: &[KeyHits],
         lsn: Option<&ArrayRef>,
         report: &mut RulesReport,
     ) -> Result<Related, LakeError> {
         // Which rows need each related table: those some rule using it passed.
+        let n = input.num_rows();
         let mut needed: HashMap<Target, (Lookup, SchemaRef, Vec<bool>)> = HashMap::new();
-        for (rule, plan) in rules {
+        for ((_, plan), rows) in rules.iter().zip(passed) {
             for (l, schema) in &plan.lookups {
                 let e = needed
                     .entry(target(l))
-                    .or_insert_with(|| (l.clone(), schema.clone(), vec![false; hits.len()]));
-                for (i, h) in hits.iter().enumerate() {
-                    e.2[i] |= h.contains_key(&rule.rule.id);
+                    .or_insert_with(|| (l.clone(), schema.clone(), vec![false; n]));
+                for &i in rows {
+                    e.2[i as usize] = true;
                 }
             }
         }
@@ -218,7 +261,7 @@ impl TableRules {
                 .filter(|&i| rows[i as usize])
                 .collect();
             report.lookups += rows.len();
-            report.lookups_avoided += hits.len() - rows.len();
+            report.lookups_avoided += n - rows.len();
             if rows.is_empty() {
                 continue;
             }
@@ -264,6 +307,7 @@ impl TableRules {
         &self,
         rule: &CompiledRule,
         plan: &Arc<LookupPlan>,
+        rows: Vec<u32>,
         input: &RecordBatch,
         hits: &mut [KeyHits],
         related: &Related,
@@ -271,9 +315,6 @@ impl TableRules {
         report: &mut RulesReport,
     ) -> Result<(), LakeError> {
         let id = &rule.rule.id;
-        let rows: Vec<u32> = (0..hits.len() as u32)
-            .filter(|&i| hits[i as usize].contains_key(id))
-            .collect();
         if rows.is_empty() {
             return Ok(());
         }
@@ -646,6 +687,37 @@ mod tests {
     use deltalake::arrow::datatypes::{DataType, Field};
 
     use super::*;
+
+    #[test]
+    fn each_rule_gets_the_rows_whose_hits_hold_it() {
+        use crate::rules::walk::rule_id;
+        // Rules in no particular order, one listed twice, one no row matches.
+        let rules = ["r07", "r02", "r11", "r02", "r99"];
+        let all = ["r01", "r02", "r03", "r07", "r10", "r11", "r12"];
+        let mut seed = 7u64;
+        let hits: Vec<KeyHits> = (0..200)
+            .map(|_| {
+                let mut h = KeyHits::new();
+                for id in all {
+                    seed = seed
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    if seed >> 62 == 0 {
+                        h.insert(rule_id(id), 1);
+                    }
+                }
+                h
+            })
+            .collect();
+        let passed = passed_rows(&rules, &hits);
+        for (k, id) in rules.iter().enumerate() {
+            let expected: Vec<u32> = (0..hits.len() as u32)
+                .filter(|&i| hits[i as usize].contains_key(id))
+                .collect();
+            assert_eq!(passed[k], expected, "rule {id}");
+        }
+        assert!(!passed[0].is_empty() && passed[4].is_empty());
+    }
 
     /// Related rows (id, shop, status, _commit_lsn[, _op]).
     fn batch(rows: &[(i64, &str, &str, i64, &str)], with_op: bool) -> RecordBatch {
