@@ -629,6 +629,7 @@ uri = "file:///tmp/lake"
     fn bronze_settings_are_checked_by_name() {
         let c = load(MINIMAL, &[]).unwrap();
         assert_eq!(c.bronze.max_batch_events, 50_000);
+        assert_eq!(c.bronze.max_batch_ms, 1_000);
         assert_eq!(c.bronze.assignment, Assignment::Direct);
         let err = load(
             &format!("{MINIMAL}\n[bronze]\nassignment = \"both\"\n"),
