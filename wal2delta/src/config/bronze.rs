@@ -48,9 +48,10 @@ impl BronzeConfig {
     pub(super) fn default_group_id() -> String {
         "wal2delta-bronze".into()
     }
-    /// One second: Bronze's batch is the first wait of every later layer, and with the
-    /// defaults at 5,000 changes/s it keeps Silver's and the rules' p99 under 5 s
-    /// (docs/benchmarks.md, "Where issue 42 stands"); 5 s made Bronze alone 5.8 s.
+    /// One second: Bronze's batch is the first wait of every later layer. With the
+    /// defaults at 5,000 changes/s it brought Silver's and the rules' p99 under 5 s on a
+    /// 2-core machine with room to spare, where 5 s made Bronze alone 5.8 s
+    /// (docs/benchmarks.md, "Where issue 42 stands"; not on a saturated machine).
     fn default_max_batch_ms() -> u64 {
         1_000
     }
